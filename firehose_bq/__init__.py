@@ -1,0 +1,1 @@
+"""firehose-bq: a protobuf-driven Kafka → Spark → BigQuery sink."""

@@ -1,0 +1,358 @@
+"""Configuration: Firehose's environment variable names, parsed once into frozen, typed objects.
+
+Every setting is declared once, as a dataclass field carrying its env name, default and meaning. The
+same declarations drive parsing, validation, `firehose-bq config reference` and the README table (a
+unit test keeps the README in step), so the documentation cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from firehose_bq.errors import ConfigError
+
+# Prefixes that belong to this sink: a set variable under one of them that no setting reads is almost
+# always a typo, so it is reported (as a warning, because Firehose deployments carry extra keys).
+OWNED_PREFIXES = ("SOURCE_KAFKA_", "SINK_BIGQUERY_", "INPUT_SCHEMA_", "SCHEMA_REGISTRY_")
+
+# BigQuery accepts at most 50,000 rows and 10 MB per insertAll request; Google recommends ~500 rows
+# per request as the latency/throughput sweet spot, which is the default batch size.
+INSERT_ALL_MAX_ROWS_LIMIT = 50_000
+INSERT_ALL_RECOMMENDED_ROWS = 500
+
+
+def setting(
+    env: str,
+    doc: str,
+    default: Any = dataclasses.MISSING,
+    *,
+    choices: tuple[str, ...] = (),
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> Any:
+    """Declare a config field read from `env`; no default means the variable is required."""
+    meta = {"env": env, "doc": doc, "choices": choices, "minimum": minimum, "maximum": maximum}
+    if default is dataclasses.MISSING:
+        return field(metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    brokers: str = setting("SOURCE_KAFKA_BROKERS", "Kafka bootstrap servers, `host:port[,host:port]`.")
+    topics: tuple[str, ...] = setting(
+        "SOURCE_KAFKA_TOPIC", "Topic to consume (comma-separated for several topics into one table)."
+    )
+    consumer_group_id: str = setting(
+        "SOURCE_KAFKA_CONSUMER_GROUP_ID",
+        "Consumer group: its committed offsets are the start of a fresh checkpoint, and progress is "
+        "committed back to it for lag monitoring.",
+    )
+    auto_offset_reset: str = setting(
+        "SOURCE_KAFKA_CONSUMER_CONFIG_AUTO_OFFSET_RESET",
+        "Where a partition with no checkpoint and no committed group offset starts.",
+        "earliest",
+        choices=("earliest", "latest"),
+    )
+    poll_timeout_ms: int = setting(
+        "SOURCE_KAFKA_POLL_STALL_TIMEOUT_MS",
+        "A task that gets no record for this long while its planned range is unread fails with an "
+        "error naming the partition (a broker that lost data must not hang the job).",
+        120_000,
+        minimum=1000,
+    )
+
+
+@dataclass(frozen=True)
+class InputSchemaConfig:
+    proto_class: str = setting(
+        "INPUT_SCHEMA_PROTO_CLASS", "Full name of the protobuf message in the topic, e.g. `pkg.Message`."
+    )
+    stencil_urls: tuple[str, ...] = setting(
+        "SCHEMA_REGISTRY_STENCIL_URLS",
+        "FileDescriptorSet locations, comma-separated: `file://` URLs, plain paths or `http(s)://` URLs.",
+    )
+
+
+@dataclass(frozen=True)
+class BigQueryConfig:
+    project_id: str = setting("SINK_BIGQUERY_GOOGLE_CLOUD_PROJECT_ID", "Google Cloud project of the table.")
+    dataset: str = setting("SINK_BIGQUERY_DATASET_NAME", "Dataset; created when missing.")
+    table: str = setting("SINK_BIGQUERY_TABLE_NAME", "Table; created when missing, evolved as the proto grows.")
+    dataset_location: str = setting(
+        "SINK_BIGQUERY_DATASET_LOCATION", "Location used when the dataset is created.", "US"
+    )
+    credential_path: str | None = setting(
+        "SINK_BIGQUERY_CREDENTIAL_PATH",
+        "Service-account JSON key; unset = Application Default Credentials.",
+        None,
+    )
+    api_endpoint: str | None = setting(
+        "SINK_BIGQUERY_API_ENDPOINT",
+        "BigQuery REST endpoint, e.g. the local emulator `http://127.0.0.1:19050` (anonymous "
+        "credentials); unset = real BigQuery.",
+        None,
+    )
+    row_insert_id_enable: bool = setting(
+        "SINK_BIGQUERY_ROW_INSERT_ID_ENABLE",
+        "Send insertId `topic_partition_offset` with each row so BigQuery drops replayed duplicates.",
+        True,
+    )
+    add_metadata: bool = setting(
+        "SINK_BIGQUERY_ADD_METADATA_ENABLED", "Add Kafka metadata columns (topic, partition, offset, ...).", True
+    )
+    metadata_namespace: str = setting(
+        "SINK_BIGQUERY_METADATA_NAMESPACE",
+        "RECORD column that holds the metadata columns; empty = metadata columns at the root.",
+        "",
+    )
+    insert_all_batch_size: int = setting(
+        "SINK_BIGQUERY_INSERT_ALL_BATCH_SIZE",
+        "Rows per insertAll request (BigQuery allows 50,000; requests are also kept under 9 MB).",
+        INSERT_ALL_RECOMMENDED_ROWS,
+        minimum=1,
+        maximum=INSERT_ALL_MAX_ROWS_LIMIT,
+    )
+    client_timeout_ms: int = setting(
+        "SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS", "Timeout of one BigQuery HTTP request.", 60_000, minimum=1
+    )
+    retry_deadline_ms: int = setting(
+        "SINK_BIGQUERY_RETRY_DEADLINE_MS",
+        "How long transient BigQuery failures (5xx, connection errors) are retried before the batch fails.",
+        120_000,
+        minimum=0,
+    )
+
+    @property
+    def table_ref(self) -> str:
+        return f"{self.project_id}.{self.dataset}.{self.table}"
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    checkpoint_location: str = setting(
+        "SPARK_CHECKPOINT_LOCATION",
+        "Durable directory of the streaming checkpoint (source offsets live here). One per job.",
+    )
+    master: str = setting("SPARK_MASTER", "Spark master URL.", "local[*]")
+    app_name: str = setting("SPARK_APP_NAME", "Spark application name.", "firehose-bq")
+    trigger_interval_ms: int = setting(
+        "SPARK_TRIGGER_INTERVAL_MS", "Micro-batch interval of a streaming run.", 5000, minimum=0
+    )
+    max_offsets_per_trigger: int = setting(
+        "SPARK_MAX_OFFSETS_PER_TRIGGER",
+        "Most Kafka records one micro-batch reads, over all partitions; -1 = no limit.",
+        100_000,
+        minimum=-1,
+    )
+
+
+@dataclass(frozen=True)
+class Config:
+    source: SourceConfig
+    input_schema: InputSchemaConfig
+    bigquery: BigQueryConfig
+    spark: SparkConfig
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Config:
+        """Build the config or raise ConfigError listing every problem at once."""
+        problems: list[str] = []
+        sections = {
+            f.name: _load_section(_resolve(f.type), environ, problems) for f in dataclasses.fields(cls)
+        }
+        if problems:
+            raise ConfigError(problems)
+        config = cls(**sections)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        problems = []
+        if self.spark.max_offsets_per_trigger == 0:
+            problems.append("SPARK_MAX_OFFSETS_PER_TRIGGER: must be positive or -1 (no limit), got 0")
+        ns = self.bigquery.metadata_namespace
+        if ns and not BQ_NAME.fullmatch(ns):
+            problems.append(f"SINK_BIGQUERY_METADATA_NAMESPACE: {ns!r} is not a valid BigQuery column name")
+        for env, value in (("SINK_BIGQUERY_DATASET_NAME", self.bigquery.dataset),
+                           ("SINK_BIGQUERY_TABLE_NAME", self.bigquery.table)):
+            if not BQ_NAME.fullmatch(value):
+                problems.append(f"{env}: {value!r} is not a valid BigQuery name (letters, digits, _)")
+        if problems:
+            raise ConfigError(problems)
+
+    def public_dict(self) -> dict[str, Any]:
+        """Settings for logs: credential paths are shown, secrets never live in this object."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """The local development stack (`firehose-bq stack ...`): never used by a production job."""
+
+    state_dir: str = setting(
+        "FIREHOSE_STACK_DIR", "Where the local stack keeps PIDs, logs and the broker's data.", ".stack"
+    )
+    tools_dir: str = setting(
+        "FIREHOSE_STACK_TOOLS_DIR",
+        "Where the broker and emulator venvs are installed once and reused; empty = "
+        "`$XDG_CACHE_HOME/firehose-bq/tools` (`~/.cache/...`).",
+        "",
+    )
+    kafka_port: int = setting("FIREHOSE_STACK_KAFKA_PORT", "Port of the local Kafka broker.", 19092,
+                              minimum=1, maximum=65535)
+    bigquery_port: int = setting("FIREHOSE_STACK_BIGQUERY_PORT", "REST port of the BigQuery emulator.", 19050,
+                                 minimum=1, maximum=65535)
+    bigquery_grpc_port: int = setting(
+        "FIREHOSE_STACK_BIGQUERY_GRPC_PORT", "gRPC (Storage API) port of the BigQuery emulator.", 19060,
+        minimum=1, maximum=65535,
+    )
+    project_id: str = setting("FIREHOSE_STACK_PROJECT_ID", "Project id the emulator serves.", "local-project")
+    start_timeout_s: int = setting(
+        "FIREHOSE_STACK_START_TIMEOUT_S",
+        "How long `stack up` waits for each service to answer (first start installs it: longer).",
+        120, minimum=1,
+    )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> StackConfig:
+        problems: list[str] = []
+        loaded = _load_section(cls, environ, problems)
+        if problems:
+            raise ConfigError(problems)
+        return loaded  # type: ignore[no-any-return]
+
+
+BQ_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,299}")
+
+
+@dataclass(frozen=True)
+class SettingDoc:
+    env: str
+    default: str
+    doc: str
+    required: bool
+
+
+def reference(sections: tuple[type, ...] | None = None) -> list[SettingDoc]:
+    """Every setting in declaration order: the source of README's configuration tables."""
+    if sections is None:
+        sections = tuple(_resolve(f.type) for f in dataclasses.fields(Config))
+    docs = []
+    for section in sections:
+        for f in dataclasses.fields(section):
+            required = f.default is dataclasses.MISSING
+            docs.append(SettingDoc(f.metadata["env"], "" if required else _format_default(f.default),
+                                   _doc_with_choices(f), required))
+    return docs
+
+
+def reference_markdown(sections: tuple[type, ...] | None = None) -> str:
+    lines = ["| Variable | Default | Meaning |", "| --- | --- | --- |"]
+    for d in reference(sections):
+        default = "*(required)*" if d.required else (f"`{d.default}`" if d.default else "*(empty)*")
+        lines.append(f"| `{d.env}` | {default} | {d.doc} |")
+    return "\n".join(lines)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """Set variables under this sink's prefixes that no setting reads (probably typos)."""
+    known = {d.env for d in reference()}
+    return sorted(k for k in environ if k.startswith(OWNED_PREFIXES) and k not in known)
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """Parse a `NAME=value` file (comments, blank lines, optional quotes) into a dict."""
+    values: dict[str, str] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.removeprefix("export ").partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise ConfigError([f"{path}:{number}: expected NAME=value, got {raw!r}"])
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        values[name.strip()] = value
+    return values
+
+
+# --- parsing -------------------------------------------------------------------------------------------
+
+
+def _resolve(annotation: Any) -> Any:
+    # `from __future__ import annotations` leaves field types as strings.
+    return eval(annotation, globals()) if isinstance(annotation, str) else annotation  # noqa: S307
+
+
+def _load_section(cls: type, environ: Mapping[str, str], problems: list[str]) -> Any:
+    hints = typing.get_type_hints(cls)
+    before = len(problems)
+    values = {}
+    for f in dataclasses.fields(cls):
+        env = f.metadata["env"]
+        raw = (environ.get(env) or "").strip()
+        required = f.default is dataclasses.MISSING
+        # An empty optional string is a value (e.g. metadata at the root); anything else empty is unset.
+        if not raw and (required or hints[f.name] is not str or env not in environ):
+            if required:
+                problems.append(f"{env}: required but not set ({f.metadata['doc']})")
+            continue
+        try:
+            values[f.name] = _parse(raw, hints[f.name], f.metadata)
+        except ValueError as exc:
+            problems.append(f"{env}: {exc}")
+    return None if len(problems) > before else cls(**values)
+
+
+def _parse(raw: str, annotation: Any, meta: Mapping[str, Any]) -> Any:
+    optional = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    base = next(a for a in typing.get_args(annotation) if a is not type(None)) if optional else annotation
+    if base is bool:
+        lowered = raw.lower()
+        if lowered not in ("true", "false"):
+            raise ValueError(f"expected true or false, got {raw!r}")
+        return lowered == "true"
+    if base is int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {raw!r}") from None
+        if meta["minimum"] is not None and value < meta["minimum"]:
+            raise ValueError(f"must be at least {meta['minimum']}, got {value}")
+        if meta["maximum"] is not None and value > meta["maximum"]:
+            raise ValueError(f"must be at most {meta['maximum']}, got {value}")
+        return value
+    if typing.get_origin(base) is tuple:
+        items = tuple(item.strip() for item in raw.split(",") if item.strip())
+        if not items:
+            raise ValueError("expected at least one comma-separated value")
+        return items
+    if meta["choices"] and raw not in meta["choices"]:
+        raise ValueError(f"expected one of {', '.join(meta['choices'])}, got {raw!r}")
+    return raw
+
+
+def _format_default(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value)
+
+
+def _doc_with_choices(f: dataclasses.Field[Any]) -> str:
+    doc = f.metadata["doc"]
+    if f.metadata["choices"]:
+        doc += f" One of: {', '.join(f.metadata['choices'])}."
+    return doc

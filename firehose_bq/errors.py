@@ -1,0 +1,99 @@
+"""The shared error vocabulary: one flat ErrorType for classification, policy and metrics.
+
+Per-message failures are data (`MessageError`), returned next to the rows that succeeded. Only
+states the job cannot go on from are raised, as exceptions that carry their ErrorType. Exceptions keep
+their constructor arguments in `args` so that they pickle across Spark's Python workers.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ErrorType(str, enum.Enum):
+    """Why one message did not reach its table (Firehose's names, plus the ones it lacks)."""
+
+    DESERIALIZATION_ERROR = "DESERIALIZATION_ERROR"  # the bytes do not parse as the proto
+    INVALID_MESSAGE_ERROR = "INVALID_MESSAGE_ERROR"  # parses, but breaks the schema's rules
+    UNKNOWN_FIELDS_ERROR = "UNKNOWN_FIELDS_ERROR"  # fields the descriptor does not know
+    SINK_4XX_ERROR = "SINK_4XX_ERROR"  # BigQuery rejected the row itself (invalid, out of range)
+    SINK_5XX_ERROR = "SINK_5XX_ERROR"  # BigQuery failed or stopped the row (backend error)
+    SINK_RETRYABLE_ERROR = "SINK_RETRYABLE_ERROR"  # quota, rate limit, timeout, connection
+    SINK_UNKNOWN_ERROR = "SINK_UNKNOWN_ERROR"  # anything the classifier cannot name
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"  # one row over BigQuery's request size limit
+
+
+@dataclass(frozen=True)
+class MessageError:
+    """One message that failed, identified by its Kafka coordinates."""
+
+    error_type: ErrorType
+    topic: str
+    partition: int
+    offset: int
+    message: str
+
+    def describe(self) -> str:
+        return f"{self.error_type.value} at {self.topic}/{self.partition}@{self.offset}: {self.message}"
+
+
+class FirehoseError(Exception):
+    """Base of this package's exceptions."""
+
+
+class ConfigError(FirehoseError):
+    """Bad or missing settings; `problems` holds one line per variable."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__(problems)
+        self.problems = problems
+
+    def __str__(self) -> str:
+        return "; ".join(self.problems)
+
+
+class SchemaError(FirehoseError):
+    """A descriptor cannot be loaded, found, or mapped to a BigQuery schema."""
+
+
+class SchemaEvolutionError(SchemaError):
+    """The live table and the proto disagree in a way BigQuery cannot apply (type or mode change)."""
+
+
+class SourceError(FirehoseError):
+    """Kafka cannot be read as planned (topic missing, partition stalled, offsets gone)."""
+
+
+class SinkError(FirehoseError):
+    """A BigQuery call failed as a whole (not per row), classified for the retry/DLQ policy."""
+
+    def __init__(self, error_type: ErrorType, message: str) -> None:
+        super().__init__(error_type, message)
+        self.error_type = error_type
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.error_type.value}: {self.message}"
+
+
+class BatchFailedError(FirehoseError):
+    """A micro-batch holds messages whose error type stops the job; offsets are not committed."""
+
+    def __init__(self, batch_id: int, errors: list[MessageError], total: int) -> None:
+        super().__init__(batch_id, errors, total)
+        self.batch_id = batch_id
+        self.errors = errors
+        self.total = total
+
+    def __str__(self) -> str:
+        shown = "\n  ".join(e.describe() for e in self.errors)
+        more = f"\n  ... and {self.total - len(self.errors)} more" if self.total > len(self.errors) else ""
+        return (
+            f"batch {self.batch_id} stopped: {self.total} message(s) could not be written and no "
+            f"dead-letter route is configured for them; offsets were not committed.\n  {shown}{more}"
+        )
+
+
+class StackError(FirehoseError):
+    """The local development stack could not be started, checked or stopped."""
