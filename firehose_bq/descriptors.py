@@ -1,0 +1,132 @@
+"""Protobuf FileDescriptorSets: fetch them, index them, and build message classes from them.
+
+A `Descriptors` value is immutable and cheap to pickle (it holds the serialized sets), so the driver
+loads it once and Spark ships it to the Python workers, which build their own descriptor pool.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from google.protobuf import descriptor, descriptor_pb2, descriptor_pool, message, message_factory
+
+from firehose_bq.errors import SchemaError
+
+FETCH_TIMEOUT_S = 10
+
+
+@dataclass(frozen=True)
+class Descriptors:
+    """One or more serialized FileDescriptorSets, merged into a single lookup space."""
+
+    sets: tuple[bytes, ...]
+    sources: tuple[str, ...] = ()
+    _pool: descriptor_pool.DescriptorPool | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def fingerprint(self) -> str:
+        """Content hash: equal descriptors give equal fingerprints, whatever their source."""
+        digest = hashlib.sha256()
+        for blob in self.sets:
+            digest.update(hashlib.sha256(blob).digest())
+        return digest.hexdigest()[:16]
+
+    def pool(self) -> descriptor_pool.DescriptorPool:
+        if self._pool is None:
+            object.__setattr__(self, "_pool", _build_pool(self.sets))
+        assert self._pool is not None
+        return self._pool
+
+    def find_message(self, full_name: str) -> descriptor.Descriptor:
+        try:
+            return self.pool().FindMessageTypeByName(full_name.removeprefix("."))
+        except KeyError:
+            known = ", ".join(sorted(self.message_names())[:20])
+            raise SchemaError(
+                f"message {full_name!r} is not in the descriptors from {', '.join(self.sources)}; "
+                f"known messages include: {known}"
+            ) from None
+
+    def message_class(self, full_name: str) -> type[message.Message]:
+        return message_factory.GetMessageClass(self.find_message(full_name))
+
+    def message_names(self) -> list[str]:
+        names = []
+        for blob in self.sets:
+            fds = descriptor_pb2.FileDescriptorSet.FromString(blob)
+            for file in fds.file:
+                prefix = f"{file.package}." if file.package else ""
+                names.extend(prefix + m.name for m in file.message_type)
+        return names
+
+    def __getstate__(self) -> dict[str, object]:
+        # The pool is a C object: workers rebuild it from the bytes.
+        return {"sets": self.sets, "sources": self.sources, "_pool": None}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        for key, value in state.items():
+            object.__setattr__(self, key, value)
+
+
+def load(urls: tuple[str, ...] | list[str]) -> Descriptors:
+    """Fetch every URL (file://, plain path, http(s)://) and merge the sets; errors name the URL."""
+    if not urls:
+        raise SchemaError("no descriptor source configured (SCHEMA_REGISTRY_STENCIL_URLS is empty)")
+    blobs = tuple(_fetch(url) for url in urls)
+    result = Descriptors(blobs, tuple(urls))
+    result.pool()  # fail now, with the URL in the message, rather than in a Spark worker later
+    return result
+
+
+def _fetch(url: str) -> bytes:
+    parsed = urllib.parse.urlparse(url)
+    try:
+        if parsed.scheme in ("http", "https"):
+            with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:  # noqa: S310
+                data = response.read()
+        elif parsed.scheme in ("file", ""):
+            path = Path(urllib.parse.unquote(parsed.path) if parsed.scheme else url)
+            data = path.read_bytes()
+        else:
+            raise SchemaError(f"unsupported descriptor URL scheme {parsed.scheme!r} in {url!r}")
+    except OSError as exc:
+        raise SchemaError(f"cannot read descriptors from {url}: {exc}") from exc
+    try:
+        descriptor_pb2.FileDescriptorSet.FromString(data)
+    except Exception as exc:  # protobuf raises DecodeError or RuntimeWarning-ish errors by backend
+        raise SchemaError(f"{url} is not a serialized FileDescriptorSet: {exc}") from exc
+    return data
+
+
+def _build_pool(sets: tuple[bytes, ...]) -> descriptor_pool.DescriptorPool:
+    """Add every file to a fresh pool, dependencies first, each file once across all sets."""
+    files: dict[str, descriptor_pb2.FileDescriptorProto] = {}
+    for blob in sets:
+        for file in descriptor_pb2.FileDescriptorSet.FromString(blob).file:
+            files.setdefault(file.name, file)
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def add(name: str, chain: tuple[str, ...]) -> None:
+        if name in added:
+            return
+        if name not in files:
+            raise SchemaError(
+                f"descriptor file {chain[-1]!r} imports {name!r}, which no descriptor set contains "
+                "(build the set with --include_imports)"
+            )
+        for dependency in files[name].dependency:
+            add(dependency, (*chain, name))
+        try:
+            pool.Add(files[name])
+        except TypeError as exc:
+            raise SchemaError(f"descriptor file {name!r} is inconsistent: {exc}") from exc
+        added.add(name)
+
+    for name in files:
+        add(name, (name,))
+    return pool
