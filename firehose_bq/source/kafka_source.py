@@ -1,0 +1,215 @@
+"""Kafka as a PySpark Python DataSource streaming source (format `firehose-kafka`).
+
+Spark's built-in Kafka source needs jars this deployment cannot fetch, so this is a Python one:
+- offsets live in Spark's checkpoint as `{topic: {"partition": next_offset}}`;
+- each micro-batch is one Spark partition per Kafka partition with new records;
+- `maxOffsetsPerTrigger` caps a batch, shared across partitions in proportion to their backlog;
+- `Trigger.AvailableNow` reads up to the end offsets seen when the query starts, then stops;
+- a fresh checkpoint starts at the consumer group's committed offsets, else at `startingOffsets`;
+- after Spark commits a batch, its end offsets are committed to the consumer group, only so that lag
+  monitoring works: the checkpoint, not the group, is what a restart resumes from.
+
+`read()` runs in Spark's Python workers and yields Arrow RecordBatches; it keeps no state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from firehose_bq.errors import SourceError
+from firehose_bq.source.kafka_client import ConsumerRecord, KafkaMetadataClient, Offsets, read_range
+
+log = logging.getLogger(__name__)
+
+FORMAT_NAME = "firehose-kafka"
+
+SCHEMA_DDL = (
+    "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, "
+    "timestamp_type INT, headers ARRAY<STRUCT<key: STRING, value: BINARY>>, leader_epoch INT"
+)
+
+ARROW_SCHEMA = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp", pa.timestamp("us", tz="UTC")),
+        ("timestamp_type", pa.int32()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+        ("leader_epoch", pa.int32()),
+    ]
+)
+
+# Rows per Arrow batch handed to Spark: large enough to amortize per-batch costs, small enough that a
+# worker holds a few MB, not a whole partition's backlog.
+READ_BATCH_ROWS = 10_000
+
+
+class KafkaRange(InputPartition):
+    """One Kafka partition's slice [start, end) of a micro-batch."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+class KafkaDataSource(DataSource):
+    """Options: brokers, topics (comma-separated), group_id, starting_offsets [earliest|latest],
+    max_offsets_per_trigger (-1 = no limit), stall_timeout_ms. Spark lower-cases option names."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(dict(self.options))
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: dict[str, str]) -> None:
+        missing = [k for k in ("brokers", "topics", "group_id") if not options.get(k)]
+        if missing:
+            raise SourceError(f"{FORMAT_NAME} source needs option(s): {', '.join(missing)}")
+        self.brokers = options["brokers"]
+        self.topics = tuple(t.strip() for t in options["topics"].split(",") if t.strip())
+        self.group_id = options["group_id"]
+        self.starting = options.get("starting_offsets", "earliest")
+        if self.starting not in ("earliest", "latest"):
+            raise SourceError(f"starting_offsets must be earliest or latest, got {self.starting!r}")
+        self.max_offsets = int(options.get("max_offsets_per_trigger", "-1"))
+        self.stall_timeout_ms = int(options.get("stall_timeout_ms", "120000"))
+        self._target: Offsets | None = None  # end offsets frozen by Trigger.AvailableNow
+        self._client: KafkaMetadataClient | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The reader is pickled to the workers for read(); the driver's client stays behind.
+        state = self.__dict__.copy()
+        state["_client"] = None
+        return state
+
+    def _kafka(self) -> KafkaMetadataClient:
+        if self._client is None:
+            self._client = KafkaMetadataClient(self.brokers, self.group_id)
+        return self._client
+
+    # --- driver side -----------------------------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:
+        kafka = self._kafka()
+        committed = kafka.committed_offsets(self.topics)
+        reset = (kafka.beginning_offsets(kafka.partitions(self.topics)) if self.starting == "earliest"
+                 else kafka.end_offsets(self.topics))
+        start = {t: {p: committed.get(t, {}).get(p, o) for p, o in parts.items()} for t, parts in reset.items()}
+        log.info("starting a fresh checkpoint at %s (group %s committed %s)", start, self.group_id, committed)
+        return _to_json(start)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._kafka().end_offsets(self.topics)
+        log.info("available-now: reading up to %s", self._target)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadMaxRows(self.max_offsets) if self.max_offsets > 0 else ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = _from_json(start)
+        latest = self._target if self._target is not None else self._kafka().end_offsets(self.topics)
+        end = {t: {p: max(o, begin.get(t, {}).get(p, 0)) for p, o in parts.items()} for t, parts in latest.items()}
+        if isinstance(limit, ReadMaxRows):
+            end = _cap(begin, end, limit.max_rows)
+        return _to_json(end)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return _to_json(self._kafka().end_offsets(self.topics))
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        begin, finish = _from_json(start), _from_json(end)
+        new = [(t, p) for t, parts in finish.items() for p in parts if p not in begin.get(t, {})]
+        if new:
+            # Partitions added while running start at their beginning, as Spark's Kafka source does.
+            from kafka import TopicPartition
+
+            found = self._kafka().beginning_offsets([TopicPartition(t, p) for t, p in new])
+            for t, parts in found.items():
+                begin.setdefault(t, {}).update(parts)
+        return [
+            KafkaRange(t, p, begin[t][p], o)
+            for t, parts in sorted(finish.items())
+            for p, o in sorted(parts.items())
+            if o > begin[t][p]
+        ]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        try:
+            self._kafka().commit(_from_json(end))
+        except Exception as exc:  # noqa: BLE001 - monitoring only; the checkpoint already holds `end`
+            log.warning("could not commit offsets to consumer group %s (lag metrics only): %s", self.group_id, exc)
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # --- worker side -----------------------------------------------------------------------------------
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KafkaRange)
+        for records in read_range(
+            self.brokers, partition.topic, partition.partition, partition.start, partition.end,
+            stall_timeout_ms=self.stall_timeout_ms, batch_size=READ_BATCH_ROWS,
+        ):
+            yield to_arrow(records)
+
+
+def to_arrow(records: list[ConsumerRecord]) -> pa.RecordBatch:
+    columns = [
+        [r.key for r in records],
+        [r.value for r in records],
+        [r.topic for r in records],
+        [r.partition for r in records],
+        [r.offset for r in records],
+        [r.timestamp_ms * 1000 if r.timestamp_ms is not None else None for r in records],
+        [r.timestamp_type for r in records],
+        [[{"key": k, "value": v} for k, v in r.headers] for r in records],
+        [r.leader_epoch if r.leader_epoch is not None and r.leader_epoch >= 0 else None for r in records],
+    ]
+    return pa.RecordBatch.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, ARROW_SCHEMA, strict=True)], schema=ARROW_SCHEMA
+    )
+
+
+def _cap(begin: Offsets, end: Offsets, max_rows: int) -> Offsets:
+    """Shrink `end` so that at most `max_rows` records are read, shared in proportion to backlog."""
+    backlog = {(t, p): o - begin.get(t, {}).get(p, 0) for t, parts in end.items() for p, o in parts.items()}
+    total = sum(backlog.values())
+    if total <= max_rows:
+        return end
+    capped: Offsets = {t: dict(parts) for t, parts in end.items()}
+    for (t, p), lag in backlog.items():
+        share = max(1, max_rows * lag // total) if lag > 0 else 0
+        capped[t][p] = begin.get(t, {}).get(p, 0) + min(lag, share)
+    return capped
+
+
+def _to_json(offsets: Offsets) -> dict[str, Any]:
+    return {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in sorted(offsets.items())}
+
+
+def _from_json(offsets: dict[str, Any]) -> Offsets:
+    return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in offsets.items()}
