@@ -1,0 +1,1 @@
+"""BigQuery: client, error classification, tables, and the write paths."""

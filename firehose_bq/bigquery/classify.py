@@ -1,0 +1,76 @@
+"""BigQuery failures → ErrorType, from the structured reason BigQuery returns (never by message text)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from google.api_core import exceptions as api_exceptions
+from requests import exceptions as http_exceptions
+
+from firehose_bq.errors import ErrorType
+
+# https://cloud.google.com/bigquery/docs/error-messages — the `reason` of an error object.
+REASON_TYPES: dict[str, ErrorType] = {
+    "invalid": ErrorType.SINK_4XX_ERROR,  # bad value, unknown field, missing REQUIRED, partition out of range
+    "invalidQuery": ErrorType.SINK_4XX_ERROR,
+    "notFound": ErrorType.SINK_4XX_ERROR,
+    "duplicate": ErrorType.SINK_4XX_ERROR,
+    "accessDenied": ErrorType.SINK_4XX_ERROR,
+    "billingNotEnabled": ErrorType.SINK_4XX_ERROR,
+    "resourceInUse": ErrorType.SINK_4XX_ERROR,
+    "responseTooLarge": ErrorType.SINK_4XX_ERROR,
+    "stopped": ErrorType.SINK_5XX_ERROR,  # a valid row, not written because another row was bad
+    "backendError": ErrorType.SINK_5XX_ERROR,
+    "internalError": ErrorType.SINK_5XX_ERROR,
+    "timeout": ErrorType.SINK_RETRYABLE_ERROR,
+    "rateLimitExceeded": ErrorType.SINK_RETRYABLE_ERROR,
+    "quotaExceeded": ErrorType.SINK_RETRYABLE_ERROR,
+}
+
+# When a row carries several errors, the most specific one names it: a row that is invalid is
+# invalid, even if BigQuery also says it was stopped.
+_PRECEDENCE = (
+    ErrorType.SINK_4XX_ERROR,
+    ErrorType.SINK_RETRYABLE_ERROR,
+    ErrorType.SINK_5XX_ERROR,
+    ErrorType.SINK_UNKNOWN_ERROR,
+)
+
+
+def classify_row_errors(errors: Sequence[Mapping[str, Any]]) -> ErrorType:
+    """The ErrorType of one row from its insertErrors entry's `errors` list."""
+    found = {REASON_TYPES.get(str(e.get("reason", "")), ErrorType.SINK_UNKNOWN_ERROR) for e in errors}
+    return next((t for t in _PRECEDENCE if t in found), ErrorType.SINK_UNKNOWN_ERROR)
+
+
+def is_only_stopped(errors: Sequence[Mapping[str, Any]]) -> bool:
+    return bool(errors) and all(e.get("reason") == "stopped" for e in errors)
+
+
+def describe_row_errors(errors: Sequence[Mapping[str, Any]]) -> str:
+    parts = []
+    for e in errors:
+        where = f" at {e['location']}" if e.get("location") else ""
+        parts.append(f"{e.get('reason', '?')}{where}: {e.get('message', '')}".rstrip(": "))
+    return "; ".join(parts)
+
+
+def classify_exception(exc: BaseException) -> ErrorType:
+    """The ErrorType of a whole failed request (after the client's own retries gave up)."""
+    if isinstance(exc, api_exceptions.GoogleAPICallError):
+        reasons = [str(e.get("reason", "")) for e in (exc.errors or []) if isinstance(e, Mapping)]
+        by_reason = [REASON_TYPES[r] for r in reasons if r in REASON_TYPES]
+        if by_reason:
+            return next(t for t in _PRECEDENCE if t in by_reason)
+        code = exc.code or 0
+        if code == 429 or code == 408:
+            return ErrorType.SINK_RETRYABLE_ERROR
+        if 400 <= code < 500:
+            return ErrorType.SINK_4XX_ERROR
+        if code >= 500:
+            return ErrorType.SINK_5XX_ERROR
+    if isinstance(exc, (api_exceptions.RetryError, http_exceptions.ConnectionError, http_exceptions.Timeout,
+                        ConnectionError, TimeoutError)):
+        return ErrorType.SINK_RETRYABLE_ERROR
+    return ErrorType.SINK_UNKNOWN_ERROR

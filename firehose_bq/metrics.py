@@ -1,0 +1,87 @@
+"""Counters of what happened to messages: per task, merged per micro-batch, summed per run."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
+from firehose_bq.errors import ErrorType, MessageError
+
+# Failed messages kept per batch for the error report; counts are always complete.
+SAMPLE_ERRORS = 5
+
+
+@dataclass
+class BatchStats:
+    messages: int = 0
+    rows_written: int = 0
+    errors_by_type: Counter[str] = field(default_factory=Counter)
+    sample_errors: list[MessageError] = field(default_factory=list)
+
+    @property
+    def failed(self) -> int:
+        return sum(self.errors_by_type.values())
+
+    def add_errors(self, errors: list[MessageError]) -> None:
+        self.errors_by_type.update(e.error_type.value for e in errors)
+        self._keep_sample(errors)
+
+    def merge(self, other: BatchStats) -> None:
+        self.messages += other.messages
+        self.rows_written += other.rows_written
+        self.errors_by_type.update(other.errors_by_type)
+        self._keep_sample(other.sample_errors)
+
+    def _keep_sample(self, errors: list[MessageError]) -> None:
+        room = SAMPLE_ERRORS - len(self.sample_errors)
+        if room > 0:
+            self.sample_errors.extend(errors[:room])
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "messages": self.messages,
+                "rows_written": self.rows_written,
+                "errors_by_type": dict(self.errors_by_type),
+                "sample_errors": [
+                    [e.error_type.value, e.topic, e.partition, e.offset, e.message] for e in self.sample_errors
+                ],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> BatchStats:
+        data = json.loads(text)
+        return cls(
+            messages=data["messages"],
+            rows_written=data["rows_written"],
+            errors_by_type=Counter(data["errors_by_type"]),
+            sample_errors=[MessageError(ErrorType(t), topic, p, o, m) for t, topic, p, o, m in data["sample_errors"]],
+        )
+
+
+@dataclass
+class RunSummary:
+    """Totals of one `firehose-bq run`, printed at its end."""
+
+    batches: int = 0
+    seconds: float = 0.0
+    totals: BatchStats = field(default_factory=BatchStats)
+    failure: str | None = None
+
+    def render(self) -> str:
+        t = self.totals
+        rate = t.messages / self.seconds if self.seconds > 0 else 0.0
+        lines = [
+            f"micro-batches      {self.batches}",
+            f"messages read      {t.messages}",
+            f"rows written       {t.rows_written}",
+            f"messages failed    {t.failed}",
+        ]
+        for error_type in ErrorType:
+            lines.append(f"  {error_type.value:<22} {t.errors_by_type.get(error_type.value, 0)}")
+        lines.append(f"elapsed            {self.seconds:.1f} s ({rate:,.0f} messages/s)")
+        if self.failure:
+            lines.append(f"stopped because    {self.failure}")
+        return "\n".join(lines)

@@ -1,0 +1,180 @@
+"""The streaming job: Kafka source → decode + convert → write to BigQuery → commit.
+
+Each micro-batch runs `write_partition` in the Python workers, one task per Kafka partition: the
+rows are written from there, and only a small stats record per task comes back to the driver. The
+driver's `foreachBatch` handler returns normally only when every message of the batch is in BigQuery;
+otherwise it raises, Spark does not commit the batch, and a restart replays it (at-least-once).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pyarrow as pa
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+
+from firehose_bq import descriptors
+from firehose_bq.bigquery.client import make_client
+from firehose_bq.bigquery.insert_all import InsertAllWriter
+from firehose_bq.bigquery.tables import ensure_dataset, ensure_table
+from firehose_bq.config import BigQueryConfig, Config
+from firehose_bq.convert import KafkaRecords, RowConverter
+from firehose_bq.descriptors import Descriptors
+from firehose_bq.errors import BatchFailedError, FirehoseError, SinkError
+from firehose_bq.metrics import BatchStats, RunSummary
+from firehose_bq.schema import MetadataColumns, table_schema
+from firehose_bq.source.kafka_source import FORMAT_NAME
+
+log = logging.getLogger(__name__)
+
+STATS_SCHEMA = "stats STRING, fatal STRING"
+# How often the run loop looks at the stop flag and the query's state.
+POLL_SECONDS = 0.5
+
+
+@dataclass(frozen=True)
+class SinkSpec:
+    """Everything a Spark task needs to decode and write; pickled to the Python workers."""
+
+    descriptors: Descriptors
+    proto_class: str
+    metadata: MetadataColumns
+    bigquery: BigQueryConfig
+
+
+def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Decode, convert and write one task's records; yield a single stats row."""
+    converter = RowConverter(spec.descriptors.message_class(spec.proto_class), spec.metadata)
+    writer: InsertAllWriter | None = None
+    stats = BatchStats()
+    fatal = None
+    try:
+        for batch in batches:
+            records = KafkaRecords(
+                topics=batch.column("topic").to_pylist(),
+                partitions=batch.column("partition").to_pylist(),
+                offsets=batch.column("offset").to_pylist(),
+                timestamps_ms=_millis(batch.column("timestamp")),
+                values=batch.column("value").to_pylist(),
+            )
+            converted = converter.convert(records, load_time=_now())
+            stats.messages += len(records)
+            stats.add_errors(converted.errors)
+            if converted.rows:
+                writer = writer or InsertAllWriter(make_client(spec.bigquery), spec.bigquery)
+                failures = writer.write(converted, records)
+                stats.rows_written += len(converted.rows) - len(failures)
+                stats.add_errors(failures)
+    except SinkError as exc:
+        # Reported as data so the driver can show one clean reason; the batch is not committed.
+        fatal = str(exc)
+    yield pa.RecordBatch.from_pydict({"stats": [stats.to_json()], "fatal": [fatal]})
+
+
+def _millis(column: pa.Array) -> list[int | None]:
+    micros = column.cast(pa.int64()).to_pylist()  # the source's timestamp[us, UTC]
+    return [None if m is None else m // 1000 for m in micros]
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Pipeline:
+    """One configured job. `prepare()` checks descriptors and tables; `run()` streams."""
+
+    def __init__(self, config: Config, spark: SparkSession) -> None:
+        self.config = config
+        self.spark = spark
+        self.summary = RunSummary()
+        self._spec: SinkSpec | None = None
+        self._failure: Exception | None = None
+
+    def prepare(self) -> SinkSpec:
+        cfg = self.config
+        loaded = descriptors.load(cfg.input_schema.stencil_urls)
+        message = loaded.find_message(cfg.input_schema.proto_class)
+        metadata = MetadataColumns(cfg.bigquery.add_metadata, cfg.bigquery.metadata_namespace)
+        schema = table_schema(message, metadata)
+        client = make_client(cfg.bigquery)
+        ensure_dataset(client, cfg.bigquery.project_id, cfg.bigquery.dataset, cfg.bigquery.dataset_location)
+        ensure_table(client, cfg.bigquery.table_ref, schema)
+        log.info("descriptors %s (%s) → %s, %d columns", loaded.fingerprint, message.full_name,
+                 cfg.bigquery.table_ref, len(schema))
+        self._spec = SinkSpec(loaded, message.full_name, metadata, cfg.bigquery)
+        return self._spec
+
+    def source(self) -> DataFrame:
+        src = self.config.source
+        return (
+            self.spark.readStream.format(FORMAT_NAME)
+            .option("brokers", src.brokers)
+            .option("topics", ",".join(src.topics))
+            .option("group_id", src.consumer_group_id)
+            .option("starting_offsets", src.auto_offset_reset)
+            .option("max_offsets_per_trigger", str(self.config.spark.max_offsets_per_trigger))
+            .option("stall_timeout_ms", str(src.poll_timeout_ms))
+            .load()
+        )
+
+    def run(self, *, available_now: bool, stop: threading.Event | None = None) -> RunSummary:
+        """Stream until the topic is drained (available_now) or `stop` is set; raise on failure."""
+        spec = self._spec or self.prepare()
+        stop = stop or threading.Event()
+        handler = functools.partial(self._on_batch, spec)
+        writer = self.source().writeStream.foreachBatch(handler).option(
+            "checkpointLocation", self.config.spark.checkpoint_location
+        )
+        if available_now:
+            writer = writer.trigger(availableNow=True)
+        else:
+            writer = writer.trigger(processingTime=f"{self.config.spark.trigger_interval_ms} milliseconds")
+        started = time.monotonic()
+        query = writer.queryName(f"firehose-bq-{self.config.bigquery.table}").start()
+        try:
+            while not query.awaitTermination(POLL_SECONDS):
+                if stop.is_set():
+                    # Let the running micro-batch finish so its offsets are committed, then stop.
+                    while query.isActive and query.status.get("isTriggerActive"):
+                        time.sleep(0.1)
+                    query.stop()
+                    break
+        except StreamingQueryException as exc:
+            failure = self._failure or FirehoseError(_first_line(exc))
+            self.summary.failure = str(failure).splitlines()[0]
+            raise failure from None
+        finally:
+            self.summary.seconds = time.monotonic() - started
+        return self.summary
+
+    def _on_batch(self, spec: SinkSpec, df: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        stats = BatchStats()
+        fatal = []
+        for row in df.mapInArrow(functools.partial(write_partition, spec), STATS_SCHEMA).collect():
+            stats.merge(BatchStats.from_json(row.stats))
+            if row.fatal:
+                fatal.append(row.fatal)
+        elapsed = time.monotonic() - started
+        self.summary.batches += 1
+        self.summary.totals.merge(stats)
+        log.info("batch %d: %d messages, %d rows written, %d failed, %.1f s (%.0f messages/s)", batch_id,
+                 stats.messages, stats.rows_written, stats.failed, elapsed, stats.messages / max(elapsed, 1e-9))
+        if fatal:
+            self._failure = FirehoseError(f"batch {batch_id} stopped, offsets not committed: {fatal[0]}")
+            raise self._failure
+        if stats.failed:
+            self._failure = BatchFailedError(batch_id, stats.sample_errors, stats.failed)
+            raise self._failure
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

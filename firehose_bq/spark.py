@@ -1,0 +1,57 @@
+"""The SparkSession a job runs in, and the one prerequisite Spark cannot check for itself: Java."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+
+from pyspark.sql import SparkSession
+
+from firehose_bq.config import SparkConfig
+from firehose_bq.errors import FirehoseError
+from firehose_bq.source.kafka_source import KafkaDataSource
+
+MIN_JAVA = 17
+JAVA_HINT = "install it with `sudo apt-get install -y openjdk-17-jre-headless` (Debian/Ubuntu) or set JAVA_HOME"
+
+
+def java_version() -> int:
+    """Major version of the `java` Spark will use; FirehoseError with an install hint if unusable."""
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not java or not os.path.exists(java):
+        raise FirehoseError(f"Spark needs Java {MIN_JAVA} or newer and none was found: {JAVA_HINT}")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    if not match:
+        raise FirehoseError(f"cannot tell the version of {java}: {out.strip()[:200]}")
+    major = int(match.group(1))
+    major = int(match.group(2)) if major == 1 and match.group(2) else major  # "1.8" means 8
+    if major < MIN_JAVA:
+        raise FirehoseError(f"Spark needs Java {MIN_JAVA} or newer, {java} is Java {major}: {JAVA_HINT}")
+    return major
+
+
+def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None) -> SparkSession:
+    java_version()
+    # Python workers must be this interpreter, which has the package and its dependencies.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if cfg.master.startswith("local"):
+        # A local job talks to itself: bind to loopback instead of guessing a routable interface.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        SparkSession.builder.master(cfg.master)
+        .appName(cfg.app_name)
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
+    )
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    spark.dataSource.register(KafkaDataSource)
+    return spark
