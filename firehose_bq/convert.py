@@ -155,6 +155,9 @@ class RowConverter:
         self._parse = message_class.FromString
         self._convert = compile_message(message_class.DESCRIPTOR)
         self._metadata = metadata
+        # upb parses proto2 messages that lack `required` fields; checking costs a C call per message,
+        # so only message types that have such fields pay it.
+        self._check_required = _has_required(message_class.DESCRIPTOR, set())
 
     def convert(self, records: KafkaRecords, load_time: str) -> ConvertedBatch:
         out = ConvertedBatch()
@@ -166,7 +169,13 @@ class RowConverter:
                 out.errors.append(self._error(ErrorType.INVALID_MESSAGE_ERROR, records, i, reason))
                 continue
             try:
-                row = self._convert(self._parse(value))
+                msg = self._parse(value)
+                if self._check_required and not msg.IsInitialized():
+                    missing = ", ".join(msg.FindInitializationErrors())
+                    out.errors.append(self._error(ErrorType.INVALID_MESSAGE_ERROR, records, i,
+                                                  f"required field(s) missing: {missing}"))
+                    continue
+                row = self._convert(msg)
             except DecodeError as exc:
                 out.errors.append(self._error(ErrorType.DESERIALIZATION_ERROR, records, i, exc))
                 continue
@@ -195,3 +204,11 @@ class RowConverter:
     def _error(kind: ErrorType, records: KafkaRecords, i: int, cause: Exception | str) -> MessageError:
         text = cause if isinstance(cause, str) else (str(cause) or type(cause).__name__)
         return MessageError(kind, records.topics[i], records.partitions[i], records.offsets[i], text)
+
+
+def _has_required(descriptor: Descriptor, seen: set[str]) -> bool:
+    if descriptor.full_name in seen:
+        return False
+    seen.add(descriptor.full_name)
+    return any(fd.is_required or (fd.message_type is not None and _has_required(fd.message_type, seen))
+               for fd in descriptor.fields)

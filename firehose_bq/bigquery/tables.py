@@ -64,13 +64,21 @@ def _merge_field(old: SchemaField, new: SchemaField, path: str) -> SchemaField:
         fields = tuple(merge_schema(old.fields, new.fields, f"{path}."))
     if mode == old_mode and fields == old.fields:
         return old
-    return SchemaField(old.name, old.field_type, mode=mode, description=old.description, fields=fields)
+    return _with(old, mode, fields)
 
 
 def _as_added(f: SchemaField) -> SchemaField:
     mode = "REPEATED" if _mode(f) == "REPEATED" else "NULLABLE"  # BigQuery cannot add REQUIRED columns
-    return SchemaField(f.name, f.field_type, mode=mode, description=f.description,
-                       fields=tuple(_as_added(s) for s in f.fields))
+    return _with(f, mode, tuple(_as_added(s) for s in f.fields))
+
+
+def _with(f: SchemaField, mode: str, fields: Sequence[SchemaField]) -> SchemaField:
+    """`f` with another mode and subfields; every other property (description, tags) kept."""
+    api = f.to_api_repr()
+    api["mode"] = mode
+    if fields:
+        api["fields"] = [s.to_api_repr() for s in fields]
+    return SchemaField.from_api_repr(api)
 
 
 def ensure_dataset(client: bigquery.Client, project: str, dataset: str, location: str) -> None:
