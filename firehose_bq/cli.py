@@ -1,0 +1,218 @@
+"""`firehose-bq`: run the sink, manage the local stack, produce sample data, look at the table.
+
+Settings come from the environment; `--env-file` files fill in what the environment does not set
+(later files win over earlier ones), and `--stack` points at the running local stack. Exit codes:
+0 done, 1 the job or a command failed (the reason is printed), 2 bad configuration or usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+
+from firehose_bq import config as config_module
+from firehose_bq.config import Config, StackConfig, read_env_file
+from firehose_bq.errors import ConfigError, FirehoseError
+
+log = logging.getLogger("firehose_bq")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    for chatty in ("kafka", "py4j"):  # their INFO lines are per-connection noise
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        environ = _environment(args)
+        return int(args.handler(args, environ) or 0)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"config error: {problem}", file=sys.stderr)
+        return 2
+    except FirehoseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="firehose-bq", description=__doc__.splitlines()[0])
+    parser.add_argument("--log-level", default=os.environ.get("FIREHOSE_LOG_LEVEL", "INFO"),
+                        choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--env-file", action="append", default=[], type=Path, metavar="FILE",
+                        help="NAME=value file for settings the environment does not set (repeatable)")
+    common.add_argument("--stack", action="store_true",
+                        help="point at the running local stack (what `stack status --env` prints)")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", parents=[common], help="run the sink")
+    run.add_argument("--available-now", action="store_true",
+                     help="process what is in the topic now, then exit 0 (default: stream until stopped)")
+    run.set_defaults(handler=_run)
+
+    stack = commands.add_parser("stack", parents=[common], help="local broker + BigQuery emulator")
+    stack.add_argument("action", choices=("up", "down", "status"))
+    stack.add_argument("--env", action="store_true", help="with status: print NAME=value lines for a job")
+    stack.set_defaults(handler=_stack)
+
+    sample = commands.add_parser("sample", parents=[common], help="produce example bookings to the topic")
+    sample.add_argument("action", choices=("produce",))
+    sample.add_argument("--count", type=int, default=10_000)
+    sample.add_argument("--start", type=int, default=0, help="number of the first booking")
+    sample.add_argument("--partitions", type=int, default=3, help="partitions when the topic is created")
+    sample.set_defaults(handler=_sample)
+
+    table = commands.add_parser("table", parents=[common], help="look at the destination table")
+    table.add_argument("action", choices=("preview",))
+    table.add_argument("--rows", type=int, default=3)
+    table.set_defaults(handler=_table)
+
+    doctor = commands.add_parser("doctor", parents=[common], help="check that this machine can run the job (Java for Spark)")
+    doctor.set_defaults(handler=_doctor)
+
+    cfg = commands.add_parser("config", parents=[common], help="check settings or print their reference")
+    cfg.add_argument("action", choices=("check", "reference", "stack-reference"),
+                     help="check: validate and print the job's settings; reference / stack-reference: the "
+                          "markdown table of every job / local-stack setting")
+    cfg.set_defaults(handler=_config)
+    return parser
+
+
+def _environment(args: argparse.Namespace) -> dict[str, str]:
+    merged: dict[str, str] = {}
+    for path in args.env_file:
+        if not path.is_file():
+            raise ConfigError([f"--env-file {path}: no such file"])
+        merged.update(read_env_file(path))
+    if args.stack:
+        from firehose_bq.devstack.stack import Stack
+
+        merged.update(Stack(StackConfig.from_env({**merged, **os.environ})).env())
+    merged.update(os.environ)
+    return merged
+
+
+def _load_config(environ: Mapping[str, str]) -> Config:
+    cfg = Config.from_env(environ)
+    for name in config_module.unknown_variables(environ):
+        log.warning("%s is set but no setting reads it (typo?)", name)
+    return cfg
+
+
+def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    cfg = _load_config(environ)  # before importing Spark: a bad setting fails in milliseconds
+
+    from firehose_bq.pipeline import Pipeline
+    from firehose_bq.spark import spark_session
+
+    spark = spark_session(cfg.spark)
+    pipeline = Pipeline(cfg, spark)
+    pipeline.prepare()
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt  # second signal: stop now, the batch will be replayed
+        log.info("%s received: stopping after the current micro-batch", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        summary = pipeline.run(available_now=args.available_now, stop=stop)
+    except FirehoseError:
+        print(pipeline.summary.render())
+        raise
+    finally:
+        spark.stop()
+    print(summary.render())
+    return 0
+
+
+def _stack(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from firehose_bq.devstack.stack import Stack
+
+    stack = Stack(StackConfig.from_env(environ))
+    if args.action == "up":
+        stack.up()
+    elif args.action == "down":
+        stack.down()
+    elif args.env:
+        for name, value in stack.env().items():
+            print(f"{name}={value}")
+    else:
+        statuses = stack.status()
+        for s in statuses:
+            state = ("running, healthy" if s.healthy else "running, NOT answering") if s.running else "stopped"
+            pid = f" pid {s.pid}" if s.pid else ""
+            print(f"{s.name:<9} {state}{pid}  {s.address}  log: {s.log}")
+        return 0 if all(s.healthy for s in statuses) else 1
+    return 0
+
+
+def _sample(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from firehose_bq import descriptors, sample
+
+    cfg = _load_config(environ)
+    cls = descriptors.load(cfg.input_schema.stencil_urls).message_class(cfg.input_schema.proto_class)
+    if cls.DESCRIPTOR.full_name != sample.EXAMPLE_MESSAGE:
+        raise FirehoseError(f"sample data is for {sample.EXAMPLE_MESSAGE}, but INPUT_SCHEMA_PROTO_CLASS is "
+                            f"{cls.DESCRIPTOR.full_name}")
+    topic = cfg.source.topics[0]
+    if sample.ensure_topic(cfg.source.brokers, topic, args.partitions):
+        print(f"created topic {topic} with {args.partitions} partitions")
+    sent = sample.produce(cfg.source.brokers, topic, sample.booking_messages(cls), args.count, start=args.start,
+                          progress=sys.stderr.isatty() or bool(os.environ.get("FIREHOSE_PROGRESS")))
+    print(f"produced {sent} bookings to {topic}")
+    return 0
+
+
+def _table(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from firehose_bq.bigquery.client import make_client
+
+    cfg = _load_config(environ).bigquery
+    client = make_client(cfg)
+    table = client.get_table(cfg.table_ref)
+    total = next(iter(client.query(f"SELECT COUNT(*) AS n FROM `{cfg.table_ref}`").result())).n
+    print(f"{cfg.table_ref}: {total} rows, {len(table.schema)} columns")
+    for row in client.list_rows(table, max_results=args.rows):
+        print(json.dumps(dict(row.items()), default=_json_value))
+    return 0
+
+
+def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from firehose_bq.spark import java_version
+
+    print(f"java {java_version()} and python {sys.version.split()[0]}: ready for Spark")
+    return 0
+
+
+def _json_value(value: object) -> str:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    return str(value)
+
+
+def _config(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    if args.action.endswith("reference"):
+        sections = (StackConfig,) if args.action == "stack-reference" else None
+        print(config_module.reference_markdown(sections))
+        return 0
+    cfg = _load_config(environ)
+    print(json.dumps(cfg.public_dict(), indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

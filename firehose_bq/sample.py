@@ -1,0 +1,124 @@
+"""Deterministic example bookings (proto/firehose/example/v1/booking.proto) and a producer for them.
+
+`booking_values(i)` is plain Python data, so tests can state what BigQuery must hold without going
+through the converter under test; `booking(i, cls)` is the same data as a protobuf message.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf import message as pb_message
+from kafka import KafkaProducer
+from kafka.admin import KafkaAdminClient, NewTopic
+from kafka.errors import TopicAlreadyExistsError
+
+EXAMPLE_MESSAGE = "firehose.example.v1.Booking"
+STATUSES = ("CREATED", "DRIVER_FOUND", "COMPLETED", "CANCELLED")
+TAGS = ("airport", "night", "promo", "shared", "vip")
+# 2026-01-01T00:00:00Z: sample timestamps fall in a fixed, recent window.
+BASE_EPOCH_S = 1_767_225_600
+
+
+def booking_values(i: int) -> dict[str, Any]:
+    """Field values of booking number `i`; every field type of the example proto is exercised."""
+    rng = random.Random(i)
+    values: dict[str, Any] = {
+        "order_number": f"ORD-{i:08d}",
+        "customer_id": rng.randrange(1, 2**40),
+        "status": STATUSES[i % len(STATUSES)],
+        "amount": round(rng.uniform(1, 500), 2),
+        "discount": 0.5 if i % 3 == 0 else 0.0,
+        "is_paid": i % 2 == 0,
+        "signature": rng.randbytes(8),
+        "passenger_count": rng.randrange(1, 5),
+        "balance_delta": rng.randrange(-10_000, 10_000),
+        "region_code": rng.randrange(0, 2**32),
+        "pickup": {"latitude": round(rng.uniform(-6.4, -6.1), 6), "longitude": round(rng.uniform(106.7, 107.0), 6),
+                   "name": f"stop {rng.randrange(100)}"},
+        "items": [{"sku": f"SKU-{rng.randrange(1000)}", "quantity": rng.randrange(1, 4),
+                   "price_micros": rng.randrange(10**6, 10**8)} for _ in range(i % 3)],
+        "tags": sorted(rng.sample(TAGS, i % 3)),
+        "attributes": {"channel": "app" if i % 2 else "web", "city": "jakarta"},
+        "created_at": (BASE_EPOCH_S + i * 37, (i % 1000) * 1_000_000 + 123_000),  # (seconds, nanos)
+        "eta": (rng.randrange(60, 3600), 500_000_000),
+        "context": {"source": "sample", "retry": i % 4},
+        "status_history": [STATUSES[j % len(STATUSES)] for j in range(i % 3)],
+    }
+    if i % 5 == 0:
+        values["dropoff"] = {"latitude": -6.2, "longitude": 106.8, "name": "terminal 3"}
+    return values
+
+
+def booking(i: int, cls: type[pb_message.Message]) -> pb_message.Message:
+    v = booking_values(i)
+    msg = cls()
+    for name in ("order_number", "customer_id", "status", "amount", "discount", "is_paid", "signature",
+                 "passenger_count", "balance_delta", "region_code"):
+        setattr(msg, name, v[name])
+    for place in ("pickup", "dropoff"):
+        if place in v:
+            for key, value in v[place].items():
+                setattr(getattr(msg, place), key, value)
+    for item in v["items"]:
+        msg.items.add(**item)
+    msg.tags.extend(v["tags"])
+    msg.attributes.update(v["attributes"])
+    msg.created_at.seconds, msg.created_at.nanos = v["created_at"]
+    msg.eta.seconds, msg.eta.nanos = v["eta"]
+    msg.context.update(v["context"])
+    msg.status_history.extend(v["status_history"])
+    return msg
+
+
+def ensure_topic(brokers: str, topic: str, partitions: int) -> bool:
+    """Create the topic if missing; True when it was created."""
+    admin = KafkaAdminClient(bootstrap_servers=brokers.split(","))
+    try:
+        admin.create_topics([NewTopic(topic, partitions, 1)])
+        return True
+    except TopicAlreadyExistsError:
+        return False
+    finally:
+        admin.close()
+
+
+def produce(
+    brokers: str,
+    topic: str,
+    messages: Callable[[int], tuple[bytes | None, bytes | None]],
+    count: int,
+    *,
+    start: int = 0,
+    progress: bool = True,
+) -> int:
+    """Send `count` (key, value) pairs made by `messages(i)`; waits until all are acknowledged."""
+    from tqdm import tqdm
+
+    producer = KafkaProducer(bootstrap_servers=brokers.split(","), linger_ms=20, acks="all",
+                             batch_size=256 * 1024)
+    failures: list[BaseException] = []
+    try:
+        with tqdm(total=count, desc=f"producing to {topic}", unit="msg", disable=not progress) as bar:
+            for i in range(start, start + count):
+                key, value = messages(i)
+                producer.send(topic, key=key, value=value).add_errback(failures.append)
+                if i % 1000 == 999:
+                    bar.update(1000)
+            bar.update(count - bar.n)
+            producer.flush()
+    finally:
+        producer.close()
+    if failures:
+        raise RuntimeError(f"{len(failures)} of {count} messages were not acknowledged: {failures[0]}")
+    return count
+
+
+def booking_messages(cls: type[pb_message.Message]) -> Callable[[int], tuple[bytes | None, bytes | None]]:
+    def make(i: int) -> tuple[bytes | None, bytes | None]:
+        msg = booking(i, cls)
+        return msg.order_number.encode(), msg.SerializeToString()  # type: ignore[attr-defined]
+
+    return make
