@@ -1,0 +1,68 @@
+# Every target sets up what it needs: the project venv (once per pyproject.toml change), the
+# compiled descriptors, and (through `firehose-bq stack up`) the broker and emulator venvs.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+FH := $(VENV)/bin/firehose-bq
+STAMP := $(VENV)/.installed
+PROTOS := $(shell find proto -name '*.proto' | sort)
+DESCRIPTORS := descriptors/example.desc
+N ?= 10000
+LOCAL := --env-file config/local.env --stack
+
+.PHONY: help venv descriptors run test test-unit test-integration bench up down status clean
+
+help:
+	@echo "make run     local broker + BigQuery emulator + $(N) sample messages → Spark job → summary"
+	@echo "make test    unit + integration tests (starts its own stack on free ports)"
+	@echo "make bench   benchmarks (ratios measured side by side)"
+	@echo "make up | down | status   the local stack"
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found " + sys.version.split()[0] + ")")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+venv: $(STAMP)
+	@$(FH) doctor
+
+descriptors: $(DESCRIPTORS)
+
+$(DESCRIPTORS): $(PROTOS) $(STAMP)
+	$(PY) -m grpc_tools.protoc --include_imports --include_source_info -Iproto \
+		--descriptor_set_out=$@ $(PROTOS)
+
+run: venv descriptors
+	$(FH) stack up
+	$(FH) sample produce $(LOCAL) --count $(N)
+	$(FH) run $(LOCAL) --available-now
+	$(FH) table preview $(LOCAL) --rows 3
+	@echo "The stack keeps running for exploration; 'make down' stops it."
+
+test: venv descriptors
+	$(PY) -m pytest tests
+
+test-unit: venv descriptors
+	$(PY) -m pytest tests/unit
+
+test-integration: venv descriptors
+	$(PY) -m pytest tests/integration
+
+bench: venv descriptors
+	$(PY) -m bench
+
+up: venv
+	$(FH) stack up
+
+down: venv
+	$(FH) stack down
+
+status: venv
+	$(FH) stack status
+
+clean: down
+	rm -rf .stack $(DESCRIPTORS) .pytest_cache

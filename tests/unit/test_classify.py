@@ -1,0 +1,75 @@
+"""BigQuery failures → ErrorType, from the shapes BigQuery really returns."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from google.api_core import exceptions
+
+from firehose_bq.bigquery.classify import (
+    classify_exception,
+    classify_row_errors,
+    describe_row_errors,
+    is_only_stopped,
+)
+from firehose_bq.errors import ErrorType
+
+# insertErrors entries as BigQuery's tabledata.insertAll returns them.
+INVALID = [{"reason": "invalid", "location": "amount", "debugInfo": "",
+            "message": "Cannot convert value to floating point (bad value): abc"}]
+OUT_OF_BOUNDS = [{"reason": "invalid", "location": "created_at", "debugInfo": "",
+                  "message": "Value 1999-01-01 for field created_at is outside the allowed bounds. You can only "
+                             "stream to date range within 1825 days in the past and 366 days in the future."}]
+NO_SUCH_FIELD = [{"reason": "invalid", "location": "extra", "debugInfo": "", "message": "no such field: extra."}]
+STOPPED = [{"reason": "stopped", "location": "", "debugInfo": "", "message": ""}]
+
+
+@pytest.mark.parametrize(
+    ("errors", "expected"),
+    [
+        (INVALID, ErrorType.SINK_4XX_ERROR),
+        (OUT_OF_BOUNDS, ErrorType.SINK_4XX_ERROR),
+        (NO_SUCH_FIELD, ErrorType.SINK_4XX_ERROR),
+        (STOPPED, ErrorType.SINK_5XX_ERROR),
+        ([{"reason": "backendError", "message": "x"}], ErrorType.SINK_5XX_ERROR),
+        ([{"reason": "timeout"}], ErrorType.SINK_RETRYABLE_ERROR),
+        ([{"reason": "somethingNew"}], ErrorType.SINK_UNKNOWN_ERROR),
+        ([], ErrorType.SINK_UNKNOWN_ERROR),
+        (STOPPED + INVALID, ErrorType.SINK_4XX_ERROR),  # invalid wins over stopped
+    ],
+)
+def test_row_errors(errors: list[dict], expected: ErrorType) -> None:
+    assert classify_row_errors(errors) is expected
+
+
+def test_only_stopped_rows_are_resendable() -> None:
+    assert is_only_stopped(STOPPED)
+    assert not is_only_stopped(STOPPED + INVALID)
+    assert not is_only_stopped([])
+
+
+def test_description_names_reason_and_location() -> None:
+    assert describe_row_errors(INVALID) == ("invalid at amount: Cannot convert value to floating point "
+                                            "(bad value): abc")
+    assert describe_row_errors(STOPPED) == "stopped"
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (exceptions.BadRequest("bad", errors=[{"reason": "invalid"}]), ErrorType.SINK_4XX_ERROR),
+        (exceptions.NotFound("no table"), ErrorType.SINK_4XX_ERROR),
+        (exceptions.Forbidden("q", errors=[{"reason": "quotaExceeded"}]), ErrorType.SINK_RETRYABLE_ERROR),
+        (exceptions.Forbidden("r", errors=[{"reason": "rateLimitExceeded"}]), ErrorType.SINK_RETRYABLE_ERROR),
+        (exceptions.Forbidden("denied", errors=[{"reason": "accessDenied"}]), ErrorType.SINK_4XX_ERROR),
+        (exceptions.TooManyRequests("slow down"), ErrorType.SINK_RETRYABLE_ERROR),
+        (exceptions.InternalServerError("oops"), ErrorType.SINK_5XX_ERROR),
+        (exceptions.ServiceUnavailable("down"), ErrorType.SINK_5XX_ERROR),
+        (exceptions.RetryError("deadline", cause=None), ErrorType.SINK_RETRYABLE_ERROR),
+        (requests.exceptions.ConnectionError("refused"), ErrorType.SINK_RETRYABLE_ERROR),
+        (requests.exceptions.ReadTimeout("slow"), ErrorType.SINK_RETRYABLE_ERROR),
+        (ValueError("?"), ErrorType.SINK_UNKNOWN_ERROR),
+    ],
+)
+def test_request_failures(exc: BaseException, expected: ErrorType) -> None:
+    assert classify_exception(exc) is expected

@@ -1,0 +1,49 @@
+"""The command line's contract for bad settings: one line per variable, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.unit.test_config import MINIMAL
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def firehose(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SOURCE_", "SINK_", "INPUT_", "SCHEMA_",
+                                                                       "SPARK_"))}
+    return subprocess.run([sys.executable, "-m", "firehose_bq.cli", *args], env={**base, **env}, cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_missing_variable_is_one_clear_line_and_exit_2() -> None:
+    env = dict(MINIMAL)
+    del env["SINK_BIGQUERY_DATASET_NAME"]
+    done = firehose("run", "--available-now", env=env)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "config error: SINK_BIGQUERY_DATASET_NAME: required but not set (Dataset; created when missing.)"]
+    assert "Traceback" not in done.stderr
+
+
+def test_invalid_variable_is_one_clear_line_and_exit_2() -> None:
+    done = firehose("run", env={**MINIMAL, "SPARK_TRIGGER_INTERVAL_MS": "soon"})
+    assert done.returncode == 2
+    assert done.stderr.strip() == "config error: SPARK_TRIGGER_INTERVAL_MS: expected an integer, got 'soon'"
+
+
+def test_missing_env_file_is_a_config_error() -> None:
+    done = firehose("config", "check", "--env-file", "nope.env", env=MINIMAL)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "config error: --env-file nope.env: no such file"
+
+
+def test_env_file_fills_in_and_environment_wins(tmp_path: Path) -> None:
+    path = tmp_path / "job.env"
+    path.write_text("\n".join(f"{k}={v}" for k, v in MINIMAL.items()) + "\nSINK_BIGQUERY_TABLE_NAME=from_file\n")
+    done = firehose("config", "check", "--env-file", str(path), env={"SINK_BIGQUERY_TABLE_NAME": "from_env"})
+    assert done.returncode == 0, done.stderr
+    assert '"table": "from_env"' in done.stdout

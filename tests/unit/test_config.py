@@ -1,0 +1,124 @@
+"""Settings: parsing, one clear problem per variable, and the README reference kept in step."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from firehose_bq import config
+from firehose_bq.config import Config, StackConfig
+from firehose_bq.errors import ConfigError
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+MINIMAL = {
+    "SOURCE_KAFKA_BROKERS": "k:9092",
+    "SOURCE_KAFKA_TOPIC": "t",
+    "SOURCE_KAFKA_CONSUMER_GROUP_ID": "g",
+    "INPUT_SCHEMA_PROTO_CLASS": "p.M",
+    "SCHEMA_REGISTRY_STENCIL_URLS": "file:///d.desc",
+    "SINK_BIGQUERY_GOOGLE_CLOUD_PROJECT_ID": "proj",
+    "SINK_BIGQUERY_DATASET_NAME": "ds",
+    "SINK_BIGQUERY_TABLE_NAME": "tbl",
+    "SPARK_CHECKPOINT_LOCATION": "/ck",
+}
+
+
+def test_defaults() -> None:
+    cfg = Config.from_env(MINIMAL)
+    assert cfg.source.topics == ("t",)
+    assert cfg.source.auto_offset_reset == "earliest"
+    assert cfg.bigquery.row_insert_id_enable is True
+    assert cfg.bigquery.api_endpoint is None
+    assert cfg.bigquery.metadata_namespace == ""
+    assert cfg.bigquery.table_ref == "proj.ds.tbl"
+    assert cfg.spark.master == "local[*]"
+    assert cfg.spark.max_offsets_per_trigger == 100_000
+
+
+def test_values_are_parsed_by_type() -> None:
+    cfg = Config.from_env({**MINIMAL, "SOURCE_KAFKA_TOPIC": "a, b,", "SINK_BIGQUERY_ROW_INSERT_ID_ENABLE": "FALSE",
+                           "SPARK_MAX_OFFSETS_PER_TRIGGER": "-1", "SINK_BIGQUERY_METADATA_NAMESPACE": "kafka",
+                           "SINK_BIGQUERY_API_ENDPOINT": "http://127.0.0.1:1"})
+    assert cfg.source.topics == ("a", "b")
+    assert cfg.bigquery.row_insert_id_enable is False
+    assert cfg.spark.max_offsets_per_trigger == -1
+    assert cfg.bigquery.metadata_namespace == "kafka"
+    assert cfg.bigquery.api_endpoint == "http://127.0.0.1:1"
+
+
+def test_every_problem_is_reported_at_once_one_line_per_variable() -> None:
+    env = {**MINIMAL, "SPARK_MAX_OFFSETS_PER_TRIGGER": "lots", "SINK_BIGQUERY_ROW_INSERT_ID_ENABLE": "yes",
+           "SOURCE_KAFKA_CONSUMER_CONFIG_AUTO_OFFSET_RESET": "newest", "SINK_BIGQUERY_INSERT_ALL_BATCH_SIZE": "60000"}
+    del env["SOURCE_KAFKA_BROKERS"]
+    with pytest.raises(ConfigError) as raised:
+        Config.from_env(env)
+    assert raised.value.problems == [
+        "SOURCE_KAFKA_BROKERS: required but not set (Kafka bootstrap servers, `host:port[,host:port]`.)",
+        "SOURCE_KAFKA_CONSUMER_CONFIG_AUTO_OFFSET_RESET: expected one of earliest, latest, got 'newest'",
+        "SINK_BIGQUERY_ROW_INSERT_ID_ENABLE: expected true or false, got 'yes'",
+        "SINK_BIGQUERY_INSERT_ALL_BATCH_SIZE: must be at most 50000, got 60000",
+        "SPARK_MAX_OFFSETS_PER_TRIGGER: expected an integer, got 'lots'",
+    ]
+
+
+def test_empty_required_value_is_missing() -> None:
+    with pytest.raises(ConfigError, match="SINK_BIGQUERY_TABLE_NAME: required but not set"):
+        Config.from_env({**MINIMAL, "SINK_BIGQUERY_TABLE_NAME": "  "})
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [
+        ("SINK_BIGQUERY_TABLE_NAME", "my-table", "SINK_BIGQUERY_TABLE_NAME: 'my-table' is not a valid BigQuery name"),
+        ("SINK_BIGQUERY_METADATA_NAMESPACE", "a.b", "SINK_BIGQUERY_METADATA_NAMESPACE: 'a.b' is not a valid"),
+        ("SPARK_MAX_OFFSETS_PER_TRIGGER", "0", "SPARK_MAX_OFFSETS_PER_TRIGGER: must be positive or -1"),
+    ],
+)
+def test_cross_checks(name: str, value: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        Config.from_env({**MINIMAL, name: value})
+
+
+def test_unknown_variables_under_our_prefixes_are_reported() -> None:
+    env = {**MINIMAL, "SINK_BIGQUERY_TABEL_NAME": "x", "SPARK_HOME": "/opt/spark", "PATH": "/bin"}
+    assert config.unknown_variables(env) == ["SINK_BIGQUERY_TABEL_NAME"]
+
+
+def test_env_file(tmp_path: Path) -> None:
+    path = tmp_path / "a.env"
+    path.write_text("# comment\n\nexport A=1\nB='two words'\nC=\"x=y\"\n")
+    assert config.read_env_file(path) == {"A": "1", "B": "two words", "C": "x=y"}
+    path.write_text("not a setting\n")
+    with pytest.raises(ConfigError, match="a.env:1: expected NAME=value"):
+        config.read_env_file(path)
+
+
+def test_stack_config_defaults() -> None:
+    cfg = StackConfig.from_env({})
+    assert (cfg.kafka_port, cfg.bigquery_port, cfg.bigquery_grpc_port) == (19092, 19050, 19060)
+
+
+def _readme_block(name: str) -> str:
+    text = README.read_text()
+    match = re.search(rf"<!-- {name}:start -->\n(.*?)\n<!-- {name}:end -->", text, re.S)
+    assert match, f"README.md has no {name} block"
+    return match.group(1).strip()
+
+
+def test_readme_lists_every_job_setting_with_its_default() -> None:
+    assert _readme_block("config-reference") == config.reference_markdown(), (
+        "README's configuration table is out of date: paste `firehose-bq config reference` into it")
+
+
+def test_readme_lists_every_stack_setting_with_its_default() -> None:
+    assert _readme_block("stack-reference") == config.reference_markdown((StackConfig,)), (
+        "README's stack table is out of date: paste `firehose-bq config stack-reference` into it")
+
+
+def test_example_env_file_is_a_valid_config() -> None:
+    local = config.read_env_file(README.parent / "config" / "local.env")
+    assert Config.from_env(local).source.topics == ("bookings",)
+    assert config.unknown_variables(local) == []

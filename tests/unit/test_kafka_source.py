@@ -1,0 +1,49 @@
+"""Offset planning of the Kafka source (pure logic: no broker)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pyarrow as pa
+
+from firehose_bq.source.kafka_client import ConsumerRecord
+from firehose_bq.source.kafka_source import ARROW_SCHEMA, KafkaStreamReader, _cap, _from_json, _to_json, to_arrow
+
+
+def test_offsets_round_trip_through_checkpoint_json() -> None:
+    offsets = {"b": {10: 5, 2: 7}, "a": {0: 0}}
+    as_json = _to_json(offsets)
+    assert as_json == {"a": {"0": 0}, "b": {"2": 7, "10": 5}}
+    assert _from_json(as_json) == offsets
+
+
+def test_cap_leaves_small_backlogs_alone() -> None:
+    assert _cap({"t": {0: 0, 1: 0}}, {"t": {0: 3, 1: 4}}, 10) == {"t": {0: 3, 1: 4}}
+
+
+def test_cap_shares_the_limit_in_proportion_to_backlog() -> None:
+    capped = _cap({"t": {0: 100, 1: 0, 2: 50}}, {"t": {0: 900, 1: 200, 2: 50}}, 500)
+    assert capped == {"t": {0: 100 + 400, 1: 0 + 100, 2: 50}}
+
+
+def test_cap_always_moves_every_partition_with_backlog() -> None:
+    capped = _cap({"t": {0: 0, 1: 0}}, {"t": {0: 10_000, 1: 1}}, 10)
+    assert capped["t"][1] == 1 and 0 < capped["t"][0] <= 10
+
+
+def test_reader_pickles_without_its_driver_client() -> None:
+    reader = KafkaStreamReader({"brokers": "b:1", "topics": "t1, t2", "group_id": "g"})
+    reader._client = object()  # type: ignore[assignment]
+    clone = pickle.loads(pickle.dumps(reader))
+    assert clone._client is None and clone.topics == ("t1", "t2")
+
+
+def test_records_become_an_arrow_batch_of_the_source_schema() -> None:
+    batch = to_arrow([
+        ConsumerRecord(b"k", b"v", "t", 2, 7, 1_000, 0, [("h", b"x")], 3),
+        ConsumerRecord(None, None, "t", 2, 8, None, None, [], None),
+    ])
+    assert batch.schema == ARROW_SCHEMA
+    assert batch.column("timestamp").cast(pa.int64()).to_pylist() == [1_000_000, None]
+    assert batch.column("headers").to_pylist() == [[{"key": "h", "value": b"x"}], []]
+    assert batch.column("value").to_pylist() == [b"v", None]

@@ -1,0 +1,58 @@
+"""Schema evolution rules: add and relax, keep what the proto lost, refuse what BigQuery cannot do."""
+
+from __future__ import annotations
+
+import pytest
+from google.cloud.bigquery import SchemaField
+
+from firehose_bq.bigquery.tables import merge_schema
+from firehose_bq.errors import SchemaEvolutionError
+
+
+def f(name: str, kind: str = "STRING", mode: str = "NULLABLE", fields: tuple = ()) -> SchemaField:
+    return SchemaField(name, kind, mode=mode, fields=fields)
+
+
+def test_unchanged_schema_is_returned_as_is() -> None:
+    current = [f("a"), f("n", "RECORD", fields=(f("x", "INTEGER"),))]
+    assert merge_schema(current, [f("a"), f("n", "RECORD", fields=(f("x", "INT64"),))]) == current
+
+
+def test_new_fields_are_appended_nullable_or_repeated_also_nested() -> None:
+    current = [f("a"), f("n", "RECORD", fields=(f("x", "INTEGER"),))]
+    wanted = [f("a"), f("n", "RECORD", fields=(f("x", "INTEGER"), f("y", mode="REQUIRED"))),
+              f("r", "INTEGER", "REPEATED"), f("req", mode="REQUIRED")]
+    merged = merge_schema(current, wanted)
+    assert [x.to_api_repr() for x in merged] == [
+        {"name": "a", "type": "STRING", "mode": "NULLABLE"},
+        {"name": "n", "type": "RECORD", "mode": "NULLABLE", "fields": [
+            {"name": "x", "type": "INTEGER", "mode": "NULLABLE"},
+            {"name": "y", "type": "STRING", "mode": "NULLABLE"}]},
+        {"name": "r", "type": "INTEGER", "mode": "REPEATED"},
+        {"name": "req", "type": "STRING", "mode": "NULLABLE"},
+    ]
+
+
+def test_fields_missing_from_the_proto_are_kept() -> None:
+    current = [f("old"), f("a")]
+    assert [x.name for x in merge_schema(current, [f("a")])] == ["old", "a"]
+
+
+def test_required_relaxes_to_nullable_but_never_tightens() -> None:
+    assert merge_schema([f("a", mode="REQUIRED")], [f("a")])[0].mode == "NULLABLE"
+    assert merge_schema([f("a")], [f("a", mode="REQUIRED")])[0].mode == "NULLABLE"
+
+
+@pytest.mark.parametrize(
+    ("current", "wanted", "message"),
+    [
+        ([f("a", "STRING")], [f("a", "INTEGER")], "field a: type STRING in the table, INTEGER in the proto"),
+        ([f("n", "RECORD", fields=(f("x", "INTEGER"),))], [f("n", "RECORD", fields=(f("x", "FLOAT"),))],
+         "field n.x: type INTEGER in the table, FLOAT in the proto"),
+        ([f("a")], [f("a", mode="REPEATED")], "field a: mode NULLABLE in the table, REPEATED in the proto"),
+        ([f("a", mode="REPEATED")], [f("a")], "field a: mode REPEATED in the table, NULLABLE in the proto"),
+    ],
+)
+def test_changes_bigquery_cannot_apply_name_the_field(current, wanted, message: str) -> None:
+    with pytest.raises(SchemaEvolutionError, match=message):
+        merge_schema(current, wanted)
