@@ -1,0 +1,255 @@
+"""The local stack: a Kafka-protocol broker and the BigQuery emulator on 127.0.0.1.
+
+`up` starts what is not running (so a second `up` is harmless) and waits until each service
+answers; `down` stops exactly the processes `up` recorded, by PID, after checking that each PID is
+still the process that was started (a reused PID is never killed); `status` reports both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from firehose_bq.config import StackConfig
+from firehose_bq.devstack.tools import BROKER, EMULATOR, Tool, default_tools_dir, ensure_installed
+from firehose_bq.errors import StackError
+
+HOST = "127.0.0.1"
+LAUNCHER = Path(__file__).with_name("bqemulator_launcher.py")
+# noida-db saves its data on SIGTERM (about 2 s); give every service a little more before SIGKILL.
+STOP_GRACE_S = 10.0
+LOG_TAIL_LINES = 15
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    tool: Tool
+    port: int
+
+    def command(self, cfg: StackConfig, venv: Path, state: Path) -> list[str]:
+        if self.tool is BROKER:
+            data = state / "kafka-data"
+            data.mkdir(parents=True, exist_ok=True)
+            return [str(venv / "bin" / "noida-db"), "start", "--only", "kafka", "--host", HOST,
+                    "--kafka-port", str(cfg.kafka_port), "--data-dir", str(data)]
+        return [str(venv / "bin" / "python"), str(LAUNCHER), "--host", HOST, "--port", str(cfg.bigquery_port),
+                "--grpc-port", str(cfg.bigquery_grpc_port), "--project", cfg.project_id]
+
+    def healthy(self, cfg: StackConfig) -> bool:
+        return _kafka_answers(self.port) if self.tool is BROKER else _bigquery_answers(cfg)
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    name: str
+    pid: int | None
+    running: bool
+    healthy: bool
+    address: str
+    log: Path
+
+
+class Stack:
+    def __init__(self, cfg: StackConfig) -> None:
+        self.cfg = cfg
+        self.state = Path(cfg.state_dir).absolute()
+        self.tools = Path(cfg.tools_dir) if cfg.tools_dir else default_tools_dir()
+        self.services = (Service("kafka", BROKER, cfg.kafka_port), Service("bigquery", EMULATOR, cfg.bigquery_port))
+
+    # --- commands --------------------------------------------------------------------------------------
+
+    def up(self, report: Callable[[str], None] = print) -> None:
+        self.state.mkdir(parents=True, exist_ok=True)
+        (self.state / "logs").mkdir(exist_ok=True)
+        started = []
+        for service in self.services:
+            pid = self._running_pid(service)
+            if pid is not None:
+                report(f"{service.name}: already running (pid {pid}) on {self._address(service)}")
+                continue
+            self._check_port_free(service)
+            venv = ensure_installed(service.tool, self.tools)
+            command = service.command(self.cfg, venv, self.state)
+            with open(self._log(service), "ab") as log:
+                process = subprocess.Popen(  # noqa: S603 - our own pinned tools, fixed arguments
+                    command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    cwd=self.state, start_new_session=True,
+                )
+            # The command we launched, not /proc's view: right after fork it may still be our own.
+            self._pid_file(service).write_text(json.dumps({"pid": process.pid, "cmd": " ".join(command)}))
+            started.append((service, process))
+        try:
+            for service, process in started:
+                self._wait_healthy(service, process)
+                report(f"{service.name}: started (pid {process.pid}) on {self._address(service)}")
+        except StackError:
+            # Leave no half-started stack behind: stop what this call started.
+            for service, process in started:
+                _terminate_group(process.pid)
+                self._pid_file(service).unlink(missing_ok=True)
+            raise
+
+    def down(self, report: Callable[[str], None] = print) -> None:
+        for service in self.services:
+            pid = self._running_pid(service)
+            if pid is None:
+                report(f"{service.name}: not running")
+            else:
+                _terminate_group(pid)
+                report(f"{service.name}: stopped (pid {pid})")
+            self._pid_file(service).unlink(missing_ok=True)
+
+    def status(self) -> list[ServiceStatus]:
+        result = []
+        for service in self.services:
+            pid = self._running_pid(service)
+            result.append(ServiceStatus(service.name, pid, pid is not None,
+                                        pid is not None and service.healthy(self.cfg),
+                                        self._address(service), self._log(service)))
+        return result
+
+    def env(self) -> dict[str, str]:
+        """Variables that point a job, a test or a client at this stack."""
+        return {
+            "SOURCE_KAFKA_BROKERS": f"{HOST}:{self.cfg.kafka_port}",
+            "SINK_BIGQUERY_API_ENDPOINT": f"http://{HOST}:{self.cfg.bigquery_port}",
+            "SINK_BIGQUERY_GOOGLE_CLOUD_PROJECT_ID": self.cfg.project_id,
+            "FIREHOSE_STACK_BIGQUERY_GRPC_ENDPOINT": f"{HOST}:{self.cfg.bigquery_grpc_port}",
+        }
+
+    # --- helpers ---------------------------------------------------------------------------------------
+
+    def _address(self, service: Service) -> str:
+        return f"{HOST}:{service.port}" if service.tool is BROKER else f"http://{HOST}:{service.port}"
+
+    def _pid_file(self, service: Service) -> Path:
+        return self.state / f"{service.name}.pid"
+
+    def _log(self, service: Service) -> Path:
+        return self.state / "logs" / f"{service.name}.log"
+
+    def _running_pid(self, service: Service) -> int | None:
+        """The recorded PID if that very process still runs; a stale PID file is removed."""
+        path = self._pid_file(service)
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        pid = int(record["pid"])
+        # A script runs as `interpreter script args`: the launched command is the end of the line.
+        cmdline = _cmdline(pid)
+        if cmdline and cmdline.endswith(str(record.get("cmd"))) and _alive(pid):
+            return pid
+        path.unlink(missing_ok=True)
+        return None
+
+    def _check_port_free(self, service: Service) -> None:
+        with socket.socket() as probe:
+            if probe.connect_ex((HOST, service.port)) == 0:
+                raise StackError(
+                    f"{service.name}: port {service.port} on {HOST} is taken by a process this stack did not "
+                    f"start; stop it or choose another port (FIREHOSE_STACK_{service.name.upper()}_PORT)"
+                )
+
+    def _wait_healthy(self, service: Service, process: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + self.cfg.start_timeout_s
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise StackError(f"{service.name} exited with code {process.returncode} while starting; "
+                                 f"log {self._log(service)}:\n{_tail(self._log(service))}")
+            if service.healthy(self.cfg):
+                return
+            time.sleep(0.2)
+        raise StackError(f"{service.name} did not answer on {self._address(service)} within "
+                         f"{self.cfg.start_timeout_s} s; log {self._log(service)}:\n{_tail(self._log(service))}")
+
+
+def _kafka_answers(port: int) -> bool:
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=f"{HOST}:{port}", request_timeout_ms=2000)
+    except (KafkaError, OSError, ValueError):
+        return False
+    try:
+        admin.list_topics()
+        return True
+    except (KafkaError, OSError):
+        return False
+    finally:
+        admin.close()
+
+
+def _bigquery_answers(cfg: StackConfig) -> bool:
+    url = f"http://{HOST}:{cfg.bigquery_port}/bigquery/v2/projects/{cfg.project_id}/datasets"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback only
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _cmdline(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) has no command line left.
+    return _cmdline(pid) not in (None, "")
+
+
+def _terminate_group(pid: int) -> None:
+    """SIGTERM the service's process group, then SIGKILL what is left after the grace period."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        _reap(pid)
+        time.sleep(0.1)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    _reap(pid)
+
+
+def _reap(pid: int) -> None:
+    # When `up` and `down` run in one process (tests), the service is our child: collect its exit.
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(lines[-LOG_TAIL_LINES:])

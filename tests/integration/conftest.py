@@ -1,0 +1,110 @@
+"""One real local stack (broker + BigQuery emulator) and one SparkSession per test session.
+
+The stack runs on free ports with its own state directory, so tests never touch a stack the
+developer has running. Each test gets its own topic and dataset names.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from google.cloud import bigquery
+
+from firehose_bq.bigquery.client import make_client
+from firehose_bq.config import BigQueryConfig, Config, StackConfig
+from firehose_bq.devstack.stack import Stack
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE_DESCRIPTORS = REPO / "descriptors" / "example.desc"
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    cfg = StackConfig.from_env({
+        **os.environ,
+        "FIREHOSE_STACK_DIR": str(tmp_path_factory.mktemp("stack")),
+        "FIREHOSE_STACK_KAFKA_PORT": str(_free_port()),
+        "FIREHOSE_STACK_BIGQUERY_PORT": str(_free_port()),
+        "FIREHOSE_STACK_BIGQUERY_GRPC_PORT": str(_free_port()),
+    })
+    running = Stack(cfg)
+    running.up(report=lambda line: None)
+    try:
+        yield running
+    finally:
+        running.down(report=lambda line: None)
+
+
+@pytest.fixture(scope="session")
+def stack_env(stack: Stack) -> dict[str, str]:
+    return stack.env()
+
+
+@pytest.fixture(scope="session")
+def spark(stack: Stack):  # noqa: ANN201 - pyspark types are optional imports
+    from firehose_bq.config import SparkConfig
+    from firehose_bq.spark import spark_session
+
+    session = spark_session(
+        SparkConfig(checkpoint_location="unused", master="local[2]"),
+        {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def bq_client(stack_env: dict[str, str]) -> bigquery.Client:
+    return make_client(BigQueryConfig(
+        project_id=stack_env["SINK_BIGQUERY_GOOGLE_CLOUD_PROJECT_ID"], dataset="unused", table="unused",
+        api_endpoint=stack_env["SINK_BIGQUERY_API_ENDPOINT"],
+    ))
+
+
+@pytest.fixture
+def bq_dataset(bq_client: bigquery.Client) -> Iterator[str]:
+    name = f"it_{uuid.uuid4().hex[:10]}"
+    bq_client.create_dataset(name)
+    try:
+        yield name
+    finally:
+        bq_client.delete_dataset(name, delete_contents=True, not_found_ok=True)
+
+
+@pytest.fixture
+def job_env(stack_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    """A complete job environment on a fresh topic, dataset and checkpoint."""
+    suffix = uuid.uuid4().hex[:8]
+    return {
+        **stack_env,
+        "SOURCE_KAFKA_TOPIC": f"bookings-{suffix}",
+        "SOURCE_KAFKA_CONSUMER_GROUP_ID": f"it-{suffix}",
+        "INPUT_SCHEMA_PROTO_CLASS": "firehose.example.v1.Booking",
+        "SCHEMA_REGISTRY_STENCIL_URLS": str(EXAMPLE_DESCRIPTORS),
+        "SINK_BIGQUERY_DATASET_NAME": f"it_{suffix}",
+        "SINK_BIGQUERY_TABLE_NAME": "bookings",
+        "SPARK_CHECKPOINT_LOCATION": str(tmp_path / "checkpoint"),
+        "SPARK_MASTER": "local[2]",
+    }
+
+
+@pytest.fixture
+def job_config(job_env: dict[str, str], bq_client: bigquery.Client) -> Iterator[Config]:
+    cfg = Config.from_env(job_env)
+    try:
+        yield cfg
+    finally:
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)

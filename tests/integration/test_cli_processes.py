@@ -1,0 +1,85 @@
+"""The command line as users run it: the stack's lifecycle, and a streaming run stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from firehose_bq.devstack.stack import Stack
+from tests.integration.conftest import REPO, _free_port
+from tests.integration.test_end_to_end import produce_bookings
+
+pytestmark = pytest.mark.integration
+
+
+def firehose(*args: str, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "firehose_bq.cli", *args], env={**os.environ, **env}, cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+def test_stack_up_status_down_leaves_no_process_behind(tmp_path: Path, stack: Stack) -> None:
+    # A second stack beside the session's, so the session's stays untouched.
+    state = tmp_path / "cli-stack"
+    env = {"FIREHOSE_STACK_DIR": str(state), "FIREHOSE_STACK_KAFKA_PORT": str(_free_port()),
+           "FIREHOSE_STACK_BIGQUERY_PORT": str(_free_port()), "FIREHOSE_STACK_BIGQUERY_GRPC_PORT": str(_free_port()),
+           "FIREHOSE_STACK_TOOLS_DIR": str(stack.tools)}
+
+    up = firehose("stack", "up", env=env)
+    assert up.returncode == 0, up.stderr
+    assert "kafka: started" in up.stdout and "bigquery: started" in up.stdout
+    again = firehose("stack", "up", env=env)
+    assert "kafka: already running" in again.stdout and "bigquery: already running" in again.stdout
+    status = firehose("stack", "status", env=env)
+    assert status.returncode == 0 and status.stdout.count("running, healthy") == 2
+    envs = dict(line.split("=", 1) for line in firehose("stack", "status", "--env", env=env).stdout.split())
+    assert envs["SOURCE_KAFKA_BROKERS"] == f"127.0.0.1:{env['FIREHOSE_STACK_KAFKA_PORT']}"
+    assert envs["SINK_BIGQUERY_API_ENDPOINT"] == f"http://127.0.0.1:{env['FIREHOSE_STACK_BIGQUERY_PORT']}"
+    assert processes_mentioning(str(state))
+
+    down = firehose("stack", "down", env=env)
+    assert down.returncode == 0 and "kafka: stopped" in down.stdout and "bigquery: stopped" in down.stdout
+    deadline = time.monotonic() + 10
+    while processes_mentioning(str(state)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_mentioning(str(state)) == []
+    stopped = firehose("stack", "status", env=env)
+    assert stopped.returncode == 1 and stopped.stdout.count("stopped") == 2
+
+
+def test_streaming_run_stops_cleanly_on_sigterm(job_env: dict[str, str], job_config, bq_client) -> None:
+    produce_bookings(job_config, 200)
+    env = {**job_env, "SPARK_TRIGGER_INTERVAL_MS": "500", "FIREHOSE_LOG_LEVEL": "INFO"}
+    log_path = Path(job_env["SPARK_CHECKPOINT_LOCATION"]).with_suffix(".log")
+    with open(log_path, "w") as log:
+        job = subprocess.Popen([sys.executable, "-m", "firehose_bq.cli", "run"], env={**os.environ, **env},
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
+        deadline = time.monotonic() + 240
+        while "batch 0:" not in log_path.read_text() and time.monotonic() < deadline:
+            assert job.poll() is None, log_path.read_text()
+            time.sleep(0.5)
+        job.send_signal(signal.SIGTERM)
+        out, _ = job.communicate(timeout=120)
+    assert job.returncode == 0, log_path.read_text()
+    assert "SIGTERM received: stopping after the current micro-batch" in log_path.read_text()
+    assert "messages read      200" in out
+    count = next(iter(bq_client.query(f"SELECT COUNT(*) n FROM `{job_config.bigquery.table_ref}`").result())).n
+    assert count == 200
