@@ -33,8 +33,10 @@ before the server starts:
 * gap 4  ``patch_multipart_media_part``: multipart uploads (load jobs under
   5 MB) accept a data part whatever its Content-Type.
 * extras ``patch_quote_nested_field_names`` (a RECORD subfield may be named
-  like a SQL keyword) and ``patch_load_job_partitioning`` (a load job that
-  creates its destination keeps ``timePartitioning`` / ``clustering``).
+  like a SQL keyword), ``patch_load_job_partitioning`` (a load job that
+  creates its destination keeps ``timePartitioning`` / ``clustering``) and
+  ``patch_settle_abandoned_results`` (writes after a ``tabledata.list`` no
+  longer fail on DuckDB 2.0's "unfinished result").
 
 Each patch checks that what it patches still exists. If one is missing (say, a
 different bqemulator version), the launcher exits with status 3 and names it,
@@ -1070,6 +1072,49 @@ def patch_multipart_media_part() -> list[str]:
 # =============================================================================
 
 
+class _SettlingConnection:
+    """The engine's DuckDB connection, with ``register`` made safe after an abandoned result.
+
+    DuckDB 2.0 refuses ``register`` while the connection holds a result that was
+    not fetched to the end, and bqemulator leaves such results behind: every
+    ``engine.execute(...).fetchone()`` (``tabledata.list``'s row count, among
+    others) stops one fetch short. Every DuckDB call runs synchronously on the
+    server's one event loop, so a result still pending when ``register`` is
+    called belongs to a request step that has already finished; aborting it
+    loses nothing. Everything else is passed through unchanged.
+    """
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def register(self, name: str, obj: Any) -> Any:
+        self._conn.abort()
+        return self._conn.register(name, obj)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._conn, attr)
+
+
+def patch_settle_abandoned_results() -> list[str]:
+    """Extra: insertAll, load jobs and Storage Write register Arrow data on the shared
+    connection; after a ``tabledata.list`` (or any ``fetchone``) that failed with
+    "connection has an unfinished result" (HTTP 500, retried by clients for minutes).
+    """
+    engine_mod = _module("bqemulator.storage.engine")
+    engine_cls = _require(engine_mod, "DuckDBEngine")
+    original = _require(engine_cls, "connection")
+    if not isinstance(original, property) or original.fget is None:
+        raise PatchTargetMissingError(f"{_dotted(engine_cls)}.connection is no longer a property")
+    raw = original.fget
+
+    def connection(self: Any) -> Any:
+        return _SettlingConnection(raw(self))
+
+    return [_replace(engine_cls, "connection", property(connection, doc=original.__doc__))]
+
+
 def patch_quote_nested_field_names() -> list[str]:
     """Extra: quote RECORD subfield names in generated DuckDB DDL.
 
@@ -1174,6 +1219,7 @@ def apply_patches(args: argparse.Namespace) -> None:
         ("gap4 multipart media part of any Content-Type", patch_multipart_media_part),
         ("extra quote nested field names", patch_quote_nested_field_names),
         ("extra load job keeps partitioning", patch_load_job_partitioning),
+        ("extra register after an abandoned result", patch_settle_abandoned_results),
     ]
     for label, apply in patches:
         targets = apply()

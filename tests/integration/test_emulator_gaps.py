@@ -629,3 +629,15 @@ def test_load_job_keeps_time_partitioning(bq_client: bigquery.Client, bq_dataset
     assert (table.time_partitioning.type_, table.time_partitioning.field) == ("DAY", "ts")
     assert table.clustering_fields == ["v"]
     assert query(bq_client, f"SELECT v FROM `{table_id}`") == [{"v": 1}]
+
+
+def test_writes_after_a_partial_list_rows(bq_client: bigquery.Client, bq_dataset: str) -> None:
+    # tabledata.list leaves a DuckDB result unfinished; streaming and load-job writes after it used
+    # to fail with HTTP 500 "connection has an unfinished result" (found by `make run` twice).
+    table_id = make_table(bq_client, bq_dataset, "after_list", PEOPLE)
+    assert insert(bq_client, table_id, [{"id": i} for i in range(5)]) == []
+    assert len(list(bq_client.list_rows(table_id, max_results=2, retry=RETRY, timeout=TIMEOUT))) == 2
+    assert insert(bq_client, table_id, [{"id": 5}]) == []
+    assert len(list(bq_client.list_rows(table_id, max_results=1, retry=RETRY, timeout=TIMEOUT))) == 1
+    bq_client.load_table_from_json([{"id": 6}], table_id, timeout=TIMEOUT).result(timeout=TIMEOUT)
+    assert count(bq_client, table_id) == 7
