@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -158,7 +159,14 @@ class Pipeline:
         started = time.monotonic()
         stats = BatchStats()
         fatal = []
-        for row in df.mapInArrow(functools.partial(write_partition, spec), STATS_SCHEMA).collect():
+        try:
+            results = df.mapInArrow(functools.partial(write_partition, spec), STATS_SCHEMA).collect()
+        except Exception as exc:
+            # A task died (source unreachable, a bug): Spark's error wraps the worker's traceback in
+            # pages of JVM frames; keep the worker's own last line as the reason.
+            self._failure = FirehoseError(f"batch {batch_id} failed, offsets not committed: {worker_error(exc)}")
+            raise self._failure from exc
+        for row in results:
             stats.merge(BatchStats.from_json(row.stats))
             if row.fatal:
                 fatal.append(row.fatal)
@@ -173,6 +181,15 @@ class Pipeline:
         if stats.failed:
             self._failure = BatchFailedError(batch_id, stats.sample_errors, stats.failed)
             raise self._failure
+
+
+_PYTHON_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.+)$")
+
+
+def worker_error(exc: BaseException) -> str:
+    """The last `SomeError: message` line of a Python worker's traceback inside a Spark error."""
+    matches = [m for m in map(_PYTHON_ERROR_LINE.match, str(exc).splitlines()) if m]
+    return f"{matches[-1].group(1)}: {matches[-1].group(2)}" if matches else _first_line(exc)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from google.api_core.exceptions import GoogleAPICallError
+from google.api_core.exceptions import GoogleAPIError
 from google.cloud import bigquery
 from requests import exceptions as http_exceptions
 
@@ -107,7 +107,8 @@ class InsertAllWriter:
                 self._table, rows, row_ids=ids if ids is not None else [None] * len(rows),
                 retry=self._retry, timeout=self._timeout,
             )
-        except (GoogleAPICallError, http_exceptions.RequestException, ConnectionError, TimeoutError) as exc:
+        # GoogleAPIError covers HTTP errors and RetryError (the client's retry deadline ran out).
+        except (GoogleAPIError, http_exceptions.RequestException, ConnectionError, TimeoutError) as exc:
             raise SinkError(classify_exception(exc), f"insertAll into {self._table} failed: {exc}") from exc
 
     @staticmethod

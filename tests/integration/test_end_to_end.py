@@ -135,3 +135,20 @@ def test_undecodable_message_stops_the_job_without_committing(spark, job_config:
     # Nothing was committed: the same batch, with the same bad message, is planned again.
     with pytest.raises(BatchFailedError):
         Pipeline(job_config, spark).run(available_now=True)
+
+
+def test_failed_write_stops_the_job_with_a_classified_reason(spark, job_config: Config, bq_client) -> None:
+    from firehose_bq.errors import FirehoseError
+
+    produce_bookings(job_config, 10)
+    pipeline = Pipeline(job_config, spark)
+    pipeline.prepare()
+    bq_client.delete_table(job_config.bigquery.table_ref)  # gone between start-up and the first write
+
+    with pytest.raises(FirehoseError) as failed:
+        pipeline.run(available_now=True)
+
+    text = str(failed.value)
+    assert text.startswith("batch 0 stopped, offsets not committed: SINK_4XX_ERROR: insertAll into "), text
+    assert "Traceback" not in text and "py4j" not in text
+    assert pipeline.summary.failure == text.splitlines()[0]

@@ -73,3 +73,18 @@ def test_description_names_reason_and_location() -> None:
 )
 def test_request_failures(exc: BaseException, expected: ErrorType) -> None:
     assert classify_exception(exc) is expected
+
+
+def test_worker_error_finds_the_python_reason_inside_a_spark_error() -> None:
+    from firehose_bq.pipeline import worker_error
+
+    spark_text = (
+        "An error occurred while calling o123.collectToPython.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 failed\n"
+        "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
+        "firehose_bq.errors.SourceError: bookings/1: no progress for 120000 ms at offset 5, planned to read up to 9\n"
+        "\tat org.apache.spark.api.python.BasePythonRunner$ReaderIterator.handlePythonException(PythonRunner.scala:1)\n"
+    )
+    assert worker_error(RuntimeError(spark_text)) == (
+        "firehose_bq.errors.SourceError: bookings/1: no progress for 120000 ms at offset 5, planned to read up to 9")
+    assert worker_error(RuntimeError("plain failure\nmore")) == "plain failure"
