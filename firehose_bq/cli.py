@@ -43,6 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FirehoseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader went away (`... | head`): not an error; stop writing quietly.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,6 +81,14 @@ def _parser() -> argparse.ArgumentParser:
     table.add_argument("action", choices=("preview",))
     table.add_argument("--rows", type=int, default=3)
     table.set_defaults(handler=_table)
+
+    schema = commands.add_parser("schema", parents=[common], help="the BigQuery schema the descriptors map to")
+    schema.add_argument("action", choices=("show", "diff", "apply"),
+                        help="show: the mapped schema; diff: what apply would change on the live table; "
+                             "apply: create or evolve the dataset and table now")
+    schema.add_argument("--format", choices=("tree", "json"), default="tree",
+                        help="with show: a readable tree, or exactly the JSON `bq show --schema` prints")
+    schema.set_defaults(handler=_schema)
 
     doctor = commands.add_parser("doctor", parents=[common], help="check that this machine can run the job (Java for Spark)")
     doctor.set_defaults(handler=_doctor)
@@ -189,6 +201,53 @@ def _table(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     for row in client.list_rows(table, max_results=args.rows):
         print(json.dumps(dict(row.items()), default=_json_value))
     return 0
+
+
+def _schema(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from google.api_core.exceptions import NotFound
+
+    from firehose_bq import descriptors
+    from firehose_bq.bigquery.client import make_client
+    from firehose_bq.bigquery.tables import merge_schema, schema_changes
+    from firehose_bq.pipeline import apply_plan, plan_table
+    from firehose_bq.schema import schema_json
+
+    cfg = _load_config(environ)
+    plan = plan_table(cfg, descriptors.load(cfg.input_schema.stencil_urls))
+    if args.action == "show":
+        fields = list(plan.table.schema)
+        print(json.dumps(schema_json(fields), indent=2) if args.format == "json" else _tree(fields))
+        return 0
+    client = make_client(cfg.bigquery)
+    if args.action == "apply":
+        table = apply_plan(client, cfg, plan)
+        print(f"{cfg.bigquery.table_ref}: {len(table.schema)} columns, up to date")
+        return 0
+    try:
+        live = client.get_table(cfg.bigquery.table_ref)
+    except NotFound:
+        print(f"{cfg.bigquery.table_ref} does not exist; apply would create it with {len(plan.table.schema)} columns")
+        return 0
+    changes = schema_changes(live.schema, merge_schema(live.schema, plan.table.schema))
+    wanted = {f.name.lower() for f in plan.table.schema}
+    kept = [f.name for f in live.schema if f.name.lower() not in wanted]
+    for line in changes:
+        print(line)
+    for name in kept:
+        print(f"keep {name} (in the table, not in the proto: never dropped)")
+    if not changes:
+        print(f"{cfg.bigquery.table_ref} is up to date")
+    return 0
+
+
+def _tree(fields: Sequence[object], depth: int = 0) -> str:
+    lines = []
+    for f in fields:
+        name = "  " * depth + f.name  # type: ignore[attr-defined]
+        lines.append(f"{name:<40} {f.field_type:<10} {f.mode}")  # type: ignore[attr-defined]
+        if f.fields:  # type: ignore[attr-defined]
+            lines.append(_tree(f.fields, depth + 1))  # type: ignore[attr-defined]
+    return "\n".join(lines)
 
 
 def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

@@ -41,6 +41,8 @@ def setting(
     meta = {"env": env, "doc": doc, "choices": choices, "minimum": minimum, "maximum": maximum}
     if default is dataclasses.MISSING:
         return field(metadata=meta)
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -136,6 +138,43 @@ class BigQueryConfig:
 
 
 @dataclass(frozen=True)
+class TableConfig:
+    """How the dataset and table are created: labels, partitioning, clustering (Firehose's names)."""
+
+    dataset_labels: dict[str, str] = setting(
+        "SINK_BIGQUERY_DATASET_LABELS", "Labels set on the dataset, `key=value,key=value`.", {}
+    )
+    table_labels: dict[str, str] = setting(
+        "SINK_BIGQUERY_TABLE_LABELS", "Labels set on the table, `key=value,key=value`.", {}
+    )
+    partitioning_enable: bool = setting(
+        "SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE", "Create the table time-partitioned.", False
+    )
+    partition_key: str = setting(
+        "SINK_BIGQUERY_TABLE_PARTITION_KEY",
+        "Top-level TIMESTAMP or DATE column to partition by (a proto field or a metadata column such as "
+        "`message_timestamp`); empty = ingestion-time partitioning.",
+        "",
+    )
+    partitioning_type: str = setting(
+        "SINK_BIGQUERY_TABLE_PARTITIONING_TYPE", "Partition granularity.", "DAY",
+        choices=("HOUR", "DAY", "MONTH", "YEAR"),
+    )
+    partition_expiry_ms: int = setting(
+        "SINK_BIGQUERY_TABLE_PARTITION_EXPIRY_MS", "Partitions older than this are deleted; -1 = never.", -1,
+        minimum=-1,
+    )
+    clustering_enable: bool = setting(
+        "SINK_BIGQUERY_TABLE_CLUSTERING_ENABLE", "Create the table clustered.", False
+    )
+    clustering_keys: tuple[str, ...] = setting(
+        "SINK_BIGQUERY_TABLE_CLUSTERING_KEYS",
+        "Up to 4 top-level columns to cluster by, comma-separated, most significant first.",
+        (),
+    )
+
+
+@dataclass(frozen=True)
 class SparkConfig:
     checkpoint_location: str = setting(
         "SPARK_CHECKPOINT_LOCATION",
@@ -159,6 +198,7 @@ class Config:
     source: SourceConfig
     input_schema: InputSchemaConfig
     bigquery: BigQueryConfig
+    table: TableConfig
     spark: SparkConfig
 
     @classmethod
@@ -185,6 +225,18 @@ class Config:
                            ("SINK_BIGQUERY_TABLE_NAME", self.bigquery.table)):
             if not BQ_NAME.fullmatch(value):
                 problems.append(f"{env}: {value!r} is not a valid BigQuery name (letters, digits, _)")
+        for env, labels in (("SINK_BIGQUERY_DATASET_LABELS", self.table.dataset_labels),
+                            ("SINK_BIGQUERY_TABLE_LABELS", self.table.table_labels)):
+            problems.extend(f"{env}: {problem}" for problem in label_problems(labels))
+        if self.table.partitioning_enable and self.table.partition_key and not BQ_NAME.fullmatch(
+                self.table.partition_key):
+            problems.append(f"SINK_BIGQUERY_TABLE_PARTITION_KEY: {self.table.partition_key!r} is not a column name")
+        if self.table.clustering_enable and not self.table.clustering_keys:
+            problems.append("SINK_BIGQUERY_TABLE_CLUSTERING_KEYS: required when SINK_BIGQUERY_TABLE_CLUSTERING_ENABLE"
+                            "=true")
+        if len(self.table.clustering_keys) > MAX_CLUSTERING_KEYS:
+            problems.append(f"SINK_BIGQUERY_TABLE_CLUSTERING_KEYS: BigQuery allows at most {MAX_CLUSTERING_KEYS} "
+                            f"clustering columns, got {len(self.table.clustering_keys)}")
         if problems:
             raise ConfigError(problems)
 
@@ -231,6 +283,20 @@ class StackConfig:
 
 
 BQ_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,299}")
+# https://cloud.google.com/bigquery/docs/labels-intro#requirements
+LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
+MAX_CLUSTERING_KEYS = 4  # BigQuery's limit
+
+
+def label_problems(labels: Mapping[str, str]) -> list[str]:
+    problems = []
+    for key, value in labels.items():
+        if not LABEL_KEY.fullmatch(key):
+            problems.append(f"label key {key!r}: lowercase letters, digits, _ or -, starting with a letter, ≤ 63")
+        if not LABEL_VALUE.fullmatch(value):
+            problems.append(f"label {key}={value!r}: value must be lowercase letters, digits, _ or -, ≤ 63")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -248,8 +314,9 @@ def reference(sections: tuple[type, ...] | None = None) -> list[SettingDoc]:
     docs = []
     for section in sections:
         for f in dataclasses.fields(section):
-            required = f.default is dataclasses.MISSING
-            docs.append(SettingDoc(f.metadata["env"], "" if required else _format_default(f.default),
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            required = default is dataclasses.MISSING
+            docs.append(SettingDoc(f.metadata["env"], "" if required else _format_default(default),
                                    _doc_with_choices(f), required))
     return docs
 
@@ -300,7 +367,7 @@ def _load_section(cls: type, environ: Mapping[str, str], problems: list[str]) ->
     for f in dataclasses.fields(cls):
         env = f.metadata["env"]
         raw = (environ.get(env) or "").strip()
-        required = f.default is dataclasses.MISSING
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         # An empty optional string is a value (e.g. metadata at the root); anything else empty is unset.
         if not raw and (required or hints[f.name] is not str or env not in environ):
             if required:
@@ -331,6 +398,14 @@ def _parse(raw: str, annotation: Any, meta: Mapping[str, Any]) -> Any:
         if meta["maximum"] is not None and value > meta["maximum"]:
             raise ValueError(f"must be at most {meta['maximum']}, got {value}")
         return value
+    if typing.get_origin(base) is dict:
+        pairs = {}
+        for item in (i.strip() for i in raw.split(",") if i.strip()):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"expected key=value pairs, got {item!r}")
+            pairs[key.strip()] = value.strip()
+        return pairs
     if typing.get_origin(base) is tuple:
         items = tuple(item.strip() for item in raw.split(",") if item.strip())
         if not items:
@@ -348,6 +423,8 @@ def _format_default(value: Any) -> str:
         return str(value).lower()
     if isinstance(value, tuple):
         return ",".join(value)
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
     return str(value)
 
 

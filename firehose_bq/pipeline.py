@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
+from google.cloud import bigquery
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from firehose_bq import descriptors
 from firehose_bq.bigquery.client import make_client
 from firehose_bq.bigquery.insert_all import InsertAllWriter
-from firehose_bq.bigquery.tables import ensure_dataset, ensure_table
+from firehose_bq.bigquery.tables import ensure_dataset, ensure_table, table_definition
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.convert import KafkaRecords, RowConverter
 from firehose_bq.descriptors import Descriptors
@@ -88,6 +89,32 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+@dataclass(frozen=True)
+class TablePlan:
+    """The destination table that the configuration and the current descriptors call for."""
+
+    descriptors: Descriptors
+    message_name: str
+    metadata: MetadataColumns
+    table: bigquery.Table
+
+
+def plan_table(cfg: Config, loaded: Descriptors) -> TablePlan:
+    message = loaded.find_message(cfg.input_schema.proto_class)
+    metadata = MetadataColumns(cfg.bigquery.add_metadata, cfg.bigquery.metadata_namespace)
+    description = (f"Written by firehose-bq from {message.full_name} messages of Kafka topic(s) "
+                   f"{', '.join(cfg.source.topics)}.")
+    table = table_definition(cfg.bigquery.table_ref, table_schema(message, metadata), cfg.table, description)
+    return TablePlan(loaded, message.full_name, metadata, table)
+
+
+def apply_plan(client: bigquery.Client, cfg: Config, plan: TablePlan) -> bigquery.Table:
+    """Create or evolve the dataset and table so that rows of `plan` fit."""
+    ensure_dataset(client, cfg.bigquery.project_id, cfg.bigquery.dataset, cfg.bigquery.dataset_location,
+                   cfg.table.dataset_labels)
+    return ensure_table(client, plan.table)
+
+
 class Pipeline:
     """One configured job. `prepare()` checks descriptors and tables; `run()` streams."""
 
@@ -100,16 +127,11 @@ class Pipeline:
 
     def prepare(self) -> SinkSpec:
         cfg = self.config
-        loaded = descriptors.load(cfg.input_schema.stencil_urls)
-        message = loaded.find_message(cfg.input_schema.proto_class)
-        metadata = MetadataColumns(cfg.bigquery.add_metadata, cfg.bigquery.metadata_namespace)
-        schema = table_schema(message, metadata)
-        client = make_client(cfg.bigquery)
-        ensure_dataset(client, cfg.bigquery.project_id, cfg.bigquery.dataset, cfg.bigquery.dataset_location)
-        ensure_table(client, cfg.bigquery.table_ref, schema)
-        log.info("descriptors %s (%s) → %s, %d columns", loaded.fingerprint, message.full_name,
-                 cfg.bigquery.table_ref, len(schema))
-        self._spec = SinkSpec(loaded, message.full_name, metadata, cfg.bigquery)
+        plan = plan_table(cfg, descriptors.load(cfg.input_schema.stencil_urls))
+        apply_plan(make_client(cfg.bigquery), cfg, plan)
+        log.info("descriptors %s (%s) → %s, %d columns", plan.descriptors.fingerprint, plan.message_name,
+                 cfg.bigquery.table_ref, len(plan.table.schema))
+        self._spec = SinkSpec(plan.descriptors, plan.message_name, plan.metadata, cfg.bigquery)
         return self._spec
 
     def source(self) -> DataFrame:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
 
@@ -9,6 +10,7 @@ from google.api_core import exceptions as api_exceptions
 from google.cloud import bigquery
 from google.cloud.bigquery import SchemaField
 
+from firehose_bq.config import TableConfig
 from firehose_bq.errors import SchemaError, SchemaEvolutionError
 
 log = logging.getLogger(__name__)
@@ -74,20 +76,60 @@ def _as_added(f: SchemaField) -> SchemaField:
 
 def _with(f: SchemaField, mode: str, fields: Sequence[SchemaField]) -> SchemaField:
     """`f` with another mode and subfields; every other property (description, tags) kept."""
-    api = f.to_api_repr()
+    api = copy.deepcopy(f.to_api_repr())  # to_api_repr hands out the field's own dict
     api["mode"] = mode
     if fields:
         api["fields"] = [s.to_api_repr() for s in fields]
     return SchemaField.from_api_repr(api)
 
 
-def ensure_dataset(client: bigquery.Client, project: str, dataset: str, location: str) -> None:
+# Column types BigQuery can cluster by (top-level, not REPEATED).
+CLUSTERABLE = {"STRING", "INTEGER", "BOOLEAN", "DATE", "TIMESTAMP", "DATETIME", "NUMERIC", "BIGNUMERIC",
+               "GEOGRAPHY", "RANGE"}
+PARTITIONABLE = {"TIMESTAMP", "DATE", "DATETIME"}
+
+
+def table_definition(table_ref: str, schema: Sequence[SchemaField], cfg: TableConfig,
+                     description: str) -> bigquery.Table:
+    """The table as configuration wants it; partition and clustering columns checked against `schema`."""
+    columns = {f.name.lower(): f for f in schema}
+    table = bigquery.Table(table_ref, schema=list(schema))
+    table.description = description
+    table.labels = dict(cfg.table_labels)
+    if cfg.partitioning_enable:
+        key = cfg.partition_key or None
+        if key:
+            _check_column(columns, key, PARTITIONABLE, "SINK_BIGQUERY_TABLE_PARTITION_KEY")
+        table.time_partitioning = bigquery.TimePartitioning(
+            type_=cfg.partitioning_type, field=key,
+            expiration_ms=cfg.partition_expiry_ms if cfg.partition_expiry_ms > 0 else None,
+        )
+    if cfg.clustering_enable:
+        for key in cfg.clustering_keys:
+            _check_column(columns, key, CLUSTERABLE, "SINK_BIGQUERY_TABLE_CLUSTERING_KEYS")
+        table.clustering_fields = list(cfg.clustering_keys)
+    return table
+
+
+def _check_column(columns: dict[str, SchemaField], name: str, allowed: set[str], setting: str) -> None:
+    column = columns.get(name.lower())
+    if column is None:
+        raise SchemaError(f"{setting}: {name!r} is not a top-level column of the table "
+                          f"(columns: {', '.join(sorted(columns))})")
+    if _type(column) not in allowed or _mode(column) == "REPEATED":
+        raise SchemaError(f"{setting}: column {name!r} is {_mode(column)} {_type(column)}; it must be a "
+                          f"non-repeated {' / '.join(sorted(allowed))} column")
+
+
+def ensure_dataset(client: bigquery.Client, project: str, dataset: str, location: str,
+                   labels: dict[str, str] | None = None) -> None:
     ref = bigquery.DatasetReference(project, dataset)
     try:
         existing = client.get_dataset(ref)
     except api_exceptions.NotFound:
         wanted = bigquery.Dataset(ref)
         wanted.location = location
+        wanted.labels = dict(labels or {})
         client.create_dataset(wanted, exists_ok=True)
         log.info("created dataset %s.%s in %s", project, dataset, location)
         return
@@ -96,36 +138,73 @@ def ensure_dataset(client: bigquery.Client, project: str, dataset: str, location
             f"dataset {project}.{dataset} is in {existing.location}, but SINK_BIGQUERY_DATASET_LOCATION "
             f"says {location}; a dataset cannot move: fix the setting or use another dataset"
         )
+    if labels and any(existing.labels.get(k) != v for k, v in labels.items()):
+        existing.labels = {**existing.labels, **labels}
+        client.update_dataset(existing, ["labels"])
 
 
-def ensure_table(client: bigquery.Client, table_ref: str, schema: Sequence[SchemaField]) -> bigquery.Table:
-    """Create the table, or add to its schema what the proto has gained; returns the live table."""
+def ensure_table(client: bigquery.Client, wanted: bigquery.Table) -> bigquery.Table:
+    """Create the table, or bring a live one up to `wanted`: add to its schema, set its labels.
+
+    Partitioning cannot change on a live table; a difference is logged, not applied.
+    """
+    table_ref = f"{wanted.project}.{wanted.dataset_id}.{wanted.table_id}"
     for _ in range(UPDATE_ATTEMPTS):
         try:
             table = client.get_table(table_ref)
         except api_exceptions.NotFound:
-            table = client.create_table(bigquery.Table(table_ref, schema=list(schema)), exists_ok=True)
-            log.info("created table %s with %d columns", table_ref, len(schema))
+            table = client.create_table(wanted, exists_ok=True)
+            log.info("created table %s with %d columns", table_ref, len(wanted.schema))
             if table.schema:
                 return table
             continue  # created concurrently by another worker without our schema: re-read and merge
-        merged = merge_schema(table.schema, schema)
-        if merged == list(table.schema):
+        _warn_on_layout_drift(table, wanted)
+        merged = merge_schema(table.schema, wanted.schema)
+        changes = schema_changes(table.schema, merged)
+        fields = ["schema"] if changes else []
+        if wanted.labels and any(table.labels.get(k) != v for k, v in wanted.labels.items()):
+            table.labels = {**table.labels, **wanted.labels}
+            fields.append("labels")
+        if not fields:
             return table
-        added = _names(merged) - _names(table.schema)
         table.schema = merged
         try:
-            updated = client.update_table(table, ["schema"])  # sends the etag: a concurrent change fails
+            updated = client.update_table(table, fields)  # sends the etag: a concurrent change fails
         except api_exceptions.PreconditionFailed:
             continue
-        log.info("evolved table %s: added %s", table_ref, sorted(added) or "nothing (relaxed modes)")
+        if changes:
+            log.info("evolved table %s: %s", table_ref, "; ".join(changes))
         return updated
-    raise SchemaError(f"table {table_ref}: schema update kept conflicting after {UPDATE_ATTEMPTS} attempts")
+    raise SchemaError(f"table {table_ref}: update kept conflicting after {UPDATE_ATTEMPTS} attempts")
 
 
-def _names(fields: Sequence[SchemaField], prefix: str = "") -> set[str]:
-    names = set()
-    for f in fields:
-        names.add(prefix + f.name)
-        names |= _names(f.fields, f"{prefix}{f.name}.")
-    return names
+def schema_changes(current: Sequence[SchemaField], merged: Sequence[SchemaField], path: str = "") -> list[str]:
+    """What turning `current` into `merged` does, one readable line per change."""
+    before = {f.name.lower(): f for f in current}
+    changes = []
+    for f in merged:
+        old = before.get(f.name.lower())
+        name = f"{path}{f.name}"
+        if old is None:
+            changes.append(f"add {name} {_mode(f)} {_type(f)}")
+            continue
+        if _mode(old) != _mode(f):
+            changes.append(f"relax {name} {_mode(old)} -> {_mode(f)}")
+        if _type(f) == "RECORD":
+            changes.extend(schema_changes(old.fields, f.fields, f"{name}."))
+    return changes
+
+
+def _warn_on_layout_drift(live: bigquery.Table, wanted: bigquery.Table) -> None:
+    def partitioning(t: bigquery.Table) -> tuple[str | None, str | None]:
+        p = t.time_partitioning
+        return (p.type_, p.field) if p else (None, None)
+
+    if partitioning(live) != partitioning(wanted) or (live.clustering_fields or []) != (
+            wanted.clustering_fields or []):
+        log.warning(
+            "table %s exists with partitioning %s and clustering %s, configuration asks for %s and %s; "
+            "BigQuery cannot change partitioning of a live table, so it is left as it is",
+            live.table_id, partitioning(live), live.clustering_fields, partitioning(wanted),
+            wanted.clustering_fields,
+        )

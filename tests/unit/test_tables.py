@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from google.cloud.bigquery import SchemaField
 
-from firehose_bq.bigquery.tables import merge_schema
+from firehose_bq.bigquery.tables import merge_schema, schema_changes
 from firehose_bq.errors import SchemaEvolutionError
 
 
@@ -56,3 +56,11 @@ def test_required_relaxes_to_nullable_but_never_tightens() -> None:
 def test_changes_bigquery_cannot_apply_name_the_field(current, wanted, message: str) -> None:
     with pytest.raises(SchemaEvolutionError, match=message):
         merge_schema(current, wanted)
+
+
+def test_merge_leaves_the_live_schema_untouched() -> None:
+    current = [f("id", mode="REQUIRED"), f("n", "RECORD", fields=(f("x"),))]
+    before = [x.to_api_repr() for x in current]
+    merged = merge_schema(current, [f("id"), f("n", "RECORD", fields=(f("x"), f("y")))])
+    assert [x.to_api_repr() for x in current] == before
+    assert schema_changes(current, merged) == ["relax id REQUIRED -> NULLABLE", "add n.y NULLABLE STRING"]
