@@ -13,7 +13,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -115,22 +115,40 @@ def apply_plan(client: bigquery.Client, cfg: Config, plan: TablePlan) -> bigquer
     return ensure_table(client, plan.table)
 
 
-class Pipeline:
-    """One configured job. `prepare()` checks descriptors and tables; `run()` streams."""
+DescriptorSource = Callable[[], Descriptors]
 
-    def __init__(self, config: Config, spark: SparkSession) -> None:
+
+class Pipeline:
+    """One configured job. `prepare()` checks descriptors and tables; `run()` streams.
+
+    `descriptor_source` returns the current descriptors (a registry cache refreshing in the
+    background, or a fixed set). Before every micro-batch the driver compares their fingerprint
+    with the one in use; on a change it evolves the table first, then ships the new descriptors
+    with the batch, so new fields land without a restart.
+    """
+
+    def __init__(self, config: Config, spark: SparkSession,
+                 descriptor_source: DescriptorSource | None = None) -> None:
         self.config = config
         self.spark = spark
         self.summary = RunSummary()
+        self._source = descriptor_source or _fixed(config)
         self._spec: SinkSpec | None = None
         self._failure: Exception | None = None
 
     def prepare(self) -> SinkSpec:
+        return self._spec_for(self._source())
+
+    def _spec_for(self, loaded: Descriptors) -> SinkSpec:
+        """The spec for `loaded`, evolving the table first when the descriptors changed."""
+        if self._spec is not None and self._spec.descriptors.fingerprint == loaded.fingerprint:
+            return self._spec
         cfg = self.config
-        plan = plan_table(cfg, descriptors.load(cfg.input_schema.stencil_urls))
+        plan = plan_table(cfg, loaded)
         apply_plan(make_client(cfg.bigquery), cfg, plan)
-        log.info("descriptors %s (%s) → %s, %d columns", plan.descriptors.fingerprint, plan.message_name,
-                 cfg.bigquery.table_ref, len(plan.table.schema))
+        previous = self._spec.descriptors.fingerprint if self._spec else None
+        log.info("descriptors %s%s (%s) → %s, %d columns", f"{previous} → " if previous else "",
+                 loaded.fingerprint, plan.message_name, cfg.bigquery.table_ref, len(plan.table.schema))
         self._spec = SinkSpec(plan.descriptors, plan.message_name, plan.metadata, cfg.bigquery)
         return self._spec
 
@@ -149,10 +167,9 @@ class Pipeline:
 
     def run(self, *, available_now: bool, stop: threading.Event | None = None) -> RunSummary:
         """Stream until the topic is drained (available_now) or `stop` is set; raise on failure."""
-        spec = self._spec or self.prepare()
+        self.prepare()
         stop = stop or threading.Event()
-        handler = functools.partial(self._on_batch, spec)
-        writer = self.source().writeStream.foreachBatch(handler).option(
+        writer = self.source().writeStream.foreachBatch(self._on_batch).option(
             "checkpointLocation", self.config.spark.checkpoint_location
         )
         if available_now:
@@ -177,10 +194,16 @@ class Pipeline:
             self.summary.seconds = time.monotonic() - started
         return self.summary
 
-    def _on_batch(self, spec: SinkSpec, df: DataFrame, batch_id: int) -> None:
+    def _on_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         stats = BatchStats()
         fatal = []
+        try:
+            spec = self._spec_for(self._source())
+        except FirehoseError as exc:
+            # The new descriptors cannot be applied (e.g. a type change): stop before writing.
+            self._failure = FirehoseError(f"batch {batch_id} stopped, offsets not committed: {exc}")
+            raise self._failure from exc
         try:
             results = df.mapInArrow(functools.partial(write_partition, spec), STATS_SCHEMA).collect()
         except Exception as exc:
@@ -212,6 +235,18 @@ def worker_error(exc: BaseException) -> str:
     """The last `SomeError: message` line of a Python worker's traceback inside a Spark error."""
     matches = [m for m in map(_PYTHON_ERROR_LINE.match, str(exc).splitlines()) if m]
     return f"{matches[-1].group(1)}: {matches[-1].group(2)}" if matches else _first_line(exc)
+
+
+def _fixed(config: Config) -> DescriptorSource:
+    """Descriptors loaded once, on first use: for runs without a refreshing registry cache."""
+    loaded: list[Descriptors] = []
+
+    def get() -> Descriptors:
+        if not loaded:
+            loaded.append(descriptors.load(config.input_schema.stencil_urls))
+        return loaded[0]
+
+    return get
 
 
 def _first_line(exc: BaseException) -> str:
