@@ -126,30 +126,38 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     cfg = _load_config(environ)  # before importing Spark: a bad setting fails in milliseconds
 
     from firehose_bq.pipeline import Pipeline
+    from firehose_bq.registry.cache import DescriptorCache
     from firehose_bq.spark import spark_session
 
-    spark = spark_session(cfg.spark)
-    pipeline = Pipeline(cfg, spark)
-    pipeline.prepare()
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt  # second signal: stop now, the batch will be replayed
-        log.info("%s received: stopping after the current micro-batch", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # Descriptors before Spark: an unreachable registry fails in seconds, not after the JVM starts.
+    cache = DescriptorCache.for_stencil(cfg.input_schema.stencil_urls, cfg.registry).start()
+    spark = None
     try:
-        summary = pipeline.run(available_now=args.available_now, stop=stop)
-    except FirehoseError:
-        print(pipeline.summary.render())
-        raise
+        spark = spark_session(cfg.spark)
+        pipeline = Pipeline(cfg, spark, descriptor_source=cache.get)
+        cache.add_listener(pipeline.on_descriptors_changed)
+        pipeline.prepare()
+        stop = threading.Event()
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            if stop.is_set():
+                raise KeyboardInterrupt  # second signal: stop now, the batch will be replayed
+            log.info("%s received: stopping after the current micro-batch", signal.Signals(signum).name)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        try:
+            summary = pipeline.run(available_now=args.available_now, stop=stop)
+        except FirehoseError:
+            print(pipeline.summary.render())
+            raise
+        print(summary.render())
+        return 0
     finally:
-        spark.stop()
-    print(summary.render())
-    return 0
+        cache.stop()
+        if spark is not None:
+            spark.stop()
 
 
 def _stack(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from firehose_bq.errors import ConfigError
+from firehose_bq.registry.config import RegistryConfig
+from firehose_bq.settings import SettingDoc, load_section, read_env_file, setting
+from firehose_bq.settings import reference as _reference
+from firehose_bq.settings import reference_markdown as _reference_markdown
+
+__all__ = ["Config", "ConfigError", "SettingDoc", "read_env_file", "reference", "reference_markdown", "setting"]
 
 # Prefixes that belong to this sink: a set variable under one of them that no setting reads is almost
 # always a typo, so it is reported (as a warning, because Firehose deployments carry extra keys).
@@ -26,24 +30,6 @@ OWNED_PREFIXES = ("SOURCE_KAFKA_", "SINK_BIGQUERY_", "INPUT_SCHEMA_", "SCHEMA_RE
 # per request as the latency/throughput sweet spot, which is the default batch size.
 INSERT_ALL_MAX_ROWS_LIMIT = 50_000
 INSERT_ALL_RECOMMENDED_ROWS = 500
-
-
-def setting(
-    env: str,
-    doc: str,
-    default: Any = dataclasses.MISSING,
-    *,
-    choices: tuple[str, ...] = (),
-    minimum: int | None = None,
-    maximum: int | None = None,
-) -> Any:
-    """Declare a config field read from `env`; no default means the variable is required."""
-    meta = {"env": env, "doc": doc, "choices": choices, "minimum": minimum, "maximum": maximum}
-    if default is dataclasses.MISSING:
-        return field(metadata=meta)
-    if isinstance(default, dict):
-        return field(default_factory=lambda: dict(default), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -197,6 +183,7 @@ class SparkConfig:
 class Config:
     source: SourceConfig
     input_schema: InputSchemaConfig
+    registry: RegistryConfig
     bigquery: BigQueryConfig
     table: TableConfig
     spark: SparkConfig
@@ -205,9 +192,7 @@ class Config:
     def from_env(cls, environ: Mapping[str, str]) -> Config:
         """Build the config or raise ConfigError listing every problem at once."""
         problems: list[str] = []
-        sections = {
-            f.name: _load_section(_resolve(f.type), environ, problems) for f in dataclasses.fields(cls)
-        }
+        sections = {name: load_section(section, environ, problems) for name, section in _sections().items()}
         if problems:
             raise ConfigError(problems)
         config = cls(**sections)
@@ -276,7 +261,7 @@ class StackConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> StackConfig:
         problems: list[str] = []
-        loaded = _load_section(cls, environ, problems)
+        loaded = load_section(cls, environ, problems)
         if problems:
             raise ConfigError(problems)
         return loaded  # type: ignore[no-any-return]
@@ -299,137 +284,20 @@ def label_problems(labels: Mapping[str, str]) -> list[str]:
     return problems
 
 
-@dataclass(frozen=True)
-class SettingDoc:
-    env: str
-    default: str
-    doc: str
-    required: bool
+def _sections() -> dict[str, type]:
+    return dict(typing.get_type_hints(Config))
 
 
 def reference(sections: tuple[type, ...] | None = None) -> list[SettingDoc]:
-    """Every setting in declaration order: the source of README's configuration tables."""
-    if sections is None:
-        sections = tuple(_resolve(f.type) for f in dataclasses.fields(Config))
-    docs = []
-    for section in sections:
-        for f in dataclasses.fields(section):
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            required = default is dataclasses.MISSING
-            docs.append(SettingDoc(f.metadata["env"], "" if required else _format_default(default),
-                                   _doc_with_choices(f), required))
-    return docs
+    """Every setting (the job's by default) in declaration order."""
+    return _reference(sections or tuple(_sections().values()))
 
 
 def reference_markdown(sections: tuple[type, ...] | None = None) -> str:
-    lines = ["| Variable | Default | Meaning |", "| --- | --- | --- |"]
-    for d in reference(sections):
-        default = "*(required)*" if d.required else (f"`{d.default}`" if d.default else "*(empty)*")
-        lines.append(f"| `{d.env}` | {default} | {d.doc} |")
-    return "\n".join(lines)
+    return _reference_markdown(sections or tuple(_sections().values()))
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """Set variables under this sink's prefixes that no setting reads (probably typos)."""
     known = {d.env for d in reference()}
     return sorted(k for k in environ if k.startswith(OWNED_PREFIXES) and k not in known)
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    """Parse a `NAME=value` file (comments, blank lines, optional quotes) into a dict."""
-    values: dict[str, str] = {}
-    for number, raw in enumerate(path.read_text().splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        name, sep, value = line.removeprefix("export ").partition("=")
-        if not sep or not name.strip().isidentifier():
-            raise ConfigError([f"{path}:{number}: expected NAME=value, got {raw!r}"])
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        values[name.strip()] = value
-    return values
-
-
-# --- parsing -------------------------------------------------------------------------------------------
-
-
-def _resolve(annotation: Any) -> Any:
-    # `from __future__ import annotations` leaves field types as strings.
-    return eval(annotation, globals()) if isinstance(annotation, str) else annotation  # noqa: S307
-
-
-def _load_section(cls: type, environ: Mapping[str, str], problems: list[str]) -> Any:
-    hints = typing.get_type_hints(cls)
-    before = len(problems)
-    values = {}
-    for f in dataclasses.fields(cls):
-        env = f.metadata["env"]
-        raw = (environ.get(env) or "").strip()
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        # An empty optional string is a value (e.g. metadata at the root); anything else empty is unset.
-        if not raw and (required or hints[f.name] is not str or env not in environ):
-            if required:
-                problems.append(f"{env}: required but not set ({f.metadata['doc']})")
-            continue
-        try:
-            values[f.name] = _parse(raw, hints[f.name], f.metadata)
-        except ValueError as exc:
-            problems.append(f"{env}: {exc}")
-    return None if len(problems) > before else cls(**values)
-
-
-def _parse(raw: str, annotation: Any, meta: Mapping[str, Any]) -> Any:
-    optional = typing.get_origin(annotation) in (typing.Union, types.UnionType)
-    base = next(a for a in typing.get_args(annotation) if a is not type(None)) if optional else annotation
-    if base is bool:
-        lowered = raw.lower()
-        if lowered not in ("true", "false"):
-            raise ValueError(f"expected true or false, got {raw!r}")
-        return lowered == "true"
-    if base is int:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ValueError(f"expected an integer, got {raw!r}") from None
-        if meta["minimum"] is not None and value < meta["minimum"]:
-            raise ValueError(f"must be at least {meta['minimum']}, got {value}")
-        if meta["maximum"] is not None and value > meta["maximum"]:
-            raise ValueError(f"must be at most {meta['maximum']}, got {value}")
-        return value
-    if typing.get_origin(base) is dict:
-        pairs = {}
-        for item in (i.strip() for i in raw.split(",") if i.strip()):
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise ValueError(f"expected key=value pairs, got {item!r}")
-            pairs[key.strip()] = value.strip()
-        return pairs
-    if typing.get_origin(base) is tuple:
-        items = tuple(item.strip() for item in raw.split(",") if item.strip())
-        if not items:
-            raise ValueError("expected at least one comma-separated value")
-        return items
-    if meta["choices"] and raw not in meta["choices"]:
-        raise ValueError(f"expected one of {', '.join(meta['choices'])}, got {raw!r}")
-    return raw
-
-
-def _format_default(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, tuple):
-        return ",".join(value)
-    if isinstance(value, dict):
-        return ",".join(f"{k}={v}" for k, v in value.items())
-    return str(value)
-
-
-def _doc_with_choices(f: dataclasses.Field[Any]) -> str:
-    doc = f.metadata["doc"]
-    if f.metadata["choices"]:
-        doc += f" One of: {', '.join(f.metadata['choices'])}."
-    return doc

@@ -134,23 +134,35 @@ class Pipeline:
         self.summary = RunSummary()
         self._source = descriptor_source or _fixed(config)
         self._spec: SinkSpec | None = None
+        self._spec_lock = threading.Lock()  # the batch thread and a registry listener may both evolve
         self._failure: Exception | None = None
 
     def prepare(self) -> SinkSpec:
         return self._spec_for(self._source())
 
+    def on_descriptors_changed(self, loaded: Descriptors) -> None:
+        """Registry listener: evolve the table now, so new columns exist before new messages do."""
+        try:
+            self._spec_for(loaded)
+        except FirehoseError as exc:
+            # The next micro-batch meets the same error and stops the job with it.
+            log.error("new descriptors %s cannot be applied to the table: %s", loaded.fingerprint, exc)
+
     def _spec_for(self, loaded: Descriptors) -> SinkSpec:
         """The spec for `loaded`, evolving the table first when the descriptors changed."""
-        if self._spec is not None and self._spec.descriptors.fingerprint == loaded.fingerprint:
+        with self._spec_lock:
+            if self._spec is None or self._spec.descriptors.fingerprint != loaded.fingerprint:
+                self._spec = self._evolve(loaded)
             return self._spec
+
+    def _evolve(self, loaded: Descriptors) -> SinkSpec:
         cfg = self.config
         plan = plan_table(cfg, loaded)
         apply_plan(make_client(cfg.bigquery), cfg, plan)
         previous = self._spec.descriptors.fingerprint if self._spec else None
         log.info("descriptors %s%s (%s) → %s, %d columns", f"{previous} → " if previous else "",
                  loaded.fingerprint, plan.message_name, cfg.bigquery.table_ref, len(plan.table.schema))
-        self._spec = SinkSpec(plan.descriptors, plan.message_name, plan.metadata, cfg.bigquery)
-        return self._spec
+        return SinkSpec(plan.descriptors, plan.message_name, plan.metadata, cfg.bigquery)
 
     def source(self) -> DataFrame:
         src = self.config.source

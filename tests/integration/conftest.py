@@ -6,10 +6,14 @@ developer has running. Each test gets its own topic and dataset names.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -108,3 +112,42 @@ def job_config(job_env: dict[str, str], bq_client: bigquery.Client) -> Iterator[
         yield cfg
     finally:
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+@dataclass
+class FakeRegistry:
+    """What the server answers (path → body) and the requests it saw (path, headers)."""
+
+    url: str
+    routes: dict[str, bytes] = field(default_factory=dict)
+    requests: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+
+    def publish_versions(self, path: str, versions: dict[int, bytes]) -> None:
+        # Stencil's layout: `<path>/versions` lists them, `<path>/versions/<n>` serves each one.
+        self.routes.update({f"{path}/versions/{n}": blob for n, blob in versions.items()})
+        self.routes[f"{path}/versions"] = json.dumps({"versions": sorted(versions)}).encode()
+
+    def paths(self) -> list[str]:
+        return [path for path, _ in self.requests]
+
+
+@pytest.fixture
+def registry() -> Iterator[tuple[FakeRegistry, ThreadingHTTPServer]]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            fake.requests.append((self.path, dict(self.headers)))
+            body = fake.routes.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.end_headers()
+            self.wfile.write(body if body is not None else b'{"error_code": 40403, "message": "not found"}')
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    fake = FakeRegistry(f"http://127.0.0.1:{server.server_address[1]}")
+    # A short poll interval makes shutdown() quick; the default half second is most of this file's run time.
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+    yield fake, server
+    server.shutdown()
+    server.server_close()

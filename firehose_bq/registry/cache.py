@@ -1,0 +1,162 @@
+"""DescriptorCache: the last good descriptors, refreshed in the background and on demand.
+
+`get()` only reads memory once the first load is done, so decoding never waits on a registry. A
+refresh that fails keeps the last good descriptors (a registry outage must not stop the job); only the
+first load has nothing to fall back on, so its failure is raised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from firehose_bq.descriptors import Descriptors
+from firehose_bq.errors import SchemaError
+from firehose_bq.registry.config import RegistryConfig
+from firehose_bq.registry.stencil import StencilFetcher
+
+log = logging.getLogger(__name__)
+
+# Fetches the current descriptors; `stop` is set when the cache stops, to cut retry waits short.
+Fetch = Callable[[threading.Event], Descriptors]
+Listener = Callable[[Descriptors], None]
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    fetches: int = 0  # refresh attempts, including the first load (retries inside one are not counted)
+    failures: int = 0
+    changes: int = 0  # refreshes that replaced the descriptors with different content
+    last_success_time: float | None = None  # time.time() of the last fetch that succeeded
+    fingerprint: str | None = None
+
+
+class DescriptorCache:
+    """Thread-safe holder of the current descriptors. `start()` loads them, `stop()` ends the refresher."""
+
+    def __init__(self, fetch: Fetch, *, source: str, refresh_interval_s: float | None,
+                 min_on_demand_interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._fetch = fetch
+        self._source = source  # for messages: the URLs, never the headers
+        self._interval = refresh_interval_s
+        self._min_on_demand = min_on_demand_interval_s
+        self._clock = clock
+        self._fetching = threading.Lock()  # one fetch at a time, so listeners see changes in order
+        self._lock = threading.Lock()  # guards the fields below; never held during a fetch
+        self._current: Descriptors | None = None
+        self._stats = CacheStats()
+        self._listeners: list[Listener] = []
+        self._last_on_demand: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def for_stencil(cls, urls: Sequence[str], config: RegistryConfig) -> DescriptorCache:
+        fetcher = StencilFetcher(urls, config)
+        return cls(fetcher.fetch, source=", ".join(fetcher.urls),
+                   refresh_interval_s=config.cache_ttl_ms / 1000 if config.cache_auto_refresh else None,
+                   min_on_demand_interval_s=config.unknown_fields_refresh_min_interval_ms / 1000)
+
+    def start(self) -> DescriptorCache:
+        """Load the descriptors (SchemaError if that fails) and start the background refresh, if any."""
+        if self._current is None:
+            self._refresh("first load")
+        with self._lock:
+            if self._interval is not None and self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="descriptor-refresh", daemon=True)
+                self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)  # an HTTP request in flight ends within its own timeout
+
+    def __enter__(self) -> DescriptorCache:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def get(self) -> Descriptors:
+        with self._lock:
+            if self._current is None:
+                raise SchemaError(f"descriptors from {self._source} are not loaded: start() the cache first")
+            return self._current
+
+    def add_listener(self, listener: Listener) -> None:
+        """Call `listener(new)` after each refresh that changed the content, in the refreshing thread.
+
+        Listeners run one change at a time, in order; they must not call `refresh_now`.
+        """
+        with self._lock:
+            self._listeners.append(listener)
+
+    def refresh_now(self, reason: str) -> bool:
+        """Fetch at once (e.g. a message has unknown fields); True if this call changed the descriptors.
+
+        At most one on-demand refresh per min interval: a call within it returns False without fetching.
+        """
+        with self._lock:
+            now = self._clock()
+            if self._last_on_demand is not None and now - self._last_on_demand < self._min_on_demand:
+                log.debug("on-demand descriptor refresh (%s) skipped: rate limited", reason)
+                return False
+            self._last_on_demand = now
+        return self._refresh(f"on demand: {reason}")
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            return self._stats
+
+    def _run(self) -> None:
+        assert self._interval is not None
+        while not self._stop.wait(self._interval):
+            self._refresh("scheduled")
+
+    def _refresh(self, reason: str) -> bool:
+        with self._fetching:
+            try:
+                loaded = self._fetch(self._stop)
+            except Exception as exc:  # whatever broke, the last good descriptors stay in use
+                return self._failed(reason, exc)
+            with self._lock:
+                previous = self._current
+                changed = previous is not None and previous.fingerprint != loaded.fingerprint
+                current = loaded if previous is None or changed else previous
+                self._current = current
+                self._stats = dataclasses.replace(
+                    self._stats, fetches=self._stats.fetches + 1, changes=self._stats.changes + int(changed),
+                    last_success_time=time.time(), fingerprint=current.fingerprint,
+                )
+                listeners = list(self._listeners)
+            if changed:
+                assert previous is not None
+                log.info("descriptors from %s changed (%s): %s → %s", self._source, reason,
+                         previous.fingerprint, loaded.fingerprint)
+                for listener in listeners:
+                    self._notify(listener, loaded)
+            return changed
+
+    def _failed(self, reason: str, exc: Exception) -> bool:
+        with self._lock:
+            self._stats = dataclasses.replace(
+                self._stats, fetches=self._stats.fetches + 1, failures=self._stats.failures + 1
+            )
+            current = self._current
+        if current is None:
+            raise SchemaError(f"cannot load descriptors from {self._source}, and there are none to fall "
+                              f"back on: {exc}") from exc
+        log.warning("descriptor refresh (%s) from %s failed; keeping %s: %s", reason, self._source,
+                    current.fingerprint, exc)
+        return False
+
+    def _notify(self, listener: Listener, new: Descriptors) -> None:
+        try:
+            listener(new)
+        except Exception:  # one broken listener must neither stop the others nor the refresh thread
+            log.exception("descriptor change listener %r failed", listener)

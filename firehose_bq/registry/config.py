@@ -1,0 +1,136 @@
+"""Schema registry settings, and `Secret`, the type that keeps header and password values out of logs."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from firehose_bq.settings import setting
+from firehose_bq.errors import ConfigError
+
+LONG_POLLING = "LONG_POLLING"
+VERSION_BASED_REFRESH = "VERSION_BASED_REFRESH"
+
+# RFC 9110 token characters: anything else in a header name is a typo or a value pasted in its place.
+HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+class Secret:
+    """A string whose repr and str are redacted (Spark plans, logs and tracebacks show settings)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    fetch_timeout_ms: int = setting(
+        "SCHEMA_REGISTRY_STENCIL_FETCH_TIMEOUT_MS",
+        "Timeout of one HTTP request to a schema registry (Stencil URLs and the Confluent registry).",
+        10_000,
+        minimum=1,
+    )
+    fetch_retries: int = setting(
+        "SCHEMA_REGISTRY_STENCIL_FETCH_RETRIES",
+        "Retries of a Stencil download after a connection error, timeout, HTTP 429 or 5xx; other HTTP "
+        "errors fail at once.",
+        4,
+        minimum=0,
+        maximum=10,
+    )
+    fetch_backoff_min_ms: int = setting(
+        "SCHEMA_REGISTRY_STENCIL_FETCH_BACKOFF_MIN_MS",
+        "Wait before the first retry of a Stencil download; it doubles with each further retry (so the "
+        "defaults wait 1, 2, 4 and 8 minutes before a download fails).",
+        60_000,
+        minimum=0,
+    )
+    fetch_headers: Secret | None = setting(
+        "SCHEMA_REGISTRY_STENCIL_FETCH_HEADERS",
+        "Extra HTTP headers for Stencil URLs: `Name: value` pairs, comma-separated (so values cannot "
+        "contain commas), e.g. `Authorization: Bearer x`. Secret: never logged, not sent on redirects.",
+        None,
+    )
+    cache_ttl_ms: int = setting(
+        "SCHEMA_REGISTRY_STENCIL_CACHE_TTL_MS",
+        "Interval of the background re-fetch of the Stencil descriptors while the job runs.",
+        900_000,
+        minimum=1000,
+    )
+    cache_auto_refresh: bool = setting(
+        "SCHEMA_REGISTRY_STENCIL_CACHE_AUTO_REFRESH",
+        "Re-fetch the descriptors every CACHE_TTL_MS; false = load them once at start (on-demand "
+        "refreshes still happen).",
+        True,
+    )
+    refresh_strategy: str = setting(
+        "SCHEMA_REGISTRY_STENCIL_REFRESH_STRATEGY",
+        "How a refresh reads an `http(s)` URL: LONG_POLLING downloads the set every time; "
+        "VERSION_BASED_REFRESH reads Stencil's `<url>/versions` (`{\"versions\": [1, 2]}`) and downloads "
+        "`<url>/versions/<newest>` only when the newest version changed. Files are re-read either way.",
+        LONG_POLLING,
+        choices=(LONG_POLLING, VERSION_BASED_REFRESH),
+    )
+    confluent_url: str | None = setting(
+        "SCHEMA_REGISTRY_CONFLUENT_URL",
+        "Confluent Schema Registry base URL, for messages in Confluent's wire format (magic byte 0, "
+        "schema id, message indexes); unset = off.",
+        None,
+    )
+    confluent_basic_auth: Secret | None = setting(
+        "SCHEMA_REGISTRY_CONFLUENT_BASIC_AUTH_USER_INFO",
+        "`user:password` for HTTP basic auth to the Confluent registry; unset = no auth. Secret: never logged.",
+        None,
+    )
+    unknown_fields_refresh_min_interval_ms: int = setting(
+        "SCHEMA_REGISTRY_UNKNOWN_FIELDS_REFRESH_MIN_INTERVAL_MS",
+        "Least time between two on-demand refreshes (asked for by messages with fields the descriptors "
+        "lack), so a burst of such messages costs one fetch, not one per message.",
+        30_000,
+        minimum=0,
+    )
+
+    def __post_init__(self) -> None:
+        # The env parser hands fields of other types the raw string: wrap it before anything prints it.
+        for name in ("fetch_headers", "confluent_basic_auth"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, Secret(value))
+        try:
+            self.stencil_headers()
+        except ValueError as exc:
+            raise ConfigError([f"SCHEMA_REGISTRY_STENCIL_FETCH_HEADERS: {exc}"]) from None
+        if self.confluent_basic_auth is not None and ":" not in self.confluent_basic_auth.reveal():
+            raise ConfigError(["SCHEMA_REGISTRY_CONFLUENT_BASIC_AUTH_USER_INFO: expected `user:password`"])
+
+    def stencil_headers(self) -> dict[str, str]:
+        return parse_headers(self.fetch_headers.reveal()) if self.fetch_headers else {}
+
+
+def parse_headers(raw: str) -> dict[str, str]:
+    """`Name: value, Name: value` → dict; errors name the bad item by position, never by content (secret)."""
+    headers = {}
+    for number, item in enumerate((i for i in raw.split(",") if i.strip()), start=1):
+        name, sep, value = (part.strip() for part in item.partition(":"))
+        # Control characters would let a value inject headers, and http.client echoes bad values in errors.
+        printable = value.isascii() and value.isprintable()
+        if not sep or not HEADER_NAME.fullmatch(name) or not value or not printable:
+            raise ValueError(f"item {number} is not `Name: value` (not shown: it may be secret)")
+        headers[name] = value
+    return headers

@@ -1,0 +1,223 @@
+"""Confluent Schema Registry, protobuf flavour: the wire format, and schema ids → message classes.
+
+A framed message is: magic byte 0, the schema id (4 bytes, big-endian), the message indexes (a
+zig-zag varint count, then that many zig-zag varint indexes; a lone 0 means [0], the first message),
+then the protobuf payload. The indexes walk the schema file: the first picks a top-level message, each
+further one a nested message of the previous.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc_tools
+from google.protobuf import descriptor_pb2, message
+
+from firehose_bq.descriptors import Descriptors
+from firehose_bq.errors import SchemaError
+from firehose_bq.registry import transport
+from firehose_bq.registry.config import RegistryConfig, Secret
+
+MAGIC_BYTE = 0
+
+
+class WireFormatError(SchemaError):
+    """The bytes are not a Confluent-framed message: a problem of that message, not of the registry."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    schema_id: int
+    message_indexes: tuple[int, ...]
+    payload_offset: int
+
+
+def parse_frame(data: bytes) -> Frame:
+    if len(data) < 6 or data[0] != MAGIC_BYTE:
+        raise WireFormatError("not in Confluent's wire format (magic byte 0, schema id, message indexes)")
+    count, pos = _read_zigzag(data, 5)
+    if count == 0:  # the common case, [0], in one byte
+        return Frame(int.from_bytes(data[1:5], "big"), (0,), pos)
+    if not 0 < count <= len(data) - pos:
+        raise WireFormatError(f"message index count {count} does not fit a {len(data)}-byte message")
+    indexes = []
+    for _ in range(count):
+        index, pos = _read_zigzag(data, pos)
+        indexes.append(index)
+    return Frame(int.from_bytes(data[1:5], "big"), tuple(indexes), pos)
+
+
+def encode_frame(schema_id: int, message_indexes: Sequence[int], payload: bytes) -> bytes:
+    indexes = [] if list(message_indexes) == [0] else [len(message_indexes), *message_indexes]
+    varints = b"".join(_zigzag(i) for i in indexes) or b"\x00"
+    return bytes([MAGIC_BYTE]) + schema_id.to_bytes(4, "big") + varints + payload
+
+
+def _read_zigzag(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while shift < 64:
+        if pos >= len(data):
+            break
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return (value >> 1) ^ -(value & 1), pos
+    raise WireFormatError("truncated or overlong message-index varint")
+
+
+def _zigzag(value: int) -> bytes:
+    raw = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while raw > 0x7F:
+        out.append(raw & 0x7F | 0x80)
+        raw >>= 7
+    return bytes(out) + bytes([raw])
+
+
+@dataclass(frozen=True)
+class ConfluentSchema:
+    """One registered schema, compiled with its references into descriptors."""
+
+    schema_id: int
+    descriptors: Descriptors
+    main_file: str  # the name the schema's own .proto has inside `descriptors`
+
+    def message_name(self, indexes: Sequence[int]) -> str:
+        fds = descriptor_pb2.FileDescriptorSet.FromString(self.descriptors.sets[0])
+        file = next(f for f in fds.file if f.name == self.main_file)
+        names, candidates = [file.package] if file.package else [], file.message_type
+        for index in indexes:
+            if not 0 <= index < len(candidates):
+                raise SchemaError(f"schema id {self.schema_id} has no message at indexes {list(indexes)}")
+            names.append(candidates[index].name)
+            candidates = candidates[index].nested_type
+        return ".".join(names)
+
+
+class ConfluentRegistry:
+    """Schemas by id from `GET {url}/schemas/ids/{id}`, compiled once per id. Thread-safe."""
+
+    def __init__(self, url: str, *, user_info: Secret | None, timeout_s: float,
+                 get: transport.Get = transport.get) -> None:
+        self.url = url.rstrip("/")
+        self._user_info = user_info
+        self._timeout_s = timeout_s
+        self._get = get
+        self._lock = threading.Lock()  # also makes concurrent first requests for one id compile it once
+        self._schemas: dict[int, ConfluentSchema] = {}
+        self._classes: dict[tuple[int, tuple[int, ...]], type[message.Message]] = {}
+
+    @classmethod
+    def from_config(cls, config: RegistryConfig) -> ConfluentRegistry | None:
+        if not config.confluent_url:
+            return None
+        return cls(config.confluent_url, user_info=config.confluent_basic_auth,
+                   timeout_s=config.fetch_timeout_ms / 1000)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spark ships the registry to its Python workers: each starts with an empty cache and its own lock.
+        return {"url": self.url, "user_info": self._user_info, "timeout_s": self._timeout_s, "get": self._get}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
+
+    def decode(self, data: bytes) -> message.Message:
+        """Parse a framed message with the class its schema id and indexes name."""
+        frame = parse_frame(data)
+        cls = self.message_class(frame.schema_id, frame.message_indexes)
+        return cls.FromString(data[frame.payload_offset:])
+
+    def message_class(self, schema_id: int, indexes: Sequence[int]) -> type[message.Message]:
+        key = (schema_id, tuple(indexes))
+        known = self._classes.get(key)  # lock-free on the hot path: a dict lookup is atomic
+        if known is not None:
+            return known
+        with self._lock:
+            if key not in self._classes:
+                schema = self._schema_locked(schema_id)
+                self._classes[key] = schema.descriptors.message_class(schema.message_name(indexes))
+            return self._classes[key]
+
+    def schema(self, schema_id: int) -> ConfluentSchema:
+        with self._lock:
+            return self._schema_locked(schema_id)
+
+    def _schema_locked(self, schema_id: int) -> ConfluentSchema:
+        if schema_id not in self._schemas:
+            self._schemas[schema_id] = self._load(schema_id)
+        return self._schemas[schema_id]
+
+    def _load(self, schema_id: int) -> ConfluentSchema:
+        where = f"schema id {schema_id}"
+        body = self._get_json(f"/schemas/ids/{schema_id}", where)
+        if body.get("schemaType", "AVRO") != "PROTOBUF":  # the registry leaves schemaType out for Avro
+            raise SchemaError(f"{where} is {body.get('schemaType', 'AVRO')}, not PROTOBUF")
+        files: dict[str, str] = {}
+        pending = [(ref, where) for ref in body.get("references") or ()]
+        while pending:
+            ref, parent = pending.pop()
+            try:
+                name, subject, version = ref["name"], ref["subject"], ref["version"]
+            except (KeyError, TypeError):
+                raise SchemaError(f"{parent} has a malformed reference {ref!r}") from None
+            if name in files:
+                continue
+            child = f"reference {name!r} (subject {subject!r} version {version}) of {where}"
+            path = f"/subjects/{urllib.parse.quote(str(subject), safe='')}/versions/{version}"
+            referenced = self._get_json(path, child)
+            files[name] = referenced["schema"]
+            pending.extend((r, child) for r in referenced.get("references") or ())
+        main_file = f"confluent_schema_{schema_id}.proto"
+        compiled = compile_proto(main_file, {**files, main_file: body["schema"]}, where)
+        source = f"{self.url}/schemas/ids/{schema_id}"
+        return ConfluentSchema(schema_id, Descriptors((compiled,), (source,)), main_file)
+
+    def _get_json(self, path: str, what: str) -> dict[str, Any]:
+        headers = {"Accept": "application/vnd.schemaregistry.v1+json, application/json"}
+        if self._user_info is not None:
+            headers["Authorization"] = "Basic " + base64.b64encode(self._user_info.reveal().encode()).decode()
+        try:
+            body = json.loads(self._get(self.url + path, headers, self._timeout_s))
+        except OSError as exc:
+            raise SchemaError(f"cannot fetch {what} from the Confluent registry at {self.url}: {exc}") from exc
+        except ValueError as exc:
+            raise SchemaError(f"{what}: {self.url}{path} did not answer JSON: {exc}") from exc
+        if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
+            raise SchemaError(f"{what}: {self.url}{path} answered without a `schema` text")
+        return body
+
+
+def compile_proto(main_file: str, files: Mapping[str, str], what: str) -> bytes:
+    """Compile `main_file`, importing from `files` and the well-known types, to a FileDescriptorSet."""
+    well_known = Path(grpc_tools.__file__).parent / "_proto"
+    with tempfile.TemporaryDirectory(prefix="confluent-schema-") as tmp:
+        root = Path(tmp, "src")
+        for name, text in files.items():
+            path = (root / name).resolve()
+            if not path.is_relative_to(root.resolve()):  # names come from the registry: stay in the temp dir
+                raise SchemaError(f"{what}: reference name {name!r} leaves the source tree")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        out = Path(tmp, "schema.desc")
+        # A subprocess, because protoc prints its errors to the process's stderr and they belong in the
+        # SchemaError; run in `root` so that they name `x.proto:1:5`, not the temp dir.
+        result = subprocess.run(
+            [sys.executable, "-m", "grpc_tools.protoc", "--include_imports", "-I.", f"-I{well_known}",
+             f"--descriptor_set_out={out}", main_file],
+            cwd=root, capture_output=True, text=True, check=False,
+        )
+        if result.returncode != 0:
+            raise SchemaError(f"{what} does not compile: {result.stderr.strip() or result.stdout.strip()}")
+        return out.read_bytes()

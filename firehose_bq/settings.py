@@ -1,0 +1,166 @@
+"""Declaring settings read from environment variables, and parsing them.
+
+A setting is a dataclass field made with `setting(...)`: it carries its env name, default and
+meaning. `load_section` builds a section (a frozen dataclass of settings) from an environment,
+collecting every problem instead of stopping at the first; `reference_markdown` renders the docs
+table. `config.py` holds the job's sections; other packages (e.g. `registry`) declare their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from firehose_bq.errors import ConfigError
+
+
+def setting(
+    env: str,
+    doc: str,
+    default: Any = dataclasses.MISSING,
+    *,
+    choices: tuple[str, ...] = (),
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> Any:
+    """Declare a config field read from `env`; no default means the variable is required."""
+    meta = {"env": env, "doc": doc, "choices": choices, "minimum": minimum, "maximum": maximum}
+    if default is dataclasses.MISSING:
+        return field(metadata=meta)
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class SettingDoc:
+    env: str
+    default: str
+    doc: str
+    required: bool
+
+
+def reference(sections: tuple[type, ...]) -> list[SettingDoc]:
+    """Every setting of `sections` in declaration order: the source of README's configuration tables."""
+    docs = []
+    for section in sections:
+        for f in dataclasses.fields(section):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            required = default is dataclasses.MISSING
+            docs.append(SettingDoc(f.metadata["env"], "" if required else _format_default(default),
+                                   _doc_with_choices(f), required))
+    return docs
+
+
+def reference_markdown(sections: tuple[type, ...]) -> str:
+    lines = ["| Variable | Default | Meaning |", "| --- | --- | --- |"]
+    for d in reference(sections):
+        default = "*(required)*" if d.required else (f"`{d.default}`" if d.default else "*(empty)*")
+        lines.append(f"| `{d.env}` | {default} | {d.doc} |")
+    return "\n".join(lines)
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """Parse a `NAME=value` file (comments, blank lines, optional quotes) into a dict."""
+    values: dict[str, str] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.removeprefix("export ").partition("=")
+        if not sep or not name.strip().isidentifier():
+            raise ConfigError([f"{path}:{number}: expected NAME=value, got {raw!r}"])
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        values[name.strip()] = value
+    return values
+
+
+# --- parsing -------------------------------------------------------------------------------------------
+
+
+def load_section(cls: type, environ: Mapping[str, str], problems: list[str]) -> Any:
+    hints = typing.get_type_hints(cls)
+    before = len(problems)
+    values = {}
+    for f in dataclasses.fields(cls):
+        env = f.metadata["env"]
+        raw = (environ.get(env) or "").strip()
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        # An empty optional string is a value (e.g. metadata at the root); anything else empty is unset.
+        if not raw and (required or hints[f.name] is not str or env not in environ):
+            if required:
+                problems.append(f"{env}: required but not set ({f.metadata['doc']})")
+            continue
+        try:
+            values[f.name] = _parse(raw, hints[f.name], f.metadata)
+        except ValueError as exc:
+            problems.append(f"{env}: {exc}")
+    if len(problems) > before:
+        return None
+    try:
+        return cls(**values)
+    except ConfigError as exc:  # a section's own cross-checks (__post_init__)
+        problems.extend(exc.problems)
+        return None
+
+
+def _parse(raw: str, annotation: Any, meta: Mapping[str, Any]) -> Any:
+    optional = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    base = next(a for a in typing.get_args(annotation) if a is not type(None)) if optional else annotation
+    if base is bool:
+        lowered = raw.lower()
+        if lowered not in ("true", "false"):
+            raise ValueError(f"expected true or false, got {raw!r}")
+        return lowered == "true"
+    if base is int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"expected an integer, got {raw!r}") from None
+        if meta["minimum"] is not None and value < meta["minimum"]:
+            raise ValueError(f"must be at least {meta['minimum']}, got {value}")
+        if meta["maximum"] is not None and value > meta["maximum"]:
+            raise ValueError(f"must be at most {meta['maximum']}, got {value}")
+        return value
+    if typing.get_origin(base) is dict:
+        pairs = {}
+        for item in (i.strip() for i in raw.split(",") if i.strip()):
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"expected key=value pairs, got {item!r}")
+            pairs[key.strip()] = value.strip()
+        return pairs
+    if typing.get_origin(base) is tuple:
+        items = tuple(item.strip() for item in raw.split(",") if item.strip())
+        if not items:
+            raise ValueError("expected at least one comma-separated value")
+        return items
+    if meta["choices"] and raw not in meta["choices"]:
+        raise ValueError(f"expected one of {', '.join(meta['choices'])}, got {raw!r}")
+    return raw
+
+
+def _format_default(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    return str(value)
+
+
+def _doc_with_choices(f: dataclasses.Field[Any]) -> str:
+    doc = f.metadata["doc"]
+    if f.metadata["choices"]:
+        doc += f" One of: {', '.join(f.metadata['choices'])}."
+    return doc

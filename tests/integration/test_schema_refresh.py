@@ -1,0 +1,109 @@
+"""A running sink follows a schema registry: new fields land without a restart, an outage is survived."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from google.cloud import bigquery
+from kafka import KafkaProducer
+
+from firehose_bq.config import Config
+from firehose_bq.pipeline import Pipeline
+from firehose_bq.registry.cache import DescriptorCache
+from firehose_bq.sample import ensure_topic
+from tests.conftest import compile_protos
+from tests.integration.conftest import FakeRegistry
+
+pytestmark = pytest.mark.integration
+
+PROTOS = Path(__file__).parent / "protos"
+REFRESH_MS = 1000
+
+
+def eventually(check: Callable[[], bool], timeout_s: float, what: str) -> float:
+    """Seconds until `check()` held; fails the test after `timeout_s`."""
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < timeout_s, f"timed out waiting for {what}"
+        time.sleep(0.2)
+    return time.monotonic() - started
+
+
+def test_new_fields_land_without_restart_and_an_outage_is_survived(
+        spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
+        tmp_path: Path) -> None:
+    fake, _server = registry
+    blobs = {v: compile_protos(tmp_path / f"{v}.desc", PROTOS / v).read_bytes() for v in ("v1", "v2")}
+    fake.routes["/evo.desc"] = blobs["v1"]
+    cfg = Config.from_env({**job_env, "INPUT_SCHEMA_PROTO_CLASS": "evo.Event", "SINK_BIGQUERY_TABLE_NAME": "events",
+                           "SCHEMA_REGISTRY_STENCIL_URLS": f"{fake.url}/evo.desc",
+                           "SCHEMA_REGISTRY_STENCIL_CACHE_TTL_MS": str(REFRESH_MS),
+                           "SCHEMA_REGISTRY_STENCIL_FETCH_RETRIES": "0", "SPARK_TRIGGER_INTERVAL_MS": "500"})
+    table = cfg.bigquery.table_ref
+    topic = cfg.source.topics[0]
+    ensure_topic(cfg.source.brokers, topic, 2)
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    cache = DescriptorCache.for_stencil(cfg.input_schema.stencil_urls, cfg.registry).start()
+    pipeline = Pipeline(cfg, spark, descriptor_source=cache.get)
+    cache.add_listener(pipeline.on_descriptors_changed)
+    stop = threading.Event()
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            pipeline.run(available_now=False, stop=stop)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertions below
+            failures.append(exc)
+
+    def send(version: str, values: list[dict]) -> None:
+        cls = cache.get().message_class("evo.Event")
+        assert version == "v1" or "tags" in cls.DESCRIPTOR.fields_by_name
+        for v in values:
+            producer.send(topic, cls(**v).SerializeToString())
+        producer.flush()
+
+    def rows() -> dict[str, dict]:
+        result = bq_client.query(f"SELECT * FROM `{table}`").result()  # v1's table has no `tags` yet
+        return {r["id"]: {k: dict(r.items()).get(k) for k in ("id", "amount", "detail", "tags")} for r in result}
+
+    def columns() -> set[str]:
+        schema = bq_client.get_table(table).schema
+        return {f.name for f in schema} | {f"detail.{s.name}" for f in schema if f.name == "detail" for s in f.fields}
+
+    pipeline.prepare()  # as `firehose-bq run` does: the table exists before the stream starts
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    try:
+        send("v1", [{"id": f"a{i}", "amount": i, "detail": {"note": "v1"}} for i in range(5)])
+        eventually(lambda: len(rows()) == 5, 120, "the v1 rows")
+        assert "tags" not in columns()
+
+        fake.routes["/evo.desc"] = blobs["v2"]
+        published = time.monotonic()
+        eventually(lambda: {"tags", "detail.priority"} <= columns(), 30, "the new columns")
+        # Within one refresh interval (plus the table update itself), without new messages.
+        assert time.monotonic() - published < REFRESH_MS / 1000 + 5
+        send("v2", [{"id": f"b{i}", "amount": 10 + i, "detail": {"note": "v2", "priority": i}, "tags": ["x"]}
+                    for i in range(5)])
+        eventually(lambda: len(rows()) == 10, 60, "the v2 rows")
+        landed = rows()
+        assert landed["b3"]["detail"] == {"note": "v2", "priority": 3} and landed["b3"]["tags"] == ["x"]
+        assert landed["a3"] == {"id": "a3", "amount": 3, "detail": {"note": "v1", "priority": None}, "tags": []}
+
+        fake.routes.clear()  # the registry is down: every request gets a 404
+        failures_before = cache.stats().failures
+        eventually(lambda: cache.stats().failures > failures_before, 10, "a failed refresh")
+        send("v2", [{"id": f"c{i}", "amount": 20 + i, "tags": ["y"]} for i in range(5)])
+        eventually(lambda: len(rows()) == 15, 60, "rows written while the registry is down")
+        assert not failures
+    finally:
+        stop.set()
+        runner.join(120)
+        cache.stop()
+        producer.close()
+    assert not runner.is_alive()
+    assert not failures, failures

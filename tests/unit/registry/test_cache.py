@@ -1,0 +1,157 @@
+"""DescriptorCache: last good descriptors, change-only notifications, rate-limited on-demand refreshes."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import urllib.error
+from pathlib import Path
+
+import pytest
+
+from firehose_bq.descriptors import Descriptors
+from firehose_bq.errors import SchemaError
+from firehose_bq.registry.cache import DescriptorCache
+from firehose_bq.registry.config import RegistryConfig
+from firehose_bq.registry.stencil import StencilFetcher
+from tests.unit.registry.fixtures import FakeGet, regtest_set, with_new_field
+
+SOURCE = "http://stencil.test/orders"
+# The cache compares fingerprints only, so any bytes will do.
+V1, V1_AGAIN, V2 = (Descriptors((blob,), (SOURCE,)) for blob in (b"v1", b"v1", b"v2"))
+
+
+class Registry:
+    """A fetch function whose answer the test sets: Descriptors, or an exception to raise."""
+
+    def __init__(self, answer: Descriptors | Exception) -> None:
+        self.answer = answer
+        self.calls = 0
+
+    def __call__(self, stop: threading.Event) -> Descriptors:
+        self.calls += 1
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cache(registry: Registry, *, interval: float | None = None, min_on_demand: float = 0.0,
+          clock: Clock | None = None) -> DescriptorCache:
+    return DescriptorCache(registry, source=SOURCE, refresh_interval_s=interval,
+                           min_on_demand_interval_s=min_on_demand, clock=clock or Clock())
+
+
+def test_a_failing_first_load_is_a_schema_error_saying_there_is_nothing_to_fall_back_on() -> None:
+    registry = Registry(SchemaError(f"cannot fetch descriptors from {SOURCE}: HTTP Error 503: down"))
+    descriptors = cache(registry)
+    with pytest.raises(SchemaError, match=f"cannot load descriptors from {SOURCE}, and there are none to fall "
+                                          "back on: cannot fetch .* HTTP Error 503"):
+        descriptors.start()
+    with pytest.raises(SchemaError, match="not loaded"):
+        descriptors.get()
+    assert (descriptors.stats().fetches, descriptors.stats().failures) == (1, 1)
+
+
+def test_get_answers_from_memory_after_the_first_load() -> None:
+    registry = Registry(V1)
+    descriptors = cache(registry).start()
+    registry.answer = OSError("the registry is gone")
+    assert [descriptors.get() for _ in range(3)] == [V1] * 3
+    assert registry.calls == 1
+
+
+def test_listeners_hear_content_changes_only() -> None:
+    registry = Registry(V1)
+    descriptors = cache(registry).start()
+    heard: list[Descriptors] = []
+    descriptors.add_listener(heard.append)
+    registry.answer = V1_AGAIN  # a re-publish: new object, same bytes
+    assert descriptors.refresh_now("unknown fields") is False
+    registry.answer = V2
+    assert descriptors.refresh_now("unknown fields") is True
+    assert descriptors.refresh_now("unknown fields") is False
+    assert heard == [V2] and descriptors.get() is V2
+    stats = descriptors.stats()
+    assert (stats.fetches, stats.failures, stats.changes, stats.fingerprint) == (4, 0, 1, V2.fingerprint)
+
+
+def test_a_failing_listener_does_not_stop_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    registry = Registry(V1)
+    descriptors = cache(registry).start()
+    heard: list[Descriptors] = []
+    descriptors.add_listener(lambda new: 1 / 0)
+    descriptors.add_listener(heard.append)
+    registry.answer = V2
+    assert descriptors.refresh_now("test") is True
+    assert heard == [V2] and "listener" in caplog.text
+
+
+def test_on_demand_refreshes_are_rate_limited() -> None:
+    registry, clock = Registry(V1), Clock()
+    descriptors = cache(registry, min_on_demand=30.0, clock=clock).start()
+    registry.answer = V2
+    assert descriptors.refresh_now("unknown fields") is True
+    registry.answer = V1
+    clock.now += 29.9
+    assert descriptors.refresh_now("unknown fields") is False
+    assert registry.calls == 2 and descriptors.get() is V2
+    clock.now += 0.1
+    assert descriptors.refresh_now("unknown fields") is True
+    assert registry.calls == 3
+
+
+def test_a_registry_that_is_down_keeps_the_last_good_descriptors(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    v1 = regtest_set(tmp_path)
+    get = FakeGet({SOURCE: v1})
+    config = RegistryConfig(fetch_headers="Authorization: Bearer s3cr3t", fetch_retries=1, fetch_backoff_min_ms=1)
+    descriptors = DescriptorCache(StencilFetcher([SOURCE], config, get=get).fetch, source=SOURCE,
+                                  refresh_interval_s=None, min_on_demand_interval_s=0).start()
+    loaded_at = descriptors.stats().last_success_time
+    get.routes[SOURCE] = urllib.error.URLError("connection refused")
+    with caplog.at_level(logging.WARNING, logger="firehose_bq.registry"):
+        assert descriptors.refresh_now("unknown fields") is False
+    assert descriptors.get().fingerprint == Descriptors((v1,)).fingerprint
+    stats = descriptors.stats()
+    assert (stats.fetches, stats.failures, stats.changes, stats.last_success_time) == (2, 1, 0, loaded_at)
+    warning = next(r for r in caplog.records if r.levelno == logging.WARNING).getMessage()
+    assert SOURCE in warning and "connection refused" in warning and "keeping" in warning
+    assert "s3cr3t" not in caplog.text
+    get.routes[SOURCE] = with_new_field(v1)  # back up, with a new schema
+    assert descriptors.refresh_now("unknown fields") is True
+
+
+def test_the_background_refresh_picks_up_changes_and_stops() -> None:
+    registry = Registry(V1)
+    descriptors = cache(registry, interval=0.01).start()
+    changed = threading.Event()
+    descriptors.add_listener(lambda new: changed.set())
+    registry.answer = V2
+    assert changed.wait(5)
+    descriptors.stop()
+    thread = descriptors._thread
+    assert thread is not None and not thread.is_alive() and thread.daemon
+    calls = registry.calls
+    time.sleep(0.05)  # five intervals: a live refresher would have fetched again
+    assert registry.calls == calls
+
+
+def test_for_stencil_reads_its_settings(tmp_path: Path) -> None:
+    path = tmp_path / "set.desc"
+    path.write_bytes(regtest_set(tmp_path))
+    config = RegistryConfig(cache_auto_refresh=False, unknown_fields_refresh_min_interval_ms=0)
+    with DescriptorCache.for_stencil([str(path)], config) as descriptors:
+        assert descriptors._thread is None  # no auto refresh
+        assert "regtest.Order" in descriptors.get().message_names()
+        path.write_bytes(with_new_field(path.read_bytes()))
+        assert descriptors.refresh_now("file replaced") is True
+        assert "added" in descriptors.get().find_message("regtest.Header").fields_by_name
