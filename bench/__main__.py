@@ -1,6 +1,8 @@
-"""`make bench`: every benchmark, one after the other."""
+"""`make bench`: every benchmark, one after the other; the refresh latency last."""
 
-from bench import conversion
+from bench import conversion, refresh
 
 if __name__ == "__main__":
     conversion.run()
+    print()
+    refresh.run()

@@ -135,7 +135,7 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     try:
         spark = spark_session(cfg.spark)
         pipeline = Pipeline(cfg, spark, descriptor_source=cache.get)
-        cache.add_listener(pipeline.on_descriptors_changed)
+        cache.add_listener(pipeline.schema.on_descriptors_changed)
         pipeline.prepare()
         stop = threading.Event()
 

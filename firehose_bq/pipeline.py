@@ -118,26 +118,21 @@ def apply_plan(client: bigquery.Client, cfg: Config, plan: TablePlan) -> bigquer
 DescriptorSource = Callable[[], Descriptors]
 
 
-class Pipeline:
-    """One configured job. `prepare()` checks descriptors and tables; `run()` streams.
+class SinkSchema:
+    """Keeps the sink's spec in step with the descriptors, evolving the table first on a change.
 
     `descriptor_source` returns the current descriptors (a registry cache refreshing in the
-    background, or a fixed set). Before every micro-batch the driver compares their fingerprint
-    with the one in use; on a change it evolves the table first, then ships the new descriptors
-    with the batch, so new fields land without a restart.
+    background, or a fixed set). The pipeline asks for `current()` before every micro-batch and
+    ships that spec with it; a registry listener may call `on_descriptors_changed` in between.
     """
 
-    def __init__(self, config: Config, spark: SparkSession,
-                 descriptor_source: DescriptorSource | None = None) -> None:
+    def __init__(self, config: Config, descriptor_source: DescriptorSource | None = None) -> None:
         self.config = config
-        self.spark = spark
-        self.summary = RunSummary()
         self._source = descriptor_source or _fixed(config)
         self._spec: SinkSpec | None = None
-        self._spec_lock = threading.Lock()  # the batch thread and a registry listener may both evolve
-        self._failure: Exception | None = None
+        self._lock = threading.Lock()  # the batch thread and a registry listener may both evolve
 
-    def prepare(self) -> SinkSpec:
+    def current(self) -> SinkSpec:
         return self._spec_for(self._source())
 
     def on_descriptors_changed(self, loaded: Descriptors) -> None:
@@ -149,8 +144,7 @@ class Pipeline:
             log.error("new descriptors %s cannot be applied to the table: %s", loaded.fingerprint, exc)
 
     def _spec_for(self, loaded: Descriptors) -> SinkSpec:
-        """The spec for `loaded`, evolving the table first when the descriptors changed."""
-        with self._spec_lock:
+        with self._lock:
             if self._spec is None or self._spec.descriptors.fingerprint != loaded.fingerprint:
                 self._spec = self._evolve(loaded)
             return self._spec
@@ -163,6 +157,21 @@ class Pipeline:
         log.info("descriptors %s%s (%s) → %s, %d columns", f"{previous} → " if previous else "",
                  loaded.fingerprint, plan.message_name, cfg.bigquery.table_ref, len(plan.table.schema))
         return SinkSpec(plan.descriptors, plan.message_name, plan.metadata, cfg.bigquery)
+
+
+class Pipeline:
+    """One configured streaming job: `prepare()` checks descriptors and tables, `run()` streams."""
+
+    def __init__(self, config: Config, spark: SparkSession,
+                 descriptor_source: DescriptorSource | None = None) -> None:
+        self.config = config
+        self.spark = spark
+        self.schema = SinkSchema(config, descriptor_source)
+        self.summary = RunSummary()
+        self._failure: Exception | None = None
+
+    def prepare(self) -> SinkSpec:
+        return self.schema.current()
 
     def source(self) -> DataFrame:
         src = self.config.source
@@ -211,7 +220,7 @@ class Pipeline:
         stats = BatchStats()
         fatal = []
         try:
-            spec = self._spec_for(self._source())
+            spec = self.schema.current()
         except FirehoseError as exc:
             # The new descriptors cannot be applied (e.g. a type change): stop before writing.
             self._failure = FirehoseError(f"batch {batch_id} stopped, offsets not committed: {exc}")

@@ -49,7 +49,7 @@ def test_new_fields_land_without_restart_and_an_outage_is_survived(
     producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
     cache = DescriptorCache.for_stencil(cfg.input_schema.stencil_urls, cfg.registry).start()
     pipeline = Pipeline(cfg, spark, descriptor_source=cache.get)
-    cache.add_listener(pipeline.on_descriptors_changed)
+    cache.add_listener(pipeline.schema.on_descriptors_changed)
     stop = threading.Event()
     failures: list[BaseException] = []
 
