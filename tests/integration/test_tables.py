@@ -113,3 +113,22 @@ def test_new_descriptor_version_evolves_the_table_and_keeps_old_rows(
         assert capsys.readouterr().out.splitlines()[-1].endswith("is up to date")
     finally:
         bq_client.delete_dataset(v1.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_concurrent_evolutions_all_succeed_and_keep_every_field(job_env, versions, bq_client) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    v1 = event_config(job_env, versions["v1"])
+    v2 = event_config(job_env, versions["v2"])
+    plans = [(cfg, plan_table(cfg, descriptors.load(cfg.input_schema.stencil_urls))) for cfg in (v1, v2)]
+    try:
+        # Eight workers, half on each version, creating and evolving the same table at once.
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda i: apply_plan(bq_client, *plans[i % 2]), range(8)))
+        assert len(results) == 8
+        columns = {f.name: f for f in bq_client.get_table(v1.bigquery.table_ref).schema}
+        assert {"id", "amount", "detail", "happened_at", "legacy", "tags"} <= set(columns)
+        assert [f.name for f in columns["detail"].fields] == ["note", "priority"]
+        assert columns["id"].mode == "NULLABLE"
+    finally:
+        bq_client.delete_dataset(v1.bigquery.dataset, delete_contents=True, not_found_ok=True)
