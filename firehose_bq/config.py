@@ -49,6 +49,13 @@ class SourceConfig:
         "earliest",
         choices=("earliest", "latest"),
     )
+    client: str = setting(
+        "SOURCE_KAFKA_CLIENT",
+        "Kafka client the reader tasks use: `auto` = confluent-kafka (librdkafka, much faster) when it is "
+        "installed, else kafka-python. Metadata and consumer-group commits always use kafka-python.",
+        "auto",
+        choices=("auto", "kafka-python", "confluent-kafka"),
+    )
     poll_timeout_ms: int = setting(
         "SOURCE_KAFKA_POLL_STALL_TIMEOUT_MS",
         "A task that gets no record for this long while its planned range is unread fails with an "

@@ -95,6 +95,22 @@ class KafkaMetadataClient:
         self._consumer.close(autocommit=False)
 
 
+KAFKA_PYTHON = "kafka-python"
+CONFLUENT_KAFKA = "confluent-kafka"
+AUTO = "auto"
+
+
+def resolve_client(name: str) -> str:
+    """The reader backend for SOURCE_KAFKA_CLIENT: `auto` takes confluent-kafka when it is installed."""
+    if name != AUTO:
+        return name
+    try:
+        import confluent_kafka  # noqa: F401 - only whether it imports
+    except ImportError:
+        return KAFKA_PYTHON
+    return CONFLUENT_KAFKA
+
+
 def read_range(
     brokers: str,
     topic: str,
@@ -104,6 +120,7 @@ def read_range(
     *,
     stall_timeout_ms: int,
     batch_size: int,
+    client: str = KAFKA_PYTHON,
 ) -> Iterator[list[ConsumerRecord]]:
     """Records of one partition in [start, end), in lists of at most `batch_size`.
 
@@ -111,6 +128,37 @@ def read_range(
     position reaches `end`, not after a fixed count. A start offset that retention already deleted
     is an error, not a silent skip: those messages never reached the table.
     """
+    reader = _read_range_confluent if client == CONFLUENT_KAFKA else _read_range_kafka_python
+    return reader(brokers, topic, partition, start, end, stall_timeout_ms, batch_size)
+
+
+class _Progress:
+    """Tracks a partition read: where it is, and whether it has stalled."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int, stall_timeout_ms: int) -> None:
+        self.where = f"{topic}/{partition}"
+        self.position, self.end, self.stall_timeout_ms = start, end, stall_timeout_ms
+        self._last = time.monotonic()
+
+    def advance(self, position: int | None) -> None:
+        if position is not None and position > self.position:
+            self.position = position
+            self._last = time.monotonic()
+        elif (time.monotonic() - self._last) * 1000 > self.stall_timeout_ms:
+            raise SourceError(f"{self.where}: no progress for {self.stall_timeout_ms} ms at offset "
+                              f"{self.position}, planned to read up to {self.end}")
+
+    @property
+    def done(self) -> bool:
+        return self.position >= self.end
+
+    def deleted(self, start: int, detail: object) -> SourceError:
+        return SourceError(f"{self.where}: offsets from {start} are no longer on the broker "
+                           f"(deleted by retention?): {detail}")
+
+
+def _read_range_kafka_python(brokers: str, topic: str, partition: int, start: int, end: int,
+                             stall_timeout_ms: int, batch_size: int) -> Iterator[list[ConsumerRecord]]:
     consumer = KafkaConsumer(
         bootstrap_servers=brokers.split(","),
         group_id=None,
@@ -121,20 +169,16 @@ def read_range(
         request_timeout_ms=REQUEST_TIMEOUT_MS,
     )
     tp = TopicPartition(topic, partition)
+    progress = _Progress(topic, partition, start, end, stall_timeout_ms)
     try:
         consumer.assign([tp])
         consumer.seek(tp, start)
-        position = start
         pending: list[ConsumerRecord] = []
-        last_progress = time.monotonic()
-        while position < end:
+        while not progress.done:
             try:
                 polled = consumer.poll(timeout_ms=500, max_records=batch_size).get(tp, [])
             except OffsetOutOfRangeError as exc:
-                raise SourceError(
-                    f"{topic}/{partition}: offsets from {start} are no longer on the broker "
-                    f"(deleted by retention?): {exc}"
-                ) from exc
+                raise progress.deleted(start, exc) from exc
             for r in polled:
                 if r.offset >= end:
                     break
@@ -143,15 +187,7 @@ def read_range(
                                    r.timestamp if r.timestamp is not None and r.timestamp >= 0 else None,
                                    r.timestamp_type, list(r.headers or []), r.leader_epoch)
                 )
-            new_position = consumer.position(tp)
-            if new_position is not None and new_position > position:
-                position = new_position
-                last_progress = time.monotonic()
-            elif (time.monotonic() - last_progress) * 1000 > stall_timeout_ms:
-                raise SourceError(
-                    f"{topic}/{partition}: no progress for {stall_timeout_ms} ms at offset {position}, "
-                    f"planned to read up to {end}"
-                )
+            progress.advance(consumer.position(tp))
             if len(pending) >= batch_size:
                 yield pending
                 pending = []
@@ -159,6 +195,63 @@ def read_range(
             yield pending
     finally:
         consumer.close(autocommit=False)
+
+
+def _read_range_confluent(brokers: str, topic: str, partition: int, start: int, end: int,
+                          stall_timeout_ms: int, batch_size: int) -> Iterator[list[ConsumerRecord]]:
+    """The same contract over librdkafka: it fetches and decodes in C, tens of times faster here."""
+    import confluent_kafka as ck
+
+    # librdkafka's timestamp types → Kafka's own numbering (0 CreateTime, 1 LogAppendTime), as kafka-python.
+    timestamp_types = {ck.TIMESTAMP_CREATE_TIME: 0, ck.TIMESTAMP_LOG_APPEND_TIME: 1}
+    consumer = ck.Consumer({
+        "bootstrap.servers": brokers,
+        "group.id": "firehose-bq-reader",  # required by librdkafka; nothing is ever committed with it
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "error",  # a deleted start offset must surface, not be skipped
+        "enable.partition.eof": True,
+        "max.partition.fetch.bytes": MAX_PARTITION_FETCH_BYTES,
+        "fetch.max.bytes": 4 * MAX_PARTITION_FETCH_BYTES,
+        "socket.timeout.ms": REQUEST_TIMEOUT_MS,
+        # A task reads a bounded range already on the broker: waiting for a fuller fetch only adds latency.
+        "fetch.wait.max.ms": 50,
+    })
+    progress = _Progress(topic, partition, start, end, stall_timeout_ms)
+    try:
+        consumer.assign([ck.TopicPartition(topic, partition, start)])
+        pending: list[ConsumerRecord] = []
+        while not progress.done:
+            last = None
+            for m in consumer.consume(num_messages=batch_size, timeout=0.1):
+                error = m.error()
+                if error is not None:
+                    if error.code() == ck.KafkaError._PARTITION_EOF:
+                        continue
+                    if error.code() in (ck.KafkaError._AUTO_OFFSET_RESET, ck.KafkaError.OFFSET_OUT_OF_RANGE):
+                        raise progress.deleted(start, error.str())
+                    raise SourceError(f"{topic}/{partition}: {error.str()}")
+                offset = m.offset()
+                last = offset
+                if offset >= end:
+                    break
+                kind, ts = m.timestamp()
+                epoch = m.leader_epoch()
+                pending.append(ConsumerRecord(
+                    m.key(), m.value(), topic, partition, offset,
+                    ts if kind != ck.TIMESTAMP_NOT_AVAILABLE and ts >= 0 else None, timestamp_types.get(kind),
+                    [(k, v) for k, v in (m.headers() or [])], epoch if epoch is not None and epoch >= 0 else None,
+                ))
+            # Gaps (compaction, transaction markers) leave no message to see: ask for the position too.
+            position = consumer.position([ck.TopicPartition(topic, partition)])[0].offset
+            progress.advance(max(position, last + 1 if last is not None else -1))
+            if len(pending) >= batch_size:
+                yield pending
+                pending = []
+        if pending:
+            yield pending
+    finally:
+        consumer.close()
 
 
 def _nest(flat: dict[TopicPartition, int]) -> Offsets:

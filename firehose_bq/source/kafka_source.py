@@ -29,7 +29,16 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from firehose_bq.errors import SourceError
-from firehose_bq.source.kafka_client import ConsumerRecord, KafkaMetadataClient, Offsets, read_range
+from firehose_bq.source.kafka_client import (
+    AUTO,
+    CONFLUENT_KAFKA,
+    KAFKA_PYTHON,
+    ConsumerRecord,
+    KafkaMetadataClient,
+    Offsets,
+    read_range,
+    resolve_client,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +78,8 @@ class KafkaRange(InputPartition):
 
 class KafkaDataSource(DataSource):
     """Options: brokers, topics (comma-separated), group_id, starting_offsets [earliest|latest],
-    max_offsets_per_trigger (-1 = no limit), stall_timeout_ms. Spark lower-cases option names."""
+    max_offsets_per_trigger (-1 = no limit), stall_timeout_ms, client [auto|kafka-python|
+    confluent-kafka]. Spark lower-cases option names."""
 
     @classmethod
     def name(cls) -> str:
@@ -95,6 +105,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise SourceError(f"starting_offsets must be earliest or latest, got {self.starting!r}")
         self.max_offsets = int(options.get("max_offsets_per_trigger", "-1"))
         self.stall_timeout_ms = int(options.get("stall_timeout_ms", "120000"))
+        self.client = resolve_client(options.get("client", AUTO))
+        if self.client not in (KAFKA_PYTHON, CONFLUENT_KAFKA):
+            raise SourceError(f"client must be {AUTO}, {KAFKA_PYTHON} or {CONFLUENT_KAFKA}, got {self.client!r}")
         self._target: Offsets | None = None  # end offsets frozen by Trigger.AvailableNow
         self._client: KafkaMetadataClient | None = None
 
@@ -172,7 +185,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         assert isinstance(partition, KafkaRange)
         for records in read_range(
             self.brokers, partition.topic, partition.partition, partition.start, partition.end,
-            stall_timeout_ms=self.stall_timeout_ms, batch_size=READ_BATCH_ROWS,
+            stall_timeout_ms=self.stall_timeout_ms, batch_size=READ_BATCH_ROWS, client=self.client,
         ):
             yield to_arrow(records)
 

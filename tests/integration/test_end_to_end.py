@@ -68,7 +68,15 @@ def read_table(client: bigquery.Client, cfg: Config) -> list[dict[str, Any]]:
     return [dict(r.items()) for r in rows]
 
 
-def test_sample_stream_lands_exactly(spark, job_config: Config, bq_client: bigquery.Client) -> None:
+@pytest.fixture(params=["kafka-python", "confluent-kafka"])
+def client_config(request: pytest.FixtureRequest, job_env: dict[str, str], bq_client: bigquery.Client):  # noqa: ANN201
+    cfg = Config.from_env({**job_env, "SOURCE_KAFKA_CLIENT": request.param})
+    yield cfg
+    bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_sample_stream_lands_exactly(spark, client_config: Config, bq_client: bigquery.Client) -> None:
+    job_config = client_config
     produce_bookings(job_config, COUNT)
 
     summary = Pipeline(job_config, spark).run(available_now=True)

@@ -47,3 +47,12 @@ def test_records_become_an_arrow_batch_of_the_source_schema() -> None:
     assert batch.column("timestamp").cast(pa.int64()).to_pylist() == [1_000_000, None]
     assert batch.column("headers").to_pylist() == [[{"key": "h", "value": b"x"}], []]
     assert batch.column("value").to_pylist() == [b"v", None]
+
+
+def test_client_choice() -> None:
+    from firehose_bq.source.kafka_client import resolve_client
+
+    assert resolve_client("kafka-python") == "kafka-python"
+    assert resolve_client("auto") == "confluent-kafka"  # installed as a dependency
+    reader = KafkaStreamReader({"brokers": "b:1", "topics": "t", "group_id": "g", "client": "confluent-kafka"})
+    assert reader.client == "confluent-kafka"
