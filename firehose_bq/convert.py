@@ -2,8 +2,9 @@
 
 Compilation walks the descriptor once and builds one small closure per field, so converting a message
 is a flat loop over closures: no descriptor reflection per message. Values follow BigQuery's JSON
-encoding used by insertAll: TIMESTAMP as RFC 3339, BYTES as base64, enums by name (an enum number the
-descriptor does not know is kept as its decimal string, never dropped), maps as key/value records.
+encoding used by insertAll: TIMESTAMP as RFC 3339, DATE as YYYY-MM-DD, BYTES as base64, enums by name
+(an enum number the descriptor does not know is kept as its decimal string, never dropped), maps as
+key/value records, wrappers as their value, and message fields at the max depth as their proto JSON.
 
 Proto3 scalars without presence are written with their value even when it is the default (0, "",
 false): in proto3 an unset scalar *is* the default. Fields with presence (messages, `optional`,
@@ -16,15 +17,16 @@ import base64
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-from google.protobuf import json_format
+from google.protobuf import json_format, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from firehose_bq.errors import ErrorType, MessageError
-from firehose_bq.schema import MAX_RECORD_DEPTH, Kind, MetadataColumns, field_kind
+from firehose_bq.schema import (KEY_COLUMN, Kind, MetadataColumns, SchemaOptions, column_name, field_kind, is_map,
+                                scalar_field)
 
 Row = dict[str, Any]
 Getter = Callable[[Message], Any]
@@ -61,38 +63,59 @@ def _enum(fd: FieldDescriptor) -> ValueFn:
     return lambda number: names.get(number) or str(number)
 
 
-def _value_fn(fd: FieldDescriptor, depth: int) -> ValueFn | None:
-    """How to convert one value of `fd` (one element, for repeated fields); None = as is."""
-    kind = field_kind(fd)
+def _json(msg: Message) -> str:
+    # Proto field names, as in the columns around it (not JSON's lowerCamelCase).
+    return json_format.MessageToJson(msg, indent=None, sort_keys=True, preserving_proto_field_name=True)
+
+
+def _date(d: Message) -> str:
+    try:
+        return date(d.year, d.month, d.day).isoformat()
+    except ValueError as exc:  # google.type.Date allows year-less or day-less dates; a DATE does not
+        raise ValueError(f"google.type.Date {d.year}-{d.month}-{d.day} is not a valid DATE: {exc}") from None
+
+
+_SCALAR_FNS: dict[int, ValueFn] = {FD.TYPE_FLOAT: _float, FD.TYPE_DOUBLE: _float, FD.TYPE_BYTES: _bytes}
+_MESSAGE_FNS: dict[Kind, ValueFn] = {
+    Kind.TIMESTAMP: lambda ts: rfc3339(ts.seconds, ts.nanos),
+    Kind.DURATION: lambda d: {"seconds": d.seconds, "nanos": d.nanos},
+    Kind.JSON_STRING: _json,
+    Kind.DATE: _date,
+}
+
+
+def _scalar_fn(fd: FieldDescriptor) -> ValueFn | None:
+    return _enum(fd) if fd.type == FD.TYPE_ENUM else _SCALAR_FNS.get(fd.type)
+
+
+def _value_fn(fd: FieldDescriptor, depth: int, options: SchemaOptions) -> ValueFn | None:
+    """How to convert one value of `fd` (one element of a repeated field, or a whole map); None = as is."""
+    kind = field_kind(fd, depth, options.max_depth)
     if kind is Kind.SCALAR:
-        if fd.type == FD.TYPE_ENUM:
-            return _enum(fd)
-        if fd.type in (FD.TYPE_FLOAT, FD.TYPE_DOUBLE):
-            return _float
-        if fd.type == FD.TYPE_BYTES:
-            return _bytes
-        return None
-    if kind is Kind.TIMESTAMP:
-        return lambda ts: rfc3339(ts.seconds, ts.nanos)
-    if kind is Kind.DURATION:
-        return lambda d: {"seconds": d.seconds, "nanos": d.nanos}
-    if kind is Kind.JSON_STRING:
-        return lambda m: json_format.MessageToJson(m, indent=None, sort_keys=True)
+        return _scalar_fn(fd)
+    if kind is Kind.WRAPPER:
+        inner = _scalar_fn(scalar_field(fd))
+        return (lambda w: inner(w.value)) if inner else (lambda w: w.value)
+    if kind is Kind.RECORD:
+        return compile_message(fd.message_type, depth + 1, options)
     if kind is Kind.MAP:
-        entry = fd.message_type
-        key_fn = _value_fn(entry.fields_by_name["key"], depth + 1)
-        val_fn = _value_fn(entry.fields_by_name["value"], depth + 1)
-        key_fn = key_fn or (lambda v: v)
-        val_fn = val_fn or (lambda v: v)
+        entry = fd.message_type.fields_by_name
+        key_fn = _value_fn(entry["key"], depth + 1, options) or (lambda v: v)
+        val_fn = _value_fn(entry["value"], depth + 1, options) or (lambda v: v)
         # Sorted by key: a map has no order, and a stable one makes rows comparable.
         return lambda entries: [{"key": key_fn(k), "value": val_fn(v)} for k, v in sorted(entries.items())]
-    return compile_message(fd.message_type, depth + 1)
+    if kind is Kind.CUT and is_map(fd):
+        entry_class = message_factory.GetMessageClass(fd.message_type)
+        return lambda entries: [_json(entry_class(key=k, value=v)) for k, v in sorted(entries.items())]
+    if kind is Kind.CUT:
+        return _json
+    return _MESSAGE_FNS[kind]
 
 
-def _getter(fd: FieldDescriptor, depth: int) -> Getter:
+def _getter(fd: FieldDescriptor, depth: int, options: SchemaOptions) -> Getter:
     name = fd.name
-    convert = _value_fn(fd, depth)
-    if field_kind(fd) is Kind.MAP:
+    convert = _value_fn(fd, depth, options)
+    if is_map(fd):
         assert convert is not None
         return lambda msg: convert(getattr(msg, name))
     if fd.is_repeated:
@@ -108,12 +131,11 @@ def _getter(fd: FieldDescriptor, depth: int) -> Getter:
     return lambda msg: convert(getattr(msg, name))
 
 
-def compile_message(descriptor: Descriptor, depth: int = 1) -> Callable[[Message], Row]:
-    """A function turning a message of `descriptor` into a BigQuery row dict."""
-    if depth > MAX_RECORD_DEPTH:
-        # schema.py refuses such schemas before any conversion; this guards direct callers.
-        raise RecursionError(f"{descriptor.full_name} nests deeper than {MAX_RECORD_DEPTH} records")
-    steps = [(fd.name, _getter(fd, depth)) for fd in sorted(descriptor.fields, key=lambda f: f.number)]
+def compile_message(descriptor: Descriptor, depth: int = 1,
+                    options: SchemaOptions = SchemaOptions()) -> Callable[[Message], Row]:
+    """A function turning a message of `descriptor` into a BigQuery row dict (its fields at `depth`)."""
+    steps = [(column_name(fd, options.sanitize_names), _getter(fd, depth, options))
+             for fd in sorted(descriptor.fields, key=lambda f: f.number)]
 
     def convert(msg: Message) -> Row:
         return {name: get(msg) for name, get in steps}
@@ -123,19 +145,64 @@ def compile_message(descriptor: Descriptor, depth: int = 1) -> Callable[[Message
 
 @dataclass(frozen=True)
 class KafkaRecords:
-    """Column-wise Kafka records of one batch (what the source yields, as Python lists)."""
+    """Column-wise Kafka records of one batch (what the source yields, as Python lists).
+
+    The optional columns are None when the source does not provide them: their metadata columns are
+    then NULL (empty for headers), and `message_key` is NULL.
+    """
 
     topics: Sequence[str]
     partitions: Sequence[int]
     offsets: Sequence[int]
     timestamps_ms: Sequence[int | None]
     values: Sequence[bytes | None]
+    keys: Sequence[bytes | None] | None = None
+    headers: Sequence[Sequence[tuple[str, bytes | None]]] | None = None
+    timestamp_types: Sequence[int | None] | None = None  # Kafka's: 0 CreateTime, 1 LogAppendTime
+    leader_epochs: Sequence[int | None] | None = None
 
     def __len__(self) -> int:
         return len(self.offsets)
 
     def insert_id(self, i: int) -> str:
         return f"{self.topics[i]}_{self.partitions[i]}_{self.offsets[i]}"
+
+
+# Kafka's TimestampType ids; -1 and None (old message formats) are NoTimestampType.
+TIMESTAMP_TYPES: dict[int | None, str] = {0: "CreateTime", 1: "LogAppendTime"}
+
+
+def _kafka_int(value: int | None) -> int | None:
+    return value if value is not None and value >= 0 else None  # Kafka says "none" with -1
+
+
+def _kafka_time(millis: int | None) -> str | None:
+    return None if (millis := _kafka_int(millis)) is None else millis_to_rfc3339(millis)
+
+
+def _headers(headers: Sequence[tuple[str, bytes | None]]) -> list[Row]:
+    return [{"key": key, "value": None if value is None else _bytes(value)} for key, value in headers]
+
+
+def _each(values: Sequence[Any] | None, convert: Callable[[Any], Any], n: int) -> list[Any]:
+    """`convert` of each value of an optional column; NULL for all `n` records when the source lacks it."""
+    return [None] * n if values is None else [convert(v) for v in values]
+
+
+# Each metadata column's values for a batch loaded at `now`, one per record: column-wise like the
+# records, so a row only indexes them. The keys are METADATA_COLUMNS'.
+METADATA_VALUES: dict[str, Callable[[KafkaRecords, str], Sequence[Any]]] = {
+    "message_topic": lambda r, now: r.topics,
+    "message_partition": lambda r, now: r.partitions,
+    "message_offset": lambda r, now: r.offsets,
+    "message_timestamp": lambda r, now: [_kafka_time(ms) for ms in r.timestamps_ms],
+    "load_time": lambda r, now: [now] * len(r),
+    # REPEATED: no headers rather than NULL when the source lacks them.
+    "message_headers": lambda r, now: [_headers(h) for h in (r.headers if r.headers is not None else [()] * len(r))],
+    "message_timestamp_type": lambda r, now: _each(r.timestamp_types,
+                                                   lambda t: TIMESTAMP_TYPES.get(t, "NoTimestampType"), len(r)),
+    "message_leader_epoch": lambda r, now: _each(r.leader_epochs, _kafka_int, len(r)),
+}
 
 
 @dataclass
@@ -148,51 +215,39 @@ class ConvertedBatch:
     errors: list[MessageError] = field(default_factory=list)
 
 
-class RowConverter:
-    """Decode + convert for one message type and one metadata layout; build once, use per batch."""
+TOMBSTONE = "null value (a tombstone); only an upsert/delete sink can apply it"
 
-    def __init__(self, message_class: type[Message], metadata: MetadataColumns) -> None:
-        self._parse = message_class.FromString
-        self._convert = compile_message(message_class.DESCRIPTOR)
-        self._metadata = metadata
-        # upb parses proto2 messages that lack `required` fields; checking costs a C call per message,
-        # so only message types that have such fields pay it.
-        self._check_required = _has_required(message_class.DESCRIPTOR, set())
+
+class RowConverter:
+    """Decode + convert for one message type (and key type) and one metadata layout; build once, use per
+    batch. `key_class` adds the Kafka key as the RECORD column `message_key`, as `table_schema(key=...)`."""
+
+    def __init__(self, message_class: type[Message], metadata: MetadataColumns,
+                 options: SchemaOptions = SchemaOptions(), key_class: type[Message] | None = None) -> None:
+        self._value = _decoder(message_class, 1, options)
+        self._key = _decoder(key_class, 2, options) if key_class is not None else None
+        self._metadata = [(name, METADATA_VALUES[name]) for name in metadata.columns] if metadata.enabled else []
+        self._namespace = metadata.namespace
 
     def convert(self, records: KafkaRecords, load_time: str) -> ConvertedBatch:
         out = ConvertedBatch()
-        with_metadata = self._metadata.enabled
-        namespace = self._metadata.namespace
+        metadata = [(name, values(records, load_time)) for name, values in self._metadata]
         for i, value in enumerate(records.values):
             if value is None:
-                reason = "null value (a tombstone); only an upsert/delete sink can apply it"
-                out.errors.append(self._error(ErrorType.INVALID_MESSAGE_ERROR, records, i, reason))
+                out.errors.append(self._error(ErrorType.INVALID_MESSAGE_ERROR, records, i, TOMBSTONE))
                 continue
-            try:
-                msg = self._parse(value)
-                if self._check_required and not msg.IsInitialized():
-                    missing = ", ".join(msg.FindInitializationErrors())
-                    out.errors.append(self._error(ErrorType.INVALID_MESSAGE_ERROR, records, i,
-                                                  f"required field(s) missing: {missing}"))
-                    continue
-                row = self._convert(msg)
-            except DecodeError as exc:
-                out.errors.append(self._error(ErrorType.DESERIALIZATION_ERROR, records, i, exc))
+            row = self._decode(self._value, value, records, i, out)
+            if row is None:
                 continue
-            except (ValueError, OverflowError, OSError) as exc:  # e.g. a Timestamp out of range
-                out.errors.append(self._error(ErrorType.INVALID_MESSAGE_ERROR, records, i, exc))
-                continue
-            if with_metadata:
-                ts = records.timestamps_ms[i]
-                meta = {
-                    "message_topic": records.topics[i],
-                    "message_partition": records.partitions[i],
-                    "message_offset": records.offsets[i],
-                    "message_timestamp": millis_to_rfc3339(ts) if ts is not None and ts >= 0 else None,
-                    "load_time": load_time,
-                }
-                if namespace:
-                    row[namespace] = meta
+            if self._key is not None:
+                key = None if records.keys is None else records.keys[i]
+                row[KEY_COLUMN] = None if key is None else self._decode(self._key, key, records, i, out, "key: ")
+                if key is not None and row[KEY_COLUMN] is None:
+                    continue  # recorded in out.errors
+            if metadata:
+                meta = {name: values[i] for name, values in metadata}
+                if self._namespace:
+                    row[self._namespace] = meta
                 else:
                     row.update(meta)
             out.rows.append(row)
@@ -200,10 +255,40 @@ class RowConverter:
             out.sources.append(i)
         return out
 
+    def _decode(self, decode: Callable[[bytes], Row], data: bytes, records: KafkaRecords, i: int,
+                out: ConvertedBatch, part: str = "") -> Row | None:
+        """`decode(data)`, or None with the failure recorded in `out`, its text prefixed by `part`."""
+        try:
+            return decode(data)
+        except DecodeError as exc:
+            out.errors.append(self._error(ErrorType.DESERIALIZATION_ERROR, records, i, exc, part))
+        except (ValueError, OverflowError, OSError) as exc:  # e.g. a Timestamp out of range, a partial Date
+            out.errors.append(self._error(ErrorType.INVALID_MESSAGE_ERROR, records, i, exc, part))
+        return None
+
     @staticmethod
-    def _error(kind: ErrorType, records: KafkaRecords, i: int, cause: Exception | str) -> MessageError:
+    def _error(kind: ErrorType, records: KafkaRecords, i: int, cause: Exception | str,
+               part: str = "") -> MessageError:
         text = cause if isinstance(cause, str) else (str(cause) or type(cause).__name__)
-        return MessageError(kind, records.topics[i], records.partitions[i], records.offsets[i], text)
+        return MessageError(kind, records.topics[i], records.partitions[i], records.offsets[i], part + text)
+
+
+def _decoder(message_class: type[Message], depth: int, options: SchemaOptions) -> Callable[[bytes], Row]:
+    """bytes → row dict; raises DecodeError for bytes that do not parse, ValueError for invalid messages."""
+    parse = message_class.FromString
+    convert = compile_message(message_class.DESCRIPTOR, depth, options)
+    # upb parses proto2 messages that lack `required` fields; checking costs a C call per message, so
+    # only message types that have such fields pay it.
+    if not _has_required(message_class.DESCRIPTOR, set()):
+        return lambda data: convert(parse(data))
+
+    def decode(data: bytes) -> Row:
+        msg = parse(data)
+        if not msg.IsInitialized():
+            raise ValueError(f"required field(s) missing: {', '.join(msg.FindInitializationErrors())}")
+        return convert(msg)
+
+    return decode
 
 
 def _has_required(descriptor: Descriptor, seen: set[str]) -> bool:

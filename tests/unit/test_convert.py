@@ -8,10 +8,19 @@ import math
 
 import pytest
 
-from firehose_bq.convert import KafkaRecords, RowConverter, compile_message, millis_to_rfc3339, rfc3339
+from google.cloud.bigquery import SchemaField
+
+from firehose_bq.convert import (
+    METADATA_VALUES,
+    KafkaRecords,
+    RowConverter,
+    compile_message,
+    millis_to_rfc3339,
+    rfc3339,
+)
 from firehose_bq.descriptors import Descriptors
-from firehose_bq.errors import ErrorType
-from firehose_bq.schema import MetadataColumns
+from firehose_bq.errors import ErrorType, SchemaError
+from firehose_bq.schema import METADATA_COLUMNS, MetadataColumns, SchemaOptions, table_schema
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +140,177 @@ def test_missing_proto2_required_field_is_an_invalid_message(test_descriptors: D
     assert [(e.error_type, e.message) for e in out.errors] == [
         (ErrorType.INVALID_MESSAGE_ERROR, "required field(s) missing: id")]
     assert out.rows == []
+
+
+def test_oneof_members_are_null_unless_chosen_even_with_the_default_value(all_types) -> None:
+    convert = compile_message(all_types.DESCRIPTOR)
+    row = convert(all_types(c_text=""))
+    assert (row["c_text"], row["c_inner"]) == ("", None)
+    msg = all_types()
+    msg.c_inner.SetInParent()
+    row = convert(msg)
+    assert (row["c_text"], row["c_inner"]) == (None, {"label": "", "counts": []})
+
+
+def test_wrappers_are_their_values_or_null_and_dates_are_iso(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Wrapped")
+    msg = cls()
+    msg.w_double.value = math.nan
+    msg.w_uint64.value = 2**64 - 1
+    msg.w_string.value = ""  # set to the default: a value, not NULL
+    msg.w_bytes.value = b"\x01"
+    msg.w_bool.value = False
+    msg.r_int64.add(value=5)
+    msg.r_int64.add()
+    msg.m_string["a"].value = "x"
+    msg.day.year, msg.day.month, msg.day.day = 2024, 2, 29
+    msg.r_day.add(year=1, month=1, day=1)
+    assert compile_message(cls.DESCRIPTOR)(msg) == {
+        "w_double": "NaN", "w_float": None, "w_int64": None, "w_uint64": 2**64 - 1, "w_int32": None,
+        "w_uint32": None, "w_bool": False, "w_string": "", "w_bytes": "AQ==", "r_int64": [5, 0],
+        "m_string": [{"key": "a", "value": "x"}], "day": "2024-02-29", "r_day": ["0001-01-01"],
+    }
+
+
+def test_partial_dates_are_invalid_messages(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Wrapped")
+    values = [cls(day={"year": 0, "month": 5, "day": 1}), cls(day={"year": 2024, "month": 0, "day": 0}),
+              cls(day={"year": 2023, "month": 2, "day": 29}), cls(day={"year": 2024, "month": 12, "day": 31})]
+    out = RowConverter(cls, MetadataColumns()).convert(records([v.SerializeToString() for v in values]), "L")
+    assert [(e.error_type, e.message) for e in out.errors] == [
+        (ErrorType.INVALID_MESSAGE_ERROR, "google.type.Date 0-5-1 is not a valid DATE: year 0 is out of range"),
+        (ErrorType.INVALID_MESSAGE_ERROR, "google.type.Date 2024-0-0 is not a valid DATE: month must be in 1..12"),
+        (ErrorType.INVALID_MESSAGE_ERROR, "google.type.Date 2023-2-29 is not a valid DATE: day is out of range "
+                                          "for month"),
+    ]
+    assert [r["day"] for r in out.rows] == ["2024-12-31"]
+
+
+def chain(cls, names: str):  # noqa: ANN201
+    """A testdata.Node chain: a → b → ... (one level per letter)."""
+    root = node = cls(name=names[0])
+    for name in names[1:]:
+        node = node.child
+        node.name = name
+    return root
+
+
+def test_recursive_message_is_json_from_max_depth_on(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Node")
+    row = compile_message(cls.DESCRIPTOR, options=SchemaOptions(max_depth=3))(chain(cls, "abcde"))
+    assert row == {"name": "a", "child": {"name": "b", "child": {
+        "name": "c", "child": '{"child": {"name": "e"}, "name": "d"}'}}}
+    deep = compile_message(cls.DESCRIPTOR)(chain(cls, "abcdefghijklmnopqrst"))  # 20 levels
+    for _ in range(14):
+        deep = deep["child"]
+    assert deep["name"] == "o" and json.loads(deep["child"])["child"]["child"]["name"] == "r"
+
+
+def test_recursion_through_a_map_is_one_json_per_entry(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Tree")
+    tree = cls(label="root")
+    tree.children["x"].children["y"].children["z"].label = "z"
+    tree.children["x"].children["b"].label = "b"
+    row = compile_message(cls.DESCRIPTOR, options=SchemaOptions(max_depth=3))(tree)
+    assert row == {"label": "root", "children": [{"key": "x", "value": {"label": "", "children": [
+        '{"key": "b", "value": {"label": "b"}}', '{"key": "y", "value": {"children": {"z": {"label": "z"}}}}']}}]}
+
+
+def test_sanitized_names_are_the_row_keys(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Reserved")
+    msg = cls(_PARTITIONTIME="p", _table_suffix="t", ok="o")
+    assert compile_message(cls.DESCRIPTOR, options=SchemaOptions(sanitize_names=True))(msg) == {
+        "__PARTITIONTIME": "p", "__table_suffix": "t", "ok": "o"}
+    with pytest.raises(SchemaError, match="testdata.Reserved._PARTITIONTIME"):
+        RowConverter(cls, MetadataColumns())
+
+
+def test_metadata_values_cover_every_metadata_column() -> None:
+    assert METADATA_VALUES.keys() == METADATA_COLUMNS.keys()
+
+
+def test_flip107_metadata_columns(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Legacy")
+    value = cls(id="a").SerializeToString()
+    batch = KafkaRecords(["t"] * 4, [1] * 4, [7, 8, 9, 10], [5, -1, None, 0], [value] * 4,
+                         headers=[[("h", b"\x00\xff"), ("empty", None)], [], [("h", b"")], []],
+                         timestamp_types=[0, 1, None, -1], leader_epochs=[3, -1, None, 0])
+    names = ("message_headers", "message_timestamp_type", "message_leader_epoch", "message_timestamp")
+    rows = RowConverter(cls, MetadataColumns(columns=names)).convert(batch, "L").rows
+    assert [tuple(r[n] for n in names) for r in rows] == [
+        ([{"key": "h", "value": "AP8="}, {"key": "empty", "value": None}], "CreateTime", 3,
+         "1970-01-01T00:00:00.005000Z"),
+        ([], "LogAppendTime", None, None),
+        ([{"key": "h", "value": ""}], "NoTimestampType", None, None),
+        ([], "NoTimestampType", 0, "1970-01-01T00:00:00.000000Z"),
+    ]
+    assert "message_topic" not in rows[0]
+    # A source that does not provide them: NULL, and no headers.
+    nested = RowConverter(cls, MetadataColumns(namespace="kafka", columns=names)).convert(records([value]), "L")
+    assert nested.rows[0]["kafka"] == {"message_headers": [], "message_timestamp_type": None,
+                                       "message_leader_epoch": None,
+                                       "message_timestamp": "1970-01-01T00:00:01.000000Z"}
+
+
+def test_key_column(test_descriptors: Descriptors) -> None:
+    cls, key_cls = test_descriptors.message_class("testdata.Legacy"), test_descriptors.message_class("testdata.Key")
+    value = cls(id="v").SerializeToString()
+    keys = [key_cls(id="k", day={"year": 2026, "month": 1, "day": 2}).SerializeToString(), None, b"\x0a\x05ab",
+            key_cls(day={"year": 2026}).SerializeToString()]
+    batch = KafkaRecords(["t"] * 4, [0] * 4, [10, 11, 12, 13], [0] * 4, [value] * 4, keys=keys)
+    out = RowConverter(cls, MetadataColumns(enabled=False), key_class=key_cls).convert(batch, "L")
+    assert [r["message_key"] for r in out.rows] == [{"id": "k", "day": "2026-01-02"}, None]
+    assert [(e.error_type, e.offset, e.message.split(":")[0]) for e in out.errors] == [
+        (ErrorType.DESERIALIZATION_ERROR, 12, "key"), (ErrorType.INVALID_MESSAGE_ERROR, 13, "key")]
+    assert "google.type.Date 2026-0-0" in out.errors[1].message
+    no_keys = RowConverter(cls, MetadataColumns(), key_class=key_cls).convert(records([value]), "L")
+    assert no_keys.rows[0]["message_key"] is None
+    assert "message_key" not in RowConverter(cls, MetadataColumns()).convert(batch, "L").rows[0]
+
+
+def fits(value: object, f: SchemaField) -> bool:
+    """Whether `value` is what BigQuery's JSON for column `f` may hold."""
+    if f.mode == "REPEATED":
+        return isinstance(value, list) and all(fits(v, _one(f)) for v in value)
+    if value is None:
+        return f.mode == "NULLABLE"
+    if f.field_type == "RECORD":
+        return (isinstance(value, dict) and value.keys() == {s.name for s in f.fields}
+                and all(fits(value[s.name], s) for s in f.fields))
+    kinds = {"INTEGER": int, "FLOAT": (float, str), "BOOLEAN": bool, "STRING": str, "BYTES": str,
+             "TIMESTAMP": str, "DATE": str}
+    return isinstance(value, kinds[f.field_type]) and (f.field_type != "INTEGER" or not isinstance(value, bool))
+
+
+def _one(f: SchemaField) -> SchemaField:
+    return SchemaField(f.name, f.field_type, mode="NULLABLE", fields=f.fields)
+
+
+@pytest.mark.parametrize("options", [SchemaOptions(), SchemaOptions(max_depth=1), SchemaOptions(max_depth=3)])
+def test_rows_fit_the_schema(test_descriptors: Descriptors, options: SchemaOptions) -> None:
+    """The lock-step between schema.py and convert.py, on fully populated messages."""
+    all_types = test_descriptors.message_class("testdata.AllTypes")
+    full = all_types(f_string="s", f_bytes=b"b", r_string=["x"], m_scalar={"k": 1}, r_enum=[1], r_bytes=[b"1"])
+    full.f_message.counts.append(1)
+    full.r_message.add(label="r")
+    full.m_message[1].label = "m"
+    full.f_timestamp.seconds = 1
+    full.r_timestamp.add(seconds=2)
+    full.f_struct.update({"a": [1, {"b": None}]})
+    full.f_duration.seconds = 3
+    full.c_inner.label = "c"
+    wrapped = test_descriptors.message_class("testdata.Wrapped")(
+        w_double={"value": 1.5}, w_bool={"value": True}, r_int64=[{"value": 1}], m_string={"a": {"value": "b"}},
+        day={"year": 2000, "month": 1, "day": 1}, r_day=[{"year": 2000, "month": 1, "day": 1}])
+    tree = test_descriptors.message_class("testdata.Tree")()
+    tree.children["a"].children["b"].children["c"].children["d"].label = "d"
+    key_cls = test_descriptors.message_class("testdata.Key")
+    key = key_cls(id="k", day={"year": 2000, "month": 1, "day": 1}).SerializeToString()
+    metadata = MetadataColumns(namespace="kafka", columns=tuple(METADATA_COLUMNS))
+    for msg in (full, wrapped, tree, chain(test_descriptors.message_class("testdata.Node"), "a" * 20)):
+        schema = table_schema(msg.DESCRIPTOR, metadata, options, key=key_cls.DESCRIPTOR)
+        batch = KafkaRecords(["t"], [0], [0], [0], [msg.SerializeToString()], keys=[key], headers=[[("h", b"v")]],
+                             timestamp_types=[0], leader_epochs=[1])
+        out = RowConverter(type(msg), metadata, options, key_class=key_cls).convert(batch, "L")
+        assert not out.errors
+        assert fits(out.rows[0], SchemaField("row", "RECORD", fields=schema)), (msg.DESCRIPTOR.full_name, out.rows)

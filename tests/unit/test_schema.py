@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import SchemaError
-from firehose_bq.schema import MetadataColumns, bigquery_fields, schema_json, table_schema
+from firehose_bq.schema import (
+    MetadataColumns,
+    SchemaOptions,
+    bigquery_fields,
+    parse_metadata_columns,
+    sanitize_name,
+    schema_json,
+    table_schema,
+)
 
 
-def columns(test_descriptors: Descriptors, message: str) -> dict[str, dict]:
-    fields = bigquery_fields(test_descriptors.find_message(message))
+def columns(test_descriptors: Descriptors, message: str, **options: object) -> dict[str, dict]:
+    fields = bigquery_fields(test_descriptors.find_message(message), options=SchemaOptions(**options))
     return {f["name"]: f for f in schema_json(fields)}
+
+
+def col(name: str, bq_type: str, mode: str = "NULLABLE", **extra: object) -> dict[str, object]:
+    return {"name": name, "type": bq_type, "mode": mode, **extra}
 
 
 @pytest.mark.parametrize(
@@ -84,9 +98,82 @@ def test_proto2_required_is_required(test_descriptors: Descriptors) -> None:
     ]
 
 
-def test_recursive_message_is_refused_at_bigquerys_depth_limit(test_descriptors: Descriptors) -> None:
-    with pytest.raises(SchemaError, match="testdata.Node.child.*deeper than BigQuery's limit of 15"):
-        bigquery_fields(test_descriptors.find_message("testdata.Node"))
+def test_wrappers_are_nullable_scalars_and_dates_are_dates(test_descriptors: Descriptors) -> None:
+    assert list(columns(test_descriptors, "testdata.Wrapped").values()) == [
+        col("w_double", "FLOAT"), col("w_float", "FLOAT"), col("w_int64", "INTEGER"), col("w_uint64", "INTEGER"),
+        col("w_int32", "INTEGER"), col("w_uint32", "INTEGER"), col("w_bool", "BOOLEAN"), col("w_string", "STRING"),
+        col("w_bytes", "BYTES"), col("r_int64", "INTEGER", "REPEATED"),
+        col("m_string", "RECORD", "REPEATED", fields=[col("key", "STRING"), col("value", "STRING")]),
+        col("day", "DATE"), col("r_day", "DATE", "REPEATED"),
+    ]
+
+
+def test_recursive_message_is_cut_to_json_at_max_depth(test_descriptors: Descriptors) -> None:
+    cut = "testdata.Node as JSON: cut at depth 3 because the message is recursive."
+    assert columns(test_descriptors, "testdata.Node", max_depth=3)["child"] == col(
+        "child", "RECORD", fields=[col("name", "STRING"), col("child", "RECORD", fields=[
+            col("name", "STRING"), col("child", "STRING", description=cut)])])
+    # The default: BigQuery's 15 levels, the last one JSON.
+    column, levels = columns(test_descriptors, "testdata.Node")["child"], 1
+    while column["type"] == "RECORD":
+        column, levels = column["fields"][1], levels + 1
+    assert levels == 15 and column["description"].startswith("testdata.Node as JSON: cut at depth 15 ")
+
+
+def test_recursion_through_a_map_cuts_the_map_to_one_json_per_entry(test_descriptors: Descriptors) -> None:
+    cut = "testdata.Tree.ChildrenEntry as JSON: cut at depth 3 because the message is recursive."
+    assert columns(test_descriptors, "testdata.Tree", max_depth=3)["children"] == col(
+        "children", "RECORD", "REPEATED", fields=[col("key", "STRING"), col("value", "RECORD", fields=[
+            col("label", "STRING"), col("children", "STRING", "REPEATED", description=cut)])])
+
+
+def test_any_nesting_past_max_depth_is_cut(test_descriptors: Descriptors) -> None:
+    cols = columns(test_descriptors, "testdata.AllTypes", max_depth=1)
+    assert cols["f_message"] == col("f_message", "STRING", description="testdata.Inner as JSON: cut at depth 1 "
+                                                                       "because it nests deeper.")
+    assert [cols[f]["type"] for f in ("r_message", "m_scalar", "f_duration", "f_timestamp")] == [
+        "STRING", "STRING", "STRING", "TIMESTAMP"]
+    for bad in (0, 16):
+        with pytest.raises(ValueError, match="max_depth must be between 1 and 15"):
+            SchemaOptions(max_depth=bad)
+
+
+def test_a_message_recursing_through_two_fields_stops_at_bigquerys_column_limit(
+        test_descriptors: Descriptors) -> None:
+    with pytest.raises(SchemaError, match=r"testdata.Pair.(left|right) takes the table past BigQuery's 10,000"):
+        bigquery_fields(test_descriptors.find_message("testdata.Pair"))
+    assert len(schema_json(bigquery_fields(test_descriptors.find_message("testdata.Pair"),
+                                           options=SchemaOptions(max_depth=5)))) == 2
+
+
+def test_reserved_names_are_refused_or_sanitized(test_descriptors: Descriptors) -> None:
+    with pytest.raises(SchemaError, match=r"field testdata.Reserved._PARTITIONTIME: .* '_PARTITIONTIME'"):
+        columns(test_descriptors, "testdata.Reserved")
+    assert list(columns(test_descriptors, "testdata.Reserved", sanitize_names=True)) == [
+        "__PARTITIONTIME", "__table_suffix", "ok"]
+    with pytest.raises(SchemaError, match=r"ReservedClash has more than one column named \['__TABLE_x', '__table_x'\]"):
+        columns(test_descriptors, "testdata.ReservedClash", sanitize_names=True)
+
+
+@pytest.mark.parametrize(("name", "sanitized"), [
+    ("1st-name", "_1st_name"), ("a.b c", "a_b_c"), ("__ROOT__x", "___ROOT__x"), ("_colIdentifier", "__colIdentifier"),
+    ("_ROW_TIMESTAMP", "__ROW_TIMESTAMP"), ("x" * 301, "x" * 300), ("_partition_ok", "__partition_ok"),
+])
+def test_sanitize_name(name: str, sanitized: str) -> None:
+    assert sanitize_name(name) == sanitized
+
+
+def test_proto_comments_become_descriptions(test_descriptors: Descriptors) -> None:
+    message = test_descriptors.find_message("testdata.Described")
+    cols = schema_json(bigquery_fields(message, descriptor_sets=test_descriptors.sets))
+    assert cols[0] == col("id", "STRING", description="The booking's id.\nIndented second line.")
+    assert cols[1] == col("count", "INTEGER", description="A trailing comment.")
+    long = cols[2]["description"]
+    assert len(long) == 1024 and long.startswith("Long comment. Long") and long.endswith("…")
+    assert cols[3]["fields"] == [col("note", "STRING", description="Inside a nested message.")]
+    assert cols[4] == col("plain", "STRING")
+    # upb descriptors keep no source info: without the sets there are no comments to use.
+    assert "description" not in schema_json(bigquery_fields(message))[0]
 
 
 def test_metadata_columns_at_root_and_in_namespace(test_descriptors: Descriptors) -> None:
@@ -105,3 +192,45 @@ def test_metadata_clash_is_an_error(test_descriptors: Descriptors) -> None:
     with pytest.raises(SchemaError, match="message_offset.*SINK_BIGQUERY_METADATA_NAMESPACE"):
         table_schema(test_descriptors.find_message("testdata.Clash"), MetadataColumns())
     assert table_schema(test_descriptors.find_message("testdata.Clash"), MetadataColumns(namespace="meta"))
+
+
+ALL_METADATA = ("message_topic", "message_partition", "message_offset", "message_timestamp", "load_time",
+                "message_headers", "message_timestamp_type", "message_leader_epoch")
+
+
+def test_metadata_columns_are_selected_in_order(test_descriptors: Descriptors) -> None:
+    message = test_descriptors.find_message("testdata.Legacy")
+    picked = schema_json(table_schema(message, MetadataColumns(columns=("message_headers", "message_offset"))))
+    assert picked[3:] == [
+        col("message_headers", "RECORD", "REPEATED", fields=[col("key", "STRING"), col("value", "BYTES")]),
+        col("message_offset", "INTEGER"),
+    ]
+    flip = schema_json(table_schema(message, MetadataColumns(namespace="kafka", columns=ALL_METADATA)))
+    assert [(c["name"], c["type"]) for c in flip[3]["fields"]][5:] == [
+        ("message_headers", "RECORD"), ("message_timestamp_type", "STRING"), ("message_leader_epoch", "INTEGER")]
+    with pytest.raises(ValueError, match="unknown metadata column.*'offset'"):
+        MetadataColumns(columns=("offset",))
+
+
+def test_parse_metadata_columns_types() -> None:
+    assert parse_metadata_columns("message_offset=integer,message_topic=string,load_time=timestamp") == (
+        "message_offset", "message_topic", "load_time")
+    assert parse_metadata_columns(" message_leader_epoch = INT64 , message_headers=record,") == (
+        "message_leader_epoch", "message_headers")
+    assert parse_metadata_columns("") == MetadataColumns.NAMES
+    for spec, error in [
+        ("message_offset=string", "metadata column message_offset has type integer, not 'string'"),
+        ("message_offset", "'message_offset': expected name=type"),
+        ("offset=integer", "unknown metadata column 'offset'; known: message_topic=string, message_partition="),
+        ("load_time=timestamp,load_time=timestamp", "load_time is listed twice"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(error)):
+            parse_metadata_columns(spec)
+
+
+def test_key_message_is_a_nullable_record_column(test_descriptors: Descriptors) -> None:
+    message, key = test_descriptors.find_message("testdata.Legacy"), test_descriptors.find_message("testdata.Key")
+    schema = schema_json(table_schema(message, MetadataColumns(), key=key))
+    assert [c["name"] for c in schema] == ["id", "count", "tags", "message_key", *MetadataColumns.NAMES]
+    assert schema[3] == col("message_key", "RECORD", description="Kafka message key (testdata.Key); NULL for a "
+                            "null key", fields=[col("id", "STRING"), col("day", "DATE")])
