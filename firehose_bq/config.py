@@ -16,6 +16,7 @@ from typing import Any
 
 from firehose_bq.errors import ConfigError
 from firehose_bq.registry.config import RegistryConfig
+from firehose_bq.schema import parse_metadata_columns
 from firehose_bq.settings import SettingDoc, load_section, read_env_file, setting
 from firehose_bq.settings import reference as _reference
 from firehose_bq.settings import reference_markdown as _reference_markdown
@@ -74,6 +75,12 @@ class InputSchemaConfig:
         "SCHEMA_REGISTRY_STENCIL_URLS",
         "FileDescriptorSet locations, comma-separated: `file://` URLs, plain paths or `http(s)://` URLs.",
     )
+    key_class: str | None = setting(
+        "INPUT_SCHEMA_PROTO_KEY_CLASS",
+        "Full name of the protobuf message in the Kafka key; set = the key is written as the RECORD column "
+        "`message_key`.",
+        None,
+    )
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,25 @@ class BigQueryConfig:
         "SINK_BIGQUERY_METADATA_NAMESPACE",
         "RECORD column that holds the metadata columns; empty = metadata columns at the root.",
         "",
+    )
+    metadata_columns_types: str = setting(
+        "SINK_BIGQUERY_METADATA_COLUMNS_TYPES",
+        "Which metadata columns, in order, as `name=type,...` (types must match): message_topic=string, "
+        "message_partition=integer, message_offset=integer, message_timestamp=timestamp, load_time=timestamp, "
+        "message_headers=record, message_timestamp_type=string, message_leader_epoch=integer; empty = the "
+        "first five.",
+        "",
+    )
+    record_max_depth: int = setting(
+        "SINK_BIGQUERY_RECORD_MAX_DEPTH",
+        "Column level at which nested messages are stored as a JSON STRING instead of a RECORD (recursive "
+        "messages); 15 is BigQuery's nesting limit.",
+        15, minimum=1, maximum=15,
+    )
+    sanitize_field_names: bool = setting(
+        "SINK_BIGQUERY_SANITIZE_FIELD_NAMES",
+        "Map proto field names BigQuery rejects to valid column names (else such a name stops the job).",
+        False,
     )
     insert_all_batch_size: int = setting(
         "SINK_BIGQUERY_INSERT_ALL_BATCH_SIZE",
@@ -217,6 +243,10 @@ class Config:
                            ("SINK_BIGQUERY_TABLE_NAME", self.bigquery.table)):
             if not BQ_NAME.fullmatch(value):
                 problems.append(f"{env}: {value!r} is not a valid BigQuery name (letters, digits, _)")
+        try:
+            parse_metadata_columns(self.bigquery.metadata_columns_types)
+        except ValueError as exc:
+            problems.append(f"SINK_BIGQUERY_METADATA_COLUMNS_TYPES: {exc}")
         for env, labels in (("SINK_BIGQUERY_DATASET_LABELS", self.table.dataset_labels),
                             ("SINK_BIGQUERY_TABLE_LABELS", self.table.table_labels)):
             problems.extend(f"{env}: {problem}" for problem in label_problems(labels))

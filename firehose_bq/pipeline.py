@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 from google.cloud import bigquery
@@ -31,7 +32,7 @@ from firehose_bq.convert import KafkaRecords, RowConverter
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import BatchFailedError, FirehoseError, SinkError
 from firehose_bq.metrics import BatchStats, RunSummary
-from firehose_bq.schema import MetadataColumns, table_schema
+from firehose_bq.schema import MetadataColumns, SchemaOptions, parse_metadata_columns, table_schema
 from firehose_bq.source.kafka_source import FORMAT_NAME
 
 log = logging.getLogger(__name__)
@@ -49,23 +50,22 @@ class SinkSpec:
     proto_class: str
     metadata: MetadataColumns
     bigquery: BigQueryConfig
+    options: SchemaOptions = SchemaOptions()
+    key_class: str | None = None
 
 
 def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Decode, convert and write one task's records; yield a single stats row."""
-    converter = RowConverter(spec.descriptors.message_class(spec.proto_class), spec.metadata)
+    key_class = spec.descriptors.message_class(spec.key_class) if spec.key_class else None
+    converter = RowConverter(spec.descriptors.message_class(spec.proto_class), spec.metadata, spec.options,
+                             key_class)
+    wanted = set(spec.metadata.columns) if spec.metadata.enabled else set()
     writer: InsertAllWriter | None = None
     stats = BatchStats()
     fatal = None
     try:
         for batch in batches:
-            records = KafkaRecords(
-                topics=batch.column("topic").to_pylist(),
-                partitions=batch.column("partition").to_pylist(),
-                offsets=batch.column("offset").to_pylist(),
-                timestamps_ms=_millis(batch.column("timestamp")),
-                values=batch.column("value").to_pylist(),
-            )
+            records = kafka_records(batch, keys=key_class is not None, wanted=wanted)
             converted = converter.convert(records, load_time=_now())
             stats.messages += len(records)
             stats.add_errors(converted.errors)
@@ -78,6 +78,26 @@ def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
         # Reported as data so the driver can show one clean reason; the batch is not committed.
         fatal = str(exc)
     yield pa.RecordBatch.from_pydict({"stats": [stats.to_json()], "fatal": [fatal]})
+
+
+def kafka_records(batch: pa.RecordBatch, *, keys: bool, wanted: set[str]) -> KafkaRecords:
+    """The source's Arrow batch as KafkaRecords; optional columns only when something uses them."""
+
+    def column(name: str) -> list[Any]:
+        return batch.column(name).to_pylist()
+
+    return KafkaRecords(
+        topics=column("topic"),
+        partitions=column("partition"),
+        offsets=column("offset"),
+        timestamps_ms=_millis(batch.column("timestamp")),
+        values=column("value"),
+        keys=column("key") if keys else None,
+        headers=([[(h["key"], h["value"]) for h in hs] for hs in column("headers")]
+                 if "message_headers" in wanted else None),
+        timestamp_types=column("timestamp_type") if "message_timestamp_type" in wanted else None,
+        leader_epochs=column("leader_epoch") if "message_leader_epoch" in wanted else None,
+    )
 
 
 def _millis(column: pa.Array) -> list[int | None]:
@@ -96,16 +116,23 @@ class TablePlan:
     descriptors: Descriptors
     message_name: str
     metadata: MetadataColumns
+    options: SchemaOptions
+    key_name: str | None
     table: bigquery.Table
 
 
 def plan_table(cfg: Config, loaded: Descriptors) -> TablePlan:
+    bq = cfg.bigquery
     message = loaded.find_message(cfg.input_schema.proto_class)
-    metadata = MetadataColumns(cfg.bigquery.add_metadata, cfg.bigquery.metadata_namespace)
+    key = loaded.find_message(cfg.input_schema.key_class) if cfg.input_schema.key_class else None
+    metadata = MetadataColumns(bq.add_metadata, bq.metadata_namespace,
+                               parse_metadata_columns(bq.metadata_columns_types))
+    options = SchemaOptions(bq.record_max_depth, bq.sanitize_field_names)
+    schema = table_schema(message, metadata, options, key, descriptor_sets=loaded.sets)
     description = (f"Written by firehose-bq from {message.full_name} messages of Kafka topic(s) "
                    f"{', '.join(cfg.source.topics)}.")
-    table = table_definition(cfg.bigquery.table_ref, table_schema(message, metadata), cfg.table, description)
-    return TablePlan(loaded, message.full_name, metadata, table)
+    table = table_definition(bq.table_ref, schema, cfg.table, description)
+    return TablePlan(loaded, message.full_name, metadata, options, key.full_name if key else None, table)
 
 
 def apply_plan(client: bigquery.Client, cfg: Config, plan: TablePlan) -> bigquery.Table:
@@ -156,7 +183,7 @@ class SinkSchema:
         previous = self._spec.descriptors.fingerprint if self._spec else None
         log.info("descriptors %s%s (%s) → %s, %d columns", f"{previous} → " if previous else "",
                  loaded.fingerprint, plan.message_name, cfg.bigquery.table_ref, len(plan.table.schema))
-        return SinkSpec(plan.descriptors, plan.message_name, plan.metadata, cfg.bigquery)
+        return SinkSpec(plan.descriptors, plan.message_name, plan.metadata, cfg.bigquery, plan.options, plan.key_name)
 
 
 class Pipeline:

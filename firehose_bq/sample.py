@@ -117,8 +117,14 @@ def produce(
 
 
 def booking_messages(cls: type[pb_message.Message]) -> Callable[[int], tuple[bytes | None, bytes | None]]:
+    """(key, value) of booking i: the key is a serialized BookingKey, as a keyed topic would carry."""
+    from google.protobuf import message_factory
+
+    key_class = message_factory.GetMessageClass(cls.DESCRIPTOR.file.message_types_by_name["BookingKey"])
+
     def make(i: int) -> tuple[bytes | None, bytes | None]:
         msg = booking(i, cls)
-        return msg.order_number.encode(), msg.SerializeToString()  # type: ignore[attr-defined]
+        key = key_class(order_number=msg.order_number)  # type: ignore[attr-defined]
+        return key.SerializeToString(), msg.SerializeToString()
 
     return make

@@ -160,3 +160,35 @@ def test_failed_write_stops_the_job_with_a_classified_reason(spark, job_config: 
     assert text.startswith("batch 0 stopped, offsets not committed: SINK_4XX_ERROR: insertAll into "), text
     assert "Traceback" not in text and "py4j" not in text
     assert pipeline.summary.failure == text.splitlines()[0]
+
+
+def test_key_column_and_every_metadata_column(spark, job_env: dict[str, str], bq_client) -> None:
+    from kafka import KafkaProducer
+
+    every = ("message_topic=string,message_partition=integer,message_offset=integer,message_timestamp=timestamp,"
+             "load_time=timestamp,message_headers=record,message_timestamp_type=string,message_leader_epoch=integer")
+    cfg = Config.from_env({**job_env, "INPUT_SCHEMA_PROTO_KEY_CLASS": "firehose.example.v1.BookingKey",
+                           "SINK_BIGQUERY_METADATA_COLUMNS_TYPES": every, "SINK_BIGQUERY_METADATA_NAMESPACE": "kafka"})
+    try:
+        produce_bookings(cfg, 20)
+        cls = descriptors.load(cfg.input_schema.stencil_urls).message_class(sample.EXAMPLE_MESSAGE)
+        producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+        producer.send(cfg.source.topics[0], key=None, value=sample.booking(20, cls).SerializeToString(),
+                      headers=[("trace", b"\x01\x02"), ("empty", b"")], partition=0).get(timeout=10)
+        producer.close()
+
+        summary = Pipeline(cfg, spark).run(available_now=True)
+
+        assert (summary.totals.rows_written, summary.totals.failed) == (21, 0)
+        rows = {r["order_number"]: dict(r.items()) for r in read_table(bq_client, cfg)}
+        assert rows["ORD-00000007"]["message_key"] == {"order_number": "ORD-00000007"}
+        assert rows["ORD-00000020"]["message_key"] is None
+        meta = rows["ORD-00000020"]["kafka"]
+        assert meta["message_headers"] == [{"key": "trace", "value": b"\x01\x02"}, {"key": "empty", "value": b""}]
+        assert meta["message_timestamp_type"] == "CreateTime"
+        assert meta["message_leader_epoch"] == 0
+        assert rows["ORD-00000007"]["kafka"]["message_headers"] == []
+        assert list(meta) == ["message_topic", "message_partition", "message_offset", "message_timestamp",
+                              "load_time", "message_headers", "message_timestamp_type", "message_leader_epoch"]
+    finally:
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
