@@ -134,7 +134,7 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     spark = None
     try:
         spark = spark_session(cfg.spark)
-        pipeline = Pipeline(cfg, spark, descriptor_source=cache.get)
+        pipeline = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now)
         cache.add_listener(pipeline.schema.on_descriptors_changed)
         pipeline.prepare()
         stop = threading.Event()

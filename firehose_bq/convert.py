@@ -213,6 +213,7 @@ class ConvertedBatch:
     insert_ids: list[str] = field(default_factory=list)
     sources: list[int] = field(default_factory=list)  # index in the input of each row
     errors: list[MessageError] = field(default_factory=list)
+    unknown_fields: list[int] = field(default_factory=list)  # inputs with fields the descriptor lacks
 
 
 TOMBSTONE = "null value (a tombstone); only an upsert/delete sink can apply it"
@@ -223,8 +224,9 @@ class RowConverter:
     batch. `key_class` adds the Kafka key as the RECORD column `message_key`, as `table_schema(key=...)`."""
 
     def __init__(self, message_class: type[Message], metadata: MetadataColumns,
-                 options: SchemaOptions = SchemaOptions(), key_class: type[Message] | None = None) -> None:
-        self._value = _decoder(message_class, 1, options)
+                 options: SchemaOptions = SchemaOptions(), key_class: type[Message] | None = None,
+                 detect_unknown_fields: bool = False) -> None:
+        self._value = _decoder(message_class, 1, options, detect_unknown_fields)
         self._key = _decoder(key_class, 2, options) if key_class is not None else None
         self._metadata = [(name, METADATA_VALUES[name]) for name in metadata.columns] if metadata.enabled else []
         self._namespace = metadata.namespace
@@ -236,12 +238,14 @@ class RowConverter:
             if value is None:
                 out.errors.append(self._error(ErrorType.INVALID_MESSAGE_ERROR, records, i, TOMBSTONE))
                 continue
-            row = self._decode(self._value, value, records, i, out)
+            row, unknown = self._decode(self._value, value, records, i, out)
             if row is None:
                 continue
+            if unknown:
+                out.unknown_fields.append(i)
             if self._key is not None:
                 key = None if records.keys is None else records.keys[i]
-                row[KEY_COLUMN] = None if key is None else self._decode(self._key, key, records, i, out, "key: ")
+                row[KEY_COLUMN] = None if key is None else self._decode(self._key, key, records, i, out, "key: ")[0]
                 if key is not None and row[KEY_COLUMN] is None:
                     continue  # recorded in out.errors
             if metadata:
@@ -255,8 +259,8 @@ class RowConverter:
             out.sources.append(i)
         return out
 
-    def _decode(self, decode: Callable[[bytes], Row], data: bytes, records: KafkaRecords, i: int,
-                out: ConvertedBatch, part: str = "") -> Row | None:
+    def _decode(self, decode: Decoder, data: bytes, records: KafkaRecords, i: int, out: ConvertedBatch,
+                part: str = "") -> tuple[Row | None, bool]:
         """`decode(data)`, or None with the failure recorded in `out`, its text prefixed by `part`."""
         try:
             return decode(data)
@@ -264,7 +268,7 @@ class RowConverter:
             out.errors.append(self._error(ErrorType.DESERIALIZATION_ERROR, records, i, exc, part))
         except (ValueError, OverflowError, OSError) as exc:  # e.g. a Timestamp out of range, a partial Date
             out.errors.append(self._error(ErrorType.INVALID_MESSAGE_ERROR, records, i, exc, part))
-        return None
+        return None, False
 
     @staticmethod
     def _error(kind: ErrorType, records: KafkaRecords, i: int, cause: Exception | str,
@@ -273,20 +277,30 @@ class RowConverter:
         return MessageError(kind, records.topics[i], records.partitions[i], records.offsets[i], part + text)
 
 
-def _decoder(message_class: type[Message], depth: int, options: SchemaOptions) -> Callable[[bytes], Row]:
-    """bytes → row dict; raises DecodeError for bytes that do not parse, ValueError for invalid messages."""
+# bytes → (row, whether the message carried fields the descriptor does not know).
+Decoder = Callable[[bytes], tuple[Row, bool]]
+
+
+def _decoder(message_class: type[Message], depth: int, options: SchemaOptions,
+             detect_unknown_fields: bool = False) -> Decoder:
+    """Raises DecodeError for bytes that do not parse, ValueError for invalid messages."""
     parse = message_class.FromString
     convert = compile_message(message_class.DESCRIPTOR, depth, options)
     # upb parses proto2 messages that lack `required` fields; checking costs a C call per message, so
     # only message types that have such fields pay it.
-    if not _has_required(message_class.DESCRIPTOR, set()):
-        return lambda data: convert(parse(data))
+    check_required = _has_required(message_class.DESCRIPTOR, set())
 
-    def decode(data: bytes) -> Row:
+    def decode(data: bytes) -> tuple[Row, bool]:
         msg = parse(data)
-        if not msg.IsInitialized():
+        if check_required and not msg.IsInitialized():
             raise ValueError(f"required field(s) missing: {', '.join(msg.FindInitializationErrors())}")
-        return convert(msg)
+        unknown = False
+        if detect_unknown_fields:
+            # Exact and recursive: unknown fields are what discarding them takes out of the encoding.
+            size = msg.ByteSize()
+            msg.DiscardUnknownFields()
+            unknown = msg.ByteSize() != size
+        return convert(msg), unknown
 
     return decode
 

@@ -16,6 +16,7 @@ SAMPLE_ERRORS = 5
 class BatchStats:
     messages: int = 0
     rows_written: int = 0
+    unknown_fields: int = 0  # messages written without fields their descriptors lack
     errors_by_type: Counter[str] = field(default_factory=Counter)
     sample_errors: list[MessageError] = field(default_factory=list)
 
@@ -30,6 +31,7 @@ class BatchStats:
     def merge(self, other: BatchStats) -> None:
         self.messages += other.messages
         self.rows_written += other.rows_written
+        self.unknown_fields += other.unknown_fields
         self.errors_by_type.update(other.errors_by_type)
         self._keep_sample(other.sample_errors)
 
@@ -43,6 +45,7 @@ class BatchStats:
             {
                 "messages": self.messages,
                 "rows_written": self.rows_written,
+                "unknown_fields": self.unknown_fields,
                 "errors_by_type": dict(self.errors_by_type),
                 "sample_errors": [
                     [e.error_type.value, e.topic, e.partition, e.offset, e.message] for e in self.sample_errors
@@ -56,6 +59,7 @@ class BatchStats:
         return cls(
             messages=data["messages"],
             rows_written=data["rows_written"],
+            unknown_fields=data["unknown_fields"],
             errors_by_type=Counter(data["errors_by_type"]),
             sample_errors=[MessageError(ErrorType(t), topic, p, o, m) for t, topic, p, o, m in data["sample_errors"]],
         )
@@ -79,6 +83,8 @@ class RunSummary:
             f"rows written       {t.rows_written}",
             f"messages failed    {t.failed}",
         ]
+        if t.unknown_fields:
+            lines.append(f"  written without fields their descriptors lack: {t.unknown_fields}")
         for error_type in ErrorType:
             lines.append(f"  {error_type.value:<22} {t.errors_by_type.get(error_type.value, 0)}")
         lines.append(f"elapsed            {self.seconds:.1f} s ({rate:,.0f} messages/s)")

@@ -8,6 +8,7 @@ otherwise it raises, Spark does not commit the batch, and a restart replays it (
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import re
@@ -37,7 +38,7 @@ from firehose_bq.source.kafka_source import FORMAT_NAME
 
 log = logging.getLogger(__name__)
 
-STATS_SCHEMA = "stats STRING, fatal STRING"
+STATS_SCHEMA = "stats STRING, fatal STRING, held STRING"
 # How often the run loop looks at the stop flag and the query's state.
 POLL_SECONDS = 0.5
 
@@ -52,22 +53,29 @@ class SinkSpec:
     bigquery: BigQueryConfig
     options: SchemaOptions = SchemaOptions()
     key_class: str | None = None
+    # Stop before writing a batch holding fields the descriptors lack, so the driver can refresh them.
+    hold_on_unknown_fields: bool = False
 
 
 def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Decode, convert and write one task's records; yield a single stats row."""
     key_class = spec.descriptors.message_class(spec.key_class) if spec.key_class else None
     converter = RowConverter(spec.descriptors.message_class(spec.proto_class), spec.metadata, spec.options,
-                             key_class)
+                             key_class, detect_unknown_fields=True)
     wanted = set(spec.metadata.columns) if spec.metadata.enabled else set()
     writer: InsertAllWriter | None = None
     stats = BatchStats()
-    fatal = None
+    fatal = held = None
     try:
         for batch in batches:
             records = kafka_records(batch, keys=key_class is not None, wanted=wanted)
             converted = converter.convert(records, load_time=_now())
+            if converted.unknown_fields and spec.hold_on_unknown_fields:
+                i = converted.unknown_fields[0]
+                held = f"{records.topics[i]}/{records.partitions[i]}@{records.offsets[i]}"
+                break
             stats.messages += len(records)
+            stats.unknown_fields += len(converted.unknown_fields)
             stats.add_errors(converted.errors)
             if converted.rows:
                 writer = writer or InsertAllWriter(make_client(spec.bigquery), spec.bigquery)
@@ -77,7 +85,7 @@ def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
     except SinkError as exc:
         # Reported as data so the driver can show one clean reason; the batch is not committed.
         fatal = str(exc)
-    yield pa.RecordBatch.from_pydict({"stats": [stats.to_json()], "fatal": [fatal]})
+    yield pa.RecordBatch.from_pydict({"stats": [stats.to_json()], "fatal": [fatal], "held": [held]})
 
 
 def kafka_records(batch: pa.RecordBatch, *, keys: bool, wanted: set[str]) -> KafkaRecords:
@@ -189,12 +197,18 @@ class SinkSchema:
 class Pipeline:
     """One configured streaming job: `prepare()` checks descriptors and tables, `run()` streams."""
 
-    def __init__(self, config: Config, spark: SparkSession,
-                 descriptor_source: DescriptorSource | None = None) -> None:
+    def __init__(self, config: Config, spark: SparkSession, descriptor_source: DescriptorSource | None = None,
+                 refresh: Callable[[str], bool] | None = None) -> None:
+        """`refresh(reason)` asks the registry for new descriptors now (True if they changed); it is
+        called when a batch holds fields the descriptors lack, before that batch is written."""
         self.config = config
         self.spark = spark
         self.schema = SinkSchema(config, descriptor_source)
         self.summary = RunSummary()
+        self._refresh = refresh
+        # After a refresh that did not explain the unknown fields, write such messages as they are
+        # until this moment: a producer ahead of its registry must not cost a re-run per batch.
+        self._accept_unknown_until = 0.0
         self._failure: Exception | None = None
 
     def prepare(self) -> SinkSpec:
@@ -243,6 +257,15 @@ class Pipeline:
             self.summary.seconds = time.monotonic() - started
         return self.summary
 
+    def _write(self, df: DataFrame, batch_id: int, spec: SinkSpec) -> list[Any]:
+        try:
+            return df.mapInArrow(functools.partial(write_partition, spec), STATS_SCHEMA).collect()
+        except Exception as exc:
+            # A task died (source unreachable, a bug): Spark's error wraps the worker's traceback in
+            # pages of JVM frames; keep the worker's own last line as the reason.
+            self._failure = FirehoseError(f"batch {batch_id} failed, offsets not committed: {worker_error(exc)}")
+            raise self._failure from exc
+
     def _on_batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         stats = BatchStats()
@@ -253,13 +276,20 @@ class Pipeline:
             # The new descriptors cannot be applied (e.g. a type change): stop before writing.
             self._failure = FirehoseError(f"batch {batch_id} stopped, offsets not committed: {exc}")
             raise self._failure from exc
-        try:
-            results = df.mapInArrow(functools.partial(write_partition, spec), STATS_SCHEMA).collect()
-        except Exception as exc:
-            # A task died (source unreachable, a bug): Spark's error wraps the worker's traceback in
-            # pages of JVM frames; keep the worker's own last line as the reason.
-            self._failure = FirehoseError(f"batch {batch_id} failed, offsets not committed: {worker_error(exc)}")
-            raise self._failure from exc
+        hold = self._refresh is not None and time.monotonic() >= self._accept_unknown_until
+        results = self._write(df, batch_id, dataclasses.replace(spec, hold_on_unknown_fields=hold))
+        held = [row.held for row in results if row.held]
+        if held:
+            # Some task met fields its descriptors lack and wrote nothing more: refresh, then write the
+            # whole batch again (rows already written carry the same insertIds, so they are not doubled).
+            assert self._refresh is not None
+            changed = self._refresh(f"unknown fields in {held[0]}")
+            log.info("batch %d: unknown fields at %s; registry refresh %s", batch_id, held[0],
+                     "brought new descriptors" if changed else "brought nothing new: writing without them")
+            if not changed:
+                interval = self.config.registry.unknown_fields_refresh_min_interval_ms / 1000
+                self._accept_unknown_until = time.monotonic() + interval
+            results = self._write(df, batch_id, self.schema.current())
         for row in results:
             stats.merge(BatchStats.from_json(row.stats))
             if row.fatal:
@@ -269,6 +299,10 @@ class Pipeline:
         self.summary.totals.merge(stats)
         log.info("batch %d: %d messages, %d rows written, %d failed, %.1f s (%.0f messages/s)", batch_id,
                  stats.messages, stats.rows_written, stats.failed, elapsed, stats.messages / max(elapsed, 1e-9))
+        if stats.unknown_fields:
+            log.warning("batch %d: %d message(s) carry fields that no known descriptor version has; written "
+                        "without them (publish the new proto to the registry, then replay to fill them)",
+                        batch_id, stats.unknown_fields)
         if fatal:
             self._failure = FirehoseError(f"batch {batch_id} stopped, offsets not committed: {fatal[0]}")
             raise self._failure

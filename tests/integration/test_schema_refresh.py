@@ -107,3 +107,44 @@ def test_new_fields_land_without_restart_and_an_outage_is_survived(
         producer.close()
     assert not runner.is_alive()
     assert not failures, failures
+
+
+def test_unknown_fields_refresh_the_descriptors_before_the_message_is_written(
+        spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
+        tmp_path: Path) -> None:
+    from firehose_bq import descriptors
+
+    fake, _server = registry
+    paths = {v: compile_protos(tmp_path / f"{v}.desc", PROTOS / v) for v in ("v1", "v2")}
+    fake.routes["/evo.desc"] = paths["v1"].read_bytes()
+    cfg = Config.from_env({**job_env, "INPUT_SCHEMA_PROTO_CLASS": "evo.Event", "SINK_BIGQUERY_TABLE_NAME": "events",
+                           "SCHEMA_REGISTRY_STENCIL_URLS": f"{fake.url}/evo.desc",
+                           "SCHEMA_REGISTRY_STENCIL_CACHE_TTL_MS": "600000",  # no background refresh in this test
+                           "SCHEMA_REGISTRY_UNKNOWN_FIELDS_REFRESH_MIN_INTERVAL_MS": "0"})
+    topic = cfg.source.topics[0]
+    ensure_topic(cfg.source.brokers, topic, 1)
+    v2 = descriptors.load([str(paths["v2"])]).message_class("evo.Event")
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    cache = DescriptorCache.for_stencil(cfg.input_schema.stencil_urls, cfg.registry).start()
+    try:
+        # The producer and the registry already have v2; the running sink still has v1.
+        fake.routes["/evo.desc"] = paths["v2"].read_bytes()
+        for i in range(3):
+            producer.send(topic, v2(id=f"n{i}", detail={"note": "v2", "priority": i}, tags=["t"]).SerializeToString())
+        unknown_to_all = v2(id="u0", amount=7).SerializeToString() + b"\x98\x06\x01"  # field 99: in no version
+        producer.send(topic, unknown_to_all)
+        producer.flush()
+
+        pipeline = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now)
+        summary = pipeline.run(available_now=True)
+
+        assert (summary.totals.rows_written, summary.totals.failed) == (4, 0)
+        assert summary.totals.unknown_fields == 1  # only field 99, after the refresh explained the rest
+        rows = {r["id"]: dict(r.items()) for r in bq_client.query(f"SELECT * FROM `{cfg.bigquery.table_ref}`")}
+        assert rows["n2"]["detail"] == {"note": "v2", "priority": 2} and rows["n2"]["tags"] == ["t"]
+        assert rows["u0"]["amount"] == 7
+        assert cache.stats().changes == 1
+    finally:
+        cache.stop()
+        producer.close()
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
