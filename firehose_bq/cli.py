@@ -125,12 +125,11 @@ def _load_config(environ: Mapping[str, str]) -> Config:
 def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     cfg = _load_config(environ)  # before importing Spark: a bad setting fails in milliseconds
 
-    from firehose_bq.pipeline import Pipeline
-    from firehose_bq.registry.cache import DescriptorCache
+    from firehose_bq.pipeline import Pipeline, descriptor_cache
     from firehose_bq.spark import spark_session
 
     # Descriptors before Spark: an unreachable registry fails in seconds, not after the JVM starts.
-    cache = DescriptorCache.for_stencil(cfg.input_schema.stencil_urls, cfg.registry).start()
+    cache = descriptor_cache(cfg).start()
     spark = None
     try:
         spark = spark_session(cfg.spark)
@@ -182,10 +181,14 @@ def _stack(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _sample(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from firehose_bq import descriptors, sample
+    from firehose_bq import sample
+    from firehose_bq.pipeline import load_descriptors
 
     cfg = _load_config(environ)
-    cls = descriptors.load(cfg.input_schema.stencil_urls).message_class(cfg.input_schema.proto_class)
+    if cfg.registry.confluent_url:
+        raise FirehoseError("sample produce writes plain protobuf values; it does not frame them for a "
+                            "Confluent registry")
+    cls = load_descriptors(cfg).message_class(cfg.input_schema.proto_class)
     if cls.DESCRIPTOR.full_name != sample.EXAMPLE_MESSAGE:
         raise FirehoseError(f"sample data is for {sample.EXAMPLE_MESSAGE}, but INPUT_SCHEMA_PROTO_CLASS is "
                             f"{cls.DESCRIPTOR.full_name}")
@@ -214,14 +217,13 @@ def _table(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 def _schema(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from google.api_core.exceptions import NotFound
 
-    from firehose_bq import descriptors
     from firehose_bq.bigquery.client import make_client
     from firehose_bq.bigquery.tables import merge_schema, schema_changes
-    from firehose_bq.pipeline import apply_plan, plan_table
+    from firehose_bq.pipeline import apply_plan, load_descriptors, plan_table
     from firehose_bq.schema import schema_json
 
     cfg = _load_config(environ)
-    plan = plan_table(cfg, descriptors.load(cfg.input_schema.stencil_urls))
+    plan = plan_table(cfg, load_descriptors(cfg))
     if args.action == "show":
         fields = list(plan.table.schema)
         print(json.dumps(schema_json(fields), indent=2) if args.format == "json" else _tree(fields))

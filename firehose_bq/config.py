@@ -73,7 +73,9 @@ class InputSchemaConfig:
     )
     stencil_urls: tuple[str, ...] = setting(
         "SCHEMA_REGISTRY_STENCIL_URLS",
-        "FileDescriptorSet locations, comma-separated: `file://` URLs, plain paths or `http(s)://` URLs.",
+        "FileDescriptorSet locations, comma-separated: `file://` URLs, plain paths or `http(s)://` URLs. "
+        "Required unless SCHEMA_REGISTRY_CONFLUENT_URL is set.",
+        (),
     )
     key_class: str | None = setting(
         "INPUT_SCHEMA_PROTO_KEY_CLASS",
@@ -243,6 +245,9 @@ class Config:
                            ("SINK_BIGQUERY_TABLE_NAME", self.bigquery.table)):
             if not BQ_NAME.fullmatch(value):
                 problems.append(f"{env}: {value!r} is not a valid BigQuery name (letters, digits, _)")
+        if bool(self.input_schema.stencil_urls) == bool(self.registry.confluent_url):
+            problems.append("SCHEMA_REGISTRY_STENCIL_URLS / SCHEMA_REGISTRY_CONFLUENT_URL: set exactly one: "
+                            "Stencil URLs for plain protobuf values, or a Confluent registry for framed ones")
         try:
             parse_metadata_columns(self.bigquery.metadata_columns_types)
         except ValueError as exc:
@@ -261,6 +266,10 @@ class Config:
                             f"clustering columns, got {len(self.table.clustering_keys)}")
         if problems:
             raise ConfigError(problems)
+
+    @property
+    def confluent_subject(self) -> str:
+        return self.registry.confluent_subject or f"{self.source.topics[0]}-value"
 
     def public_dict(self) -> dict[str, Any]:
         """Settings for logs: credential paths are shown, secrets never live in this object."""

@@ -25,6 +25,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from firehose_bq.errors import ErrorType, MessageError
+from firehose_bq.registry.confluent import WireFormatError, parse_frame
 from firehose_bq.schema import (KEY_COLUMN, Kind, MetadataColumns, SchemaOptions, column_name, field_kind, is_map,
                                 scalar_field)
 
@@ -225,8 +226,12 @@ class RowConverter:
 
     def __init__(self, message_class: type[Message], metadata: MetadataColumns,
                  options: SchemaOptions = SchemaOptions(), key_class: type[Message] | None = None,
-                 detect_unknown_fields: bool = False) -> None:
+                 detect_unknown_fields: bool = False, confluent_framed: bool = False) -> None:
+        """`confluent_framed`: values start with Confluent's wire-format frame (magic byte, schema id,
+        message indexes); the payload after it is decoded as `message_class`."""
         self._value = _decoder(message_class, 1, options, detect_unknown_fields)
+        if confluent_framed:
+            self._value = _unframed(self._value)
         self._key = _decoder(key_class, 2, options) if key_class is not None else None
         self._metadata = [(name, METADATA_VALUES[name]) for name in metadata.columns] if metadata.enabled else []
         self._namespace = metadata.namespace
@@ -264,7 +269,7 @@ class RowConverter:
         """`decode(data)`, or None with the failure recorded in `out`, its text prefixed by `part`."""
         try:
             return decode(data)
-        except DecodeError as exc:
+        except (DecodeError, WireFormatError) as exc:
             out.errors.append(self._error(ErrorType.DESERIALIZATION_ERROR, records, i, exc, part))
         except (ValueError, OverflowError, OSError) as exc:  # e.g. a Timestamp out of range, a partial Date
             out.errors.append(self._error(ErrorType.INVALID_MESSAGE_ERROR, records, i, exc, part))
@@ -303,6 +308,10 @@ def _decoder(message_class: type[Message], depth: int, options: SchemaOptions,
         return convert(msg), unknown
 
     return decode
+
+
+def _unframed(decode: Decoder) -> Decoder:
+    return lambda data: decode(data[parse_frame(data).payload_offset:])
 
 
 def _has_required(descriptor: Descriptor, seen: set[str]) -> bool:

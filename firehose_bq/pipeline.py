@@ -33,6 +33,8 @@ from firehose_bq.convert import KafkaRecords, RowConverter
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import BatchFailedError, FirehoseError, SinkError
 from firehose_bq.metrics import BatchStats, RunSummary
+from firehose_bq.registry.cache import DescriptorCache
+from firehose_bq.registry.confluent import ConfluentRegistry
 from firehose_bq.schema import MetadataColumns, SchemaOptions, parse_metadata_columns, table_schema
 from firehose_bq.source.kafka_source import FORMAT_NAME
 
@@ -55,13 +57,14 @@ class SinkSpec:
     key_class: str | None = None
     # Stop before writing a batch holding fields the descriptors lack, so the driver can refresh them.
     hold_on_unknown_fields: bool = False
+    confluent_framed: bool = False
 
 
 def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Decode, convert and write one task's records; yield a single stats row."""
     key_class = spec.descriptors.message_class(spec.key_class) if spec.key_class else None
     converter = RowConverter(spec.descriptors.message_class(spec.proto_class), spec.metadata, spec.options,
-                             key_class, detect_unknown_fields=True)
+                             key_class, detect_unknown_fields=True, confluent_framed=spec.confluent_framed)
     wanted = set(spec.metadata.columns) if spec.metadata.enabled else set()
     writer: InsertAllWriter | None = None
     stats = BatchStats()
@@ -191,7 +194,8 @@ class SinkSchema:
         previous = self._spec.descriptors.fingerprint if self._spec else None
         log.info("descriptors %s%s (%s) → %s, %d columns", f"{previous} → " if previous else "",
                  loaded.fingerprint, plan.message_name, cfg.bigquery.table_ref, len(plan.table.schema))
-        return SinkSpec(plan.descriptors, plan.message_name, plan.metadata, cfg.bigquery, plan.options, plan.key_name)
+        return SinkSpec(plan.descriptors, plan.message_name, plan.metadata, cfg.bigquery, plan.options, plan.key_name,
+                        confluent_framed=bool(cfg.registry.confluent_url))
 
 
 class Pipeline:
@@ -320,13 +324,29 @@ def worker_error(exc: BaseException) -> str:
     return f"{matches[-1].group(1)}: {matches[-1].group(2)}" if matches else _first_line(exc)
 
 
+def load_descriptors(config: Config) -> Descriptors:
+    """The configured descriptors, once: the Stencil URLs, or the Confluent subject's latest schema."""
+    registry = ConfluentRegistry.from_config(config.registry)
+    if registry is not None:
+        return registry.latest(config.confluent_subject).descriptors
+    return descriptors.load(config.input_schema.stencil_urls)
+
+
+def descriptor_cache(config: Config) -> DescriptorCache:
+    """The configured descriptors, refreshed in the background once started."""
+    registry = ConfluentRegistry.from_config(config.registry)
+    if registry is not None:
+        return DescriptorCache.for_confluent(registry, config.confluent_subject, config.registry)
+    return DescriptorCache.for_stencil(config.input_schema.stencil_urls, config.registry)
+
+
 def _fixed(config: Config) -> DescriptorSource:
     """Descriptors loaded once, on first use: for runs without a refreshing registry cache."""
     loaded: list[Descriptors] = []
 
     def get() -> Descriptors:
         if not loaded:
-            loaded.append(descriptors.load(config.input_schema.stencil_urls))
+            loaded.append(load_descriptors(config))
         return loaded[0]
 
     return get

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import SchemaError
 from firehose_bq.registry.config import RegistryConfig
+from firehose_bq.registry.confluent import ConfluentRegistry
 from firehose_bq.registry.stencil import StencilFetcher
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,13 @@ class DescriptorCache:
     def for_stencil(cls, urls: Sequence[str], config: RegistryConfig) -> DescriptorCache:
         fetcher = StencilFetcher(urls, config)
         return cls(fetcher.fetch, source=", ".join(fetcher.urls),
+                   refresh_interval_s=config.cache_ttl_ms / 1000 if config.cache_auto_refresh else None,
+                   min_on_demand_interval_s=config.unknown_fields_refresh_min_interval_ms / 1000)
+
+    @classmethod
+    def for_confluent(cls, registry: ConfluentRegistry, subject: str, config: RegistryConfig) -> DescriptorCache:
+        """The subject's latest schema, refreshed like Stencil URLs are (a new version = new descriptors)."""
+        return cls(lambda stop: registry.latest(subject).descriptors, source=f"{registry.url} subject {subject}",
                    refresh_interval_s=config.cache_ttl_ms / 1000 if config.cache_auto_refresh else None,
                    min_on_demand_interval_s=config.unknown_fields_refresh_min_interval_ms / 1000)
 

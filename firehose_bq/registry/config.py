@@ -93,6 +93,12 @@ class RegistryConfig:
         "schema id, message indexes); unset = off.",
         None,
     )
+    confluent_subject: str | None = setting(
+        "SCHEMA_REGISTRY_CONFLUENT_SUBJECT",
+        "Subject whose latest schema defines the table and decodes the topic; unset = `<first topic>-value` "
+        "(Confluent's TopicNameStrategy).",
+        None,
+    )
     confluent_basic_auth: Secret | None = setting(
         "SCHEMA_REGISTRY_CONFLUENT_BASIC_AUTH_USER_INFO",
         "`user:password` for HTTP basic auth to the Confluent registry; unset = no auth. Secret: never logged.",

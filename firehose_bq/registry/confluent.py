@@ -154,6 +154,14 @@ class ConfluentRegistry:
         with self._lock:
             return self._schema_locked(schema_id)
 
+    def latest(self, subject: str) -> ConfluentSchema:
+        """The newest schema registered under `subject` (e.g. `<topic>-value`)."""
+        path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions/latest"
+        body = self._get_json(path, f"the latest schema of subject {subject!r}")
+        if not isinstance(body.get("id"), int):
+            raise SchemaError(f"subject {subject!r}: {self.url}{path} answered without a schema `id`")
+        return self.schema(body["id"])
+
     def _schema_locked(self, schema_id: int) -> ConfluentSchema:
         if schema_id not in self._schemas:
             self._schemas[schema_id] = self._load(schema_id)

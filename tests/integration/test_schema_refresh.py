@@ -148,3 +148,58 @@ def test_unknown_fields_refresh_the_descriptors_before_the_message_is_written(
         cache.stop()
         producer.close()
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_confluent_framed_topic_follows_the_subjects_latest_schema(
+        spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
+        tmp_path: Path) -> None:
+    import json
+
+    from firehose_bq import descriptors
+    from firehose_bq.registry.confluent import encode_frame
+
+    fake, _server = registry
+    topic = job_env["SOURCE_KAFKA_TOPIC"]
+
+    def register(schema_id: int, version: str) -> None:
+        text = (PROTOS / version / "evo" / "event.proto").read_text()
+        fake.routes[f"/schemas/ids/{schema_id}"] = json.dumps(
+            {"schema": text, "schemaType": "PROTOBUF", "references": []}).encode()
+        fake.routes[f"/subjects/{topic}-value/versions/latest"] = json.dumps(
+            {"id": schema_id, "version": schema_id, "schema": text}).encode()
+
+    register(1, "v1")
+    env = {k: v for k, v in job_env.items() if k != "SCHEMA_REGISTRY_STENCIL_URLS"}
+    cfg = Config.from_env({**env, "INPUT_SCHEMA_PROTO_CLASS": "evo.Event", "SINK_BIGQUERY_TABLE_NAME": "events",
+                           "SCHEMA_REGISTRY_CONFLUENT_URL": fake.url,
+                           "SCHEMA_REGISTRY_STENCIL_CACHE_TTL_MS": "600000",
+                           "SCHEMA_REGISTRY_UNKNOWN_FIELDS_REFRESH_MIN_INTERVAL_MS": "0"})
+    classes = {v: descriptors.load([str(compile_protos(tmp_path / f"{v}.desc", PROTOS / v))]).message_class("evo.Event")
+               for v in ("v1", "v2")}
+    ensure_topic(cfg.source.brokers, topic, 1)
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    from firehose_bq.pipeline import descriptor_cache
+
+    cache = descriptor_cache(cfg).start()
+    try:
+        for i in range(3):
+            producer.send(topic, encode_frame(1, [1], classes["v1"](id=f"a{i}", amount=i).SerializeToString()))
+        producer.flush()
+        pipeline = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now)
+        assert pipeline.run(available_now=True).totals.rows_written == 3
+
+        register(2, "v2")  # a producer moved on: its framed messages name schema 2
+        for i in range(2):
+            payload = classes["v2"](id=f"b{i}", detail={"note": "v2", "priority": i}, tags=["t"]).SerializeToString()
+            producer.send(topic, encode_frame(2, [1], payload))
+        producer.flush()
+        again = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now).run(available_now=True)
+
+        assert (again.totals.rows_written, again.totals.failed, again.totals.unknown_fields) == (2, 0, 0)
+        rows = {r["id"]: dict(r.items()) for r in bq_client.query(f"SELECT * FROM `{cfg.bigquery.table_ref}`")}
+        assert rows["a2"]["amount"] == 2 and rows["a2"]["tags"] == []
+        assert rows["b1"]["detail"] == {"note": "v2", "priority": 1} and rows["b1"]["tags"] == ["t"]
+    finally:
+        cache.stop()
+        producer.close()
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)

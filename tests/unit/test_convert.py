@@ -314,3 +314,16 @@ def test_rows_fit_the_schema(test_descriptors: Descriptors, options: SchemaOptio
         out = RowConverter(type(msg), metadata, options, key_class=key_cls).convert(batch, "L")
         assert not out.errors
         assert fits(out.rows[0], SchemaField("row", "RECORD", fields=schema)), (msg.DESCRIPTOR.full_name, out.rows)
+
+
+def test_confluent_frames_are_stripped_and_bad_frames_are_deserialization_errors(
+        test_descriptors: Descriptors) -> None:
+    from firehose_bq.registry.confluent import encode_frame
+
+    cls = test_descriptors.message_class("testdata.Legacy")
+    good = encode_frame(7, [0], cls(id="x").SerializeToString())
+    converter = RowConverter(cls, MetadataColumns(enabled=False), confluent_framed=True)
+    out = converter.convert(records([good, b"\x01\x00\x00\x00\x07\x00", b"\x00\x00"]), load_time="L")
+    assert out.rows == [{"id": "x", "count": None, "tags": []}]
+    assert [(e.error_type, e.offset) for e in out.errors] == [
+        (ErrorType.DESERIALIZATION_ERROR, 11), (ErrorType.DESERIALIZATION_ERROR, 12)]

@@ -106,6 +106,7 @@ def test_reference_documents_every_setting_without_redeclaring_the_urls() -> Non
         ("SCHEMA_REGISTRY_STENCIL_CACHE_AUTO_REFRESH", "true"),
         ("SCHEMA_REGISTRY_STENCIL_REFRESH_STRATEGY", "LONG_POLLING"),
         ("SCHEMA_REGISTRY_CONFLUENT_URL", ""),
+        ("SCHEMA_REGISTRY_CONFLUENT_SUBJECT", ""),
         ("SCHEMA_REGISTRY_CONFLUENT_BASIC_AUTH_USER_INFO", ""),
         ("SCHEMA_REGISTRY_UNKNOWN_FIELDS_REFRESH_MIN_INTERVAL_MS", "30000"),
     ]
