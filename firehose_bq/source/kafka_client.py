@@ -129,7 +129,19 @@ def read_range(
     is an error, not a silent skip: those messages never reached the table.
     """
     reader = _read_range_confluent if client == CONFLUENT_KAFKA else _read_range_kafka_python
-    return reader(brokers, topic, partition, start, end, stall_timeout_ms, batch_size)
+    return _rebatch(reader(brokers, topic, partition, start, end, stall_timeout_ms, batch_size), batch_size)
+
+
+def _rebatch(polls: Iterator[list[ConsumerRecord]], size: int) -> Iterator[list[ConsumerRecord]]:
+    """Each backend yields what one poll brought; hand them on in lists of about `size`."""
+    pending: list[ConsumerRecord] = []
+    for records in polls:
+        pending.extend(records)
+        if len(pending) >= size:
+            yield pending
+            pending = []
+    if pending:
+        yield pending
 
 
 class _Progress:
@@ -173,8 +185,8 @@ def _read_range_kafka_python(brokers: str, topic: str, partition: int, start: in
     try:
         consumer.assign([tp])
         consumer.seek(tp, start)
-        pending: list[ConsumerRecord] = []
         while not progress.done:
+            records = []
             try:
                 polled = consumer.poll(timeout_ms=500, max_records=batch_size).get(tp, [])
             except OffsetOutOfRangeError as exc:
@@ -182,17 +194,13 @@ def _read_range_kafka_python(brokers: str, topic: str, partition: int, start: in
             for r in polled:
                 if r.offset >= end:
                     break
-                pending.append(
+                records.append(
                     ConsumerRecord(r.key, r.value, r.topic, r.partition, r.offset,
                                    r.timestamp if r.timestamp is not None and r.timestamp >= 0 else None,
                                    r.timestamp_type, list(r.headers or []), r.leader_epoch)
                 )
             progress.advance(consumer.position(tp))
-            if len(pending) >= batch_size:
-                yield pending
-                pending = []
-        if pending:
-            yield pending
+            yield records
     finally:
         consumer.close(autocommit=False)
 
@@ -220,8 +228,8 @@ def _read_range_confluent(brokers: str, topic: str, partition: int, start: int, 
     progress = _Progress(topic, partition, start, end, stall_timeout_ms)
     try:
         consumer.assign([ck.TopicPartition(topic, partition, start)])
-        pending: list[ConsumerRecord] = []
         while not progress.done:
+            records = []
             last = None
             for m in consumer.consume(num_messages=batch_size, timeout=0.1):
                 error = m.error()
@@ -237,7 +245,7 @@ def _read_range_confluent(brokers: str, topic: str, partition: int, start: int, 
                     break
                 kind, ts = m.timestamp()
                 epoch = m.leader_epoch()
-                pending.append(ConsumerRecord(
+                records.append(ConsumerRecord(
                     m.key(), m.value(), topic, partition, offset,
                     ts if kind != ck.TIMESTAMP_NOT_AVAILABLE and ts >= 0 else None, timestamp_types.get(kind),
                     [(k, v) for k, v in (m.headers() or [])], epoch if epoch is not None and epoch >= 0 else None,
@@ -245,11 +253,7 @@ def _read_range_confluent(brokers: str, topic: str, partition: int, start: int, 
             # Gaps (compaction, transaction markers) leave no message to see: ask for the position too.
             position = consumer.position([ck.TopicPartition(topic, partition)])[0].offset
             progress.advance(max(position, last + 1 if last is not None else -1))
-            if len(pending) >= batch_size:
-                yield pending
-                pending = []
-        if pending:
-            yield pending
+            yield records
     finally:
         consumer.close()
 
