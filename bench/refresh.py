@@ -19,7 +19,7 @@ from google.protobuf import descriptor_pb2
 from firehose_bq.bigquery.client import make_client
 from firehose_bq.config import Config, StackConfig, read_env_file
 from firehose_bq.devstack.stack import Stack
-from firehose_bq.pipeline import SinkSchema
+from firehose_bq.sink_schema import SinkSchema
 from firehose_bq.registry.cache import DescriptorCache
 
 REPO = Path(__file__).resolve().parents[1]

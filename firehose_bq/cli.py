@@ -125,7 +125,8 @@ def _load_config(environ: Mapping[str, str]) -> Config:
 def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     cfg = _load_config(environ)  # before importing Spark: a bad setting fails in milliseconds
 
-    from firehose_bq.pipeline import Pipeline, descriptor_cache
+    from firehose_bq.pipeline import Pipeline
+    from firehose_bq.sink_schema import descriptor_cache
     from firehose_bq.spark import spark_session
 
     # Descriptors before Spark: an unreachable registry fails in seconds, not after the JVM starts.
@@ -182,7 +183,7 @@ def _stack(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 def _sample(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from firehose_bq import sample
-    from firehose_bq.pipeline import load_descriptors
+    from firehose_bq.sink_schema import load_descriptors
 
     cfg = _load_config(environ)
     if cfg.registry.confluent_url:
@@ -219,7 +220,7 @@ def _schema(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
     from firehose_bq.bigquery.client import make_client
     from firehose_bq.bigquery.tables import merge_schema, schema_changes
-    from firehose_bq.pipeline import apply_plan, load_descriptors, plan_table
+    from firehose_bq.sink_schema import apply_plan, load_descriptors, plan_table
     from firehose_bq.schema import schema_json
 
     cfg = _load_config(environ)

@@ -178,7 +178,7 @@ def test_confluent_framed_topic_follows_the_subjects_latest_schema(
                for v in ("v1", "v2")}
     ensure_topic(cfg.source.brokers, topic, 1)
     producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
-    from firehose_bq.pipeline import descriptor_cache
+    from firehose_bq.sink_schema import descriptor_cache
 
     cache = descriptor_cache(cfg).start()
     try:

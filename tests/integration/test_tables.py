@@ -12,7 +12,7 @@ from firehose_bq.cli import main
 from firehose_bq.config import Config
 from firehose_bq.convert import KafkaRecords, RowConverter
 from firehose_bq.errors import SchemaError
-from firehose_bq.pipeline import apply_plan, plan_table
+from firehose_bq.sink_schema import apply_plan, plan_table
 from tests.conftest import compile_protos
 
 pytestmark = pytest.mark.integration
