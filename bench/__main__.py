@@ -1,8 +1,10 @@
 """`make bench`: every benchmark, one after the other; the refresh latency last."""
 
-from bench import conversion, refresh
+from bench import conversion, pipeline, refresh
 
 if __name__ == "__main__":
     conversion.run()
+    print()
+    pipeline.run()
     print()
     refresh.run()

@@ -58,7 +58,7 @@ def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
             stats.messages += len(records)
             stats.unknown_fields += len(converted.unknown_fields)
             stats.add_errors(converted.errors)
-            if converted.rows:
+            if converted.rows and spec.write:
                 writer = writer or InsertAllWriter(make_client(spec.bigquery), spec.bigquery)
                 failures = writer.write(converted, records)
                 stats.rows_written += len(converted.rows) - len(failures)
@@ -102,7 +102,7 @@ class Pipeline:
     """One configured streaming job: `prepare()` checks descriptors and tables, `run()` streams."""
 
     def __init__(self, config: Config, spark: SparkSession, descriptor_source: DescriptorSource | None = None,
-                 refresh: Callable[[str], bool] | None = None) -> None:
+                 refresh: Callable[[str], bool] | None = None, write: bool = True) -> None:
         """`refresh(reason)` asks the registry for new descriptors now (True if they changed); it is
         called when a batch holds fields the descriptors lack, before that batch is written."""
         self.config = config
@@ -110,6 +110,7 @@ class Pipeline:
         self.schema = SinkSchema(config, descriptor_source)
         self.summary = RunSummary()
         self._refresh = refresh
+        self._write_rows = write  # False: decode and convert only (benchmarks)
         # After a refresh that did not explain the unknown fields, write such messages as they are
         # until this moment: a producer ahead of its registry must not cost a re-run per batch.
         self._accept_unknown_until = 0.0
@@ -183,7 +184,8 @@ class Pipeline:
         stats = BatchStats()
         fatal = []
         hold = self._refresh is not None and time.monotonic() >= self._accept_unknown_until
-        results = self._write(df, batch_id, dataclasses.replace(self._spec(batch_id), hold_on_unknown_fields=hold))
+        spec = dataclasses.replace(self._spec(batch_id), hold_on_unknown_fields=hold, write=self._write_rows)
+        results = self._write(df, batch_id, spec)
         held = [row.held for row in results if row.held]
         if held:
             # Some task met fields its descriptors lack and wrote nothing more: refresh, then write the
@@ -195,7 +197,7 @@ class Pipeline:
             if not changed:
                 interval = self.config.registry.unknown_fields_refresh_min_interval_ms / 1000
                 self._accept_unknown_until = time.monotonic() + interval
-            results = self._write(df, batch_id, self._spec(batch_id))
+            results = self._write(df, batch_id, dataclasses.replace(self._spec(batch_id), write=self._write_rows))
         for row in results:
             stats.merge(BatchStats.from_json(row.stats))
             if row.fatal:

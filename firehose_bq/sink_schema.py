@@ -40,6 +40,8 @@ class SinkSpec:
     # Stop before writing a batch holding fields the descriptors lack, so the driver can refresh them.
     hold_on_unknown_fields: bool = False
     confluent_framed: bool = False
+    # False = decode and convert only, write nothing (benchmarks measure the pipeline without a sink).
+    write: bool = True
 
 
 @dataclass(frozen=True)
