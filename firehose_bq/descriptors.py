@@ -72,6 +72,15 @@ class Descriptors:
             object.__setattr__(self, key, value)
 
 
+def redact(url: str) -> str:
+    """`url` fit for logs and errors: credentials written into it (`https://user:pass@host`) removed."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}{f':{parts.port}' if parts.port else ''}"))
+
+
 def load(urls: tuple[str, ...] | list[str]) -> Descriptors:
     """Fetch every URL (file://, plain path, http(s)://) and merge the sets; errors name the URL."""
     if not urls:
@@ -94,11 +103,11 @@ def _fetch(url: str) -> bytes:
         else:
             raise SchemaError(f"unsupported descriptor URL scheme {parsed.scheme!r} in {url!r}")
     except OSError as exc:
-        raise SchemaError(f"cannot read descriptors from {url}: {exc}") from exc
+        raise SchemaError(f"cannot read descriptors from {redact(url)}: {exc}") from exc
     try:
         descriptor_pb2.FileDescriptorSet.FromString(data)
     except Exception as exc:  # protobuf raises DecodeError or RuntimeWarning-ish errors by backend
-        raise SchemaError(f"{url} is not a serialized FileDescriptorSet: {exc}") from exc
+        raise SchemaError(f"{redact(url)} is not a serialized FileDescriptorSet: {exc}") from exc
     return data
 
 

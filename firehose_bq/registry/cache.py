@@ -14,13 +14,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from firehose_bq.descriptors import Descriptors
+from firehose_bq.descriptors import Descriptors, redact
 from firehose_bq.errors import SchemaError
 from firehose_bq.registry.config import RegistryConfig
 from firehose_bq.registry.confluent import ConfluentRegistry
 from firehose_bq.registry.stencil import StencilFetcher
 
 log = logging.getLogger(__name__)
+
+QUICK_RETRIES = 1
+QUICK_BACKOFF_MS = 1000
 
 # Fetches the current descriptors; `stop` is set when the cache stops, to cut retry waits short.
 Fetch = Callable[[threading.Event], Descriptors]
@@ -40,8 +43,12 @@ class DescriptorCache:
     """Thread-safe holder of the current descriptors. `start()` loads them, `stop()` ends the refresher."""
 
     def __init__(self, fetch: Fetch, *, source: str, refresh_interval_s: float | None,
-                 min_on_demand_interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+                 min_on_demand_interval_s: float, clock: Callable[[], float] = time.monotonic,
+                 fetch_quick: Fetch | None = None) -> None:
+        """`fetch` serves the background refresh, which may retry patiently; `fetch_quick` (default:
+        `fetch`) serves the first load and on-demand refreshes, which someone is waiting for."""
         self._fetch = fetch
+        self._fetch_quick = fetch_quick or fetch
         self._source = source  # for messages: the URLs, never the headers
         self._interval = refresh_interval_s
         self._min_on_demand = min_on_demand_interval_s
@@ -58,21 +65,29 @@ class DescriptorCache:
     @classmethod
     def for_stencil(cls, urls: Sequence[str], config: RegistryConfig) -> DescriptorCache:
         fetcher = StencilFetcher(urls, config)
-        return cls(fetcher.fetch, source=", ".join(fetcher.urls),
-                   refresh_interval_s=config.cache_ttl_ms / 1000 if config.cache_auto_refresh else None,
-                   min_on_demand_interval_s=config.unknown_fields_refresh_min_interval_ms / 1000)
+        # A start or a held batch waits for this one: one quick retry, not minutes of backoff.
+        quick = StencilFetcher(urls, dataclasses.replace(
+            config, fetch_retries=min(config.fetch_retries, QUICK_RETRIES),
+            fetch_backoff_min_ms=min(config.fetch_backoff_min_ms, QUICK_BACKOFF_MS)))
+        return cls._configured(fetcher.fetch, ", ".join(redact(u) for u in fetcher.urls), config, quick.fetch)
 
     @classmethod
     def for_confluent(cls, registry: ConfluentRegistry, subject: str, config: RegistryConfig) -> DescriptorCache:
         """The subject's latest schema, refreshed like Stencil URLs are (a new version = new descriptors)."""
-        return cls(lambda stop: registry.latest(subject).descriptors, source=f"{registry.url} subject {subject}",
+        return cls._configured(lambda stop: registry.latest(subject).descriptors,
+                               f"{redact(registry.url)} subject {subject}", config)
+
+    @classmethod
+    def _configured(cls, fetch: Fetch, source: str, config: RegistryConfig,
+                    fetch_quick: Fetch | None = None) -> DescriptorCache:
+        return cls(fetch, source=source, fetch_quick=fetch_quick,
                    refresh_interval_s=config.cache_ttl_ms / 1000 if config.cache_auto_refresh else None,
                    min_on_demand_interval_s=config.unknown_fields_refresh_min_interval_ms / 1000)
 
     def start(self) -> DescriptorCache:
         """Load the descriptors (SchemaError if that fails) and start the background refresh, if any."""
         if self._current is None:
-            self._refresh("first load")
+            self._refresh("first load", self._fetch_quick)
         with self._lock:
             if self._interval is not None and self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="descriptor-refresh", daemon=True)
@@ -115,7 +130,8 @@ class DescriptorCache:
                 log.debug("on-demand descriptor refresh (%s) skipped: rate limited", reason)
                 return False
             self._last_on_demand = now
-        return self._refresh(f"on demand: {reason}")
+        # A refresh already running answers the same question: do not queue behind its retries.
+        return self._refresh(f"on demand: {reason}", self._fetch_quick, wait=False)
 
     def stats(self) -> CacheStats:
         with self._lock:
@@ -124,12 +140,15 @@ class DescriptorCache:
     def _run(self) -> None:
         assert self._interval is not None
         while not self._stop.wait(self._interval):
-            self._refresh("scheduled")
+            self._refresh("scheduled", self._fetch)
 
-    def _refresh(self, reason: str) -> bool:
-        with self._fetching:
+    def _refresh(self, reason: str, fetch: Fetch, wait: bool = True) -> bool:
+        if not self._fetching.acquire(blocking=wait):
+            log.debug("descriptor refresh (%s) skipped: another one is running", reason)
+            return False
+        try:
             try:
-                loaded = self._fetch(self._stop)
+                loaded = fetch(self._stop)
             except Exception as exc:  # whatever broke, the last good descriptors stay in use
                 return self._failed(reason, exc)
             with self._lock:
@@ -149,6 +168,8 @@ class DescriptorCache:
                 for listener in listeners:
                     self._notify(listener, loaded)
             return changed
+        finally:
+            self._fetching.release()
 
     def _failed(self, reason: str, exc: Exception) -> bool:
         with self._lock:

@@ -126,13 +126,6 @@ class ConfluentRegistry:
         return cls(config.confluent_url, user_info=config.confluent_basic_auth,
                    timeout_s=config.fetch_timeout_ms / 1000)
 
-    def __getstate__(self) -> dict[str, Any]:
-        # Spark ships the registry to its Python workers: each starts with an empty cache and its own lock.
-        return {"url": self.url, "user_info": self._user_info, "timeout_s": self._timeout_s, "get": self._get}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(**state)  # type: ignore[misc]
-
     def decode(self, data: bytes) -> message.Message:
         """Parse a framed message with the class its schema id and indexes name."""
         frame = parse_frame(data)

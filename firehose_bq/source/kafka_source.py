@@ -141,26 +141,38 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(self.max_offsets) if self.max_offsets > 0 else ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        begin = _from_json(start)
         latest = self._target if self._target is not None else self._kafka().end_offsets(self.topics)
-        end = {t: {p: max(o, begin.get(t, {}).get(p, 0)) for p, o in parts.items()} for t, parts in latest.items()}
+        begin = self._with_new_partitions(_from_json(start), latest)
+        for t, parts in latest.items():
+            for p, o in parts.items():
+                if o < begin[t][p]:
+                    # Never skip silently: records between here and the checkpoint would be lost.
+                    raise SourceError(
+                        f"{t}/{p}: the broker's end offset {o} is below the checkpoint's {begin[t][p]} (topic "
+                        "deleted and recreated, or truncated?); start a new checkpoint once you know why"
+                    )
         if isinstance(limit, ReadMaxRows):
-            end = _cap(begin, end, limit.max_rows)
-        return _to_json(end)
+            latest = _cap(begin, latest, limit.max_rows)
+        return _to_json(latest)
+
+    def _with_new_partitions(self, begin: Offsets, latest: Offsets) -> Offsets:
+        """`begin` plus partitions that appeared since, at their first offset still on the broker
+        (as Spark's Kafka source does): a batch is then planned from where reading can really start."""
+        from kafka import TopicPartition
+
+        new = [TopicPartition(t, p) for t, parts in latest.items() for p in parts if p not in begin.get(t, {})]
+        merged = {t: dict(parts) for t, parts in begin.items()}
+        if new:
+            for t, parts in self._kafka().beginning_offsets(new).items():
+                merged.setdefault(t, {}).update(parts)
+        return merged
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         return _to_json(self._kafka().end_offsets(self.topics))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        begin, finish = _from_json(start), _from_json(end)
-        new = [(t, p) for t, parts in finish.items() for p in parts if p not in begin.get(t, {})]
-        if new:
-            # Partitions added while running start at their beginning, as Spark's Kafka source does.
-            from kafka import TopicPartition
-
-            found = self._kafka().beginning_offsets([TopicPartition(t, p) for t, p in new])
-            for t, parts in found.items():
-                begin.setdefault(t, {}).update(parts)
+        finish = _from_json(end)
+        begin = self._with_new_partitions(_from_json(start), finish)
         return [
             KafkaRange(t, p, begin[t][p], o)
             for t, parts in sorted(finish.items())
@@ -208,15 +220,22 @@ def to_arrow(records: list[ConsumerRecord]) -> pa.RecordBatch:
 
 
 def _cap(begin: Offsets, end: Offsets, max_rows: int) -> Offsets:
-    """Shrink `end` so that at most `max_rows` records are read, shared in proportion to backlog."""
-    backlog = {(t, p): o - begin.get(t, {}).get(p, 0) for t, parts in end.items() for p, o in parts.items()}
+    """Shrink `end` so that at most `max_rows` records are read, shared in proportion to backlog.
+
+    What rounding down leaves over goes to the largest backlogs first, so the batch uses its whole
+    allowance and always moves, even with more partitions than `max_rows`.
+    """
+    backlog = {(t, p): o - begin[t][p] for t, parts in end.items() for p, o in parts.items()}
     total = sum(backlog.values())
     if total <= max_rows:
         return end
+    shares = {tp: max_rows * lag // total for tp, lag in backlog.items()}
+    left = max_rows - sum(shares.values())
+    for tp in sorted(backlog, key=lambda tp: backlog[tp] - shares[tp], reverse=True)[:left]:
+        shares[tp] += 1
     capped: Offsets = {t: dict(parts) for t, parts in end.items()}
-    for (t, p), lag in backlog.items():
-        share = max(1, max_rows * lag // total) if lag > 0 else 0
-        capped[t][p] = begin.get(t, {}).get(p, 0) + min(lag, share)
+    for (t, p), share in shares.items():
+        capped[t][p] = begin[t][p] + share
     return capped
 
 

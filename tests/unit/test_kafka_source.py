@@ -7,6 +7,8 @@ import pickle
 import pyarrow as pa
 
 from firehose_bq.source.kafka_client import ConsumerRecord
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
 from firehose_bq.source.kafka_source import ARROW_SCHEMA, KafkaStreamReader, _cap, _from_json, _to_json, to_arrow
 
 
@@ -26,9 +28,27 @@ def test_cap_shares_the_limit_in_proportion_to_backlog() -> None:
     assert capped == {"t": {0: 100 + 400, 1: 0 + 100, 2: 50}}
 
 
-def test_cap_always_moves_every_partition_with_backlog() -> None:
+def test_cap_uses_its_whole_allowance_and_never_exceeds_it() -> None:
     capped = _cap({"t": {0: 0, 1: 0}}, {"t": {0: 10_000, 1: 1}}, 10)
-    assert capped["t"][1] == 1 and 0 < capped["t"][0] <= 10
+    assert sum(capped["t"].values()) == 10 and capped["t"][0] >= 9
+    # More partitions with backlog than the limit: still at most the limit, and still moving.
+    many = _cap({"t": dict.fromkeys(range(50), 0)}, {"t": dict.fromkeys(range(50), 5)}, 10)
+    assert sum(many["t"].values()) == 10
+
+
+def test_offsets_going_backwards_are_an_error_not_a_skip() -> None:
+    import pytest
+
+    from firehose_bq.errors import SourceError
+
+    class Kafka:
+        def end_offsets(self, topics):  # noqa: ANN001, ANN201
+            return {"t": {0: 5}}
+
+    reader = KafkaStreamReader({"brokers": "b:1", "topics": "t", "group_id": "g"})
+    reader._client = Kafka()  # type: ignore[assignment]
+    with pytest.raises(SourceError, match="t/0: the broker's end offset 5 is below the checkpoint's 9"):
+        reader.latestOffset({"t": {"0": 9}}, ReadAllAvailable())
 
 
 def test_reader_pickles_without_its_driver_client() -> None:

@@ -155,3 +155,39 @@ def test_for_stencil_reads_its_settings(tmp_path: Path) -> None:
         path.write_bytes(with_new_field(path.read_bytes()))
         assert descriptors.refresh_now("file replaced") is True
         assert "added" in descriptors.get().find_message("regtest.Header").fields_by_name
+
+
+def test_first_load_and_on_demand_use_the_quick_fetch_and_never_queue() -> None:
+    first = Descriptors((b"",), ("a",))
+    calls: list[str] = []
+    running, release = threading.Event(), threading.Event()
+
+    def patient(stop: threading.Event) -> Descriptors:
+        calls.append("patient")
+        running.set()
+        release.wait(5)
+        return first
+
+    def quick(stop: threading.Event) -> Descriptors:
+        calls.append("quick")
+        return first
+
+    cache = DescriptorCache(patient, fetch_quick=quick, source="s", refresh_interval_s=None,
+                            min_on_demand_interval_s=0)
+    cache.start()
+    assert calls == ["quick"]  # the first load: someone is waiting for it
+    background = threading.Thread(target=cache._refresh, args=("scheduled", patient))
+    background.start()
+    assert running.wait(5)
+    assert cache.refresh_now("unknown fields") is False  # a refresh is running: no queueing behind it
+    release.set()
+    background.join()
+    assert calls == ["quick", "patient"]
+
+
+def test_urls_lose_their_credentials_in_messages() -> None:
+    from firehose_bq.descriptors import redact
+
+    assert redact("https://user:s3cret@registry.example:8443/v1/set.desc") == "https://***@registry.example:8443/v1/set.desc"
+    assert redact("https://registry.example/set.desc") == "https://registry.example/set.desc"
+    assert redact("/local/path.desc") == "/local/path.desc"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import pickle
 import urllib.error
 
 import pytest
@@ -75,14 +74,6 @@ def test_a_schema_with_references_compiles_once_and_resolves_nested_messages() -
     assert decoded == line and decoded.DESCRIPTOR.full_name == "regtest.Order.Line"
     assert get.urls() == [URL + path for path in ORDER_ROUTES]  # compiled once, then cached
     assert {headers["Authorization"] for _, headers, _ in get.requests} == {"Basic dXNlcjpwYTU1"}
-
-
-def test_the_registry_pickles_for_spark_workers_without_its_cache() -> None:
-    confluent, get = registry(ORDER_ROUTES)
-    confluent.schema(21)
-    copy = pickle.loads(pickle.dumps(confluent))
-    assert copy.url == URL and copy._schemas == {} and "pa55" not in repr(copy.__getstate__())
-    assert copy.message_class(21, [1]).DESCRIPTOR.full_name == "regtest.Order"
 
 
 def test_message_indexes_outside_the_schema_are_a_schema_error() -> None:
