@@ -40,13 +40,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"config error: {problem}", file=sys.stderr)
         return 2
-    except FirehoseError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
     except BrokenPipeError:
         # The reader went away (`... | head`): not an error; stop writing quietly.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except _service_errors() as exc:
+        # A service answered badly or not at all (BigQuery, Kafka, credentials, a file): say which.
+        print(f"error: {type(exc).__name__}: {str(exc).strip() or 'no detail'}", file=sys.stderr)
+        return 1
+    except FirehoseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _service_errors() -> tuple[type[BaseException], ...]:
+    from google.api_core.exceptions import GoogleAPIError
+    from google.auth.exceptions import GoogleAuthError
+    from kafka.errors import KafkaError
+
+    return (GoogleAPIError, GoogleAuthError, KafkaError, OSError)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -203,14 +218,15 @@ def _sample(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _table(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from firehose_bq.bigquery.client import make_client
+    from firehose_bq.bigquery.client import call_options, make_client
 
     cfg = _load_config(environ).bigquery
     client = make_client(cfg)
-    table = client.get_table(cfg.table_ref)
-    total = next(iter(client.query(f"SELECT COUNT(*) AS n FROM `{cfg.table_ref}`").result())).n
+    call = call_options(cfg)
+    table = client.get_table(cfg.table_ref, **call)
+    total = next(iter(client.query(f"SELECT COUNT(*) AS n FROM `{cfg.table_ref}`", **call).result())).n
     print(f"{cfg.table_ref}: {total} rows, {len(table.schema)} columns")
-    for row in client.list_rows(table, max_results=args.rows):
+    for row in client.list_rows(table, max_results=args.rows, **call):
         print(json.dumps(dict(row.items()), default=_json_value))
     return 0
 
@@ -218,7 +234,7 @@ def _table(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 def _schema(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from google.api_core.exceptions import NotFound
 
-    from firehose_bq.bigquery.client import make_client
+    from firehose_bq.bigquery.client import call_options, make_client
     from firehose_bq.bigquery.tables import merge_schema, schema_changes
     from firehose_bq.sink_schema import apply_plan, load_descriptors, plan_table
     from firehose_bq.schema import schema_json
@@ -235,7 +251,7 @@ def _schema(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         print(f"{cfg.bigquery.table_ref}: {len(table.schema)} columns, up to date")
         return 0
     try:
-        live = client.get_table(cfg.bigquery.table_ref)
+        live = client.get_table(cfg.bigquery.table_ref, **call_options(cfg.bigquery))
     except NotFound:
         print(f"{cfg.bigquery.table_ref} does not exist; apply would create it with {len(plan.table.schema)} columns")
         return 0

@@ -272,7 +272,7 @@ class Config:
         return self.registry.confluent_subject or f"{self.source.topics[0]}-value"
 
     def public_dict(self) -> dict[str, Any]:
-        """Settings for logs: credential paths are shown, secrets never live in this object."""
+        """Settings for logs: credential paths are shown; secret values are `Secret`s, shown redacted."""
         return dataclasses.asdict(self)
 
 

@@ -271,7 +271,8 @@ class RowConverter:
             return decode(data)
         except (DecodeError, WireFormatError) as exc:
             out.errors.append(self._error(ErrorType.DESERIALIZATION_ERROR, records, i, exc, part))
-        except (ValueError, OverflowError, OSError) as exc:  # e.g. a Timestamp out of range, a partial Date
+        # e.g. a Timestamp out of range, a partial Date, an Any whose type no descriptor knows (cut to JSON)
+        except (ValueError, OverflowError, OSError, TypeError, json_format.Error) as exc:
             out.errors.append(self._error(ErrorType.INVALID_MESSAGE_ERROR, records, i, exc, part))
         return None, False
 

@@ -66,6 +66,9 @@ def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
     except SinkError as exc:
         # Reported as data so the driver can show one clean reason; the batch is not committed.
         fatal = str(exc)
+    finally:
+        if writer is not None:
+            writer.close()  # Spark reuses Python workers: an unclosed client per task would pile up
     yield pa.RecordBatch.from_pydict({"stats": [stats.to_json()], "fatal": [fatal], "held": [held]})
 
 
@@ -155,7 +158,7 @@ class Pipeline:
                     query.stop()
                     break
         except StreamingQueryException as exc:
-            failure = self._failure or FirehoseError(_first_line(exc))
+            failure = self._failure or FirehoseError(worker_error(exc))
             self.summary.failure = str(failure).splitlines()[0]
             raise failure from None
         finally:

@@ -275,7 +275,7 @@ METADATA_COLUMNS: dict[str, SchemaField] = {c.name: c for c in (
     SchemaField("message_leader_epoch", "INTEGER"),
 )}
 # Standard SQL names for the legacy type names used here, accepted in SINK_BIGQUERY_METADATA_COLUMNS_TYPES.
-_TYPE_ALIASES = {"INT64": "INTEGER", "FLOAT64": "FLOAT", "BOOL": "BOOLEAN", "STRUCT": "RECORD"}
+TYPE_ALIASES = {"INT64": "INTEGER", "FLOAT64": "FLOAT", "BOOL": "BOOLEAN", "STRUCT": "RECORD"}
 
 
 @dataclass(frozen=True)
@@ -319,7 +319,7 @@ def parse_metadata_columns(spec: str) -> tuple[str, ...]:
             known = ", ".join(f"{n}={c.field_type.lower()}" for n, c in METADATA_COLUMNS.items())
             raise ValueError(f"unknown metadata column {name!r}; known: {known}")
         real = METADATA_COLUMNS[name].field_type
-        if _TYPE_ALIASES.get(type_.upper(), type_.upper()) != real:
+        if TYPE_ALIASES.get(type_.upper(), type_.upper()) != real:
             raise ValueError(f"metadata column {name} has type {real.lower()}, not {type_!r}")
         if name in names:
             raise ValueError(f"metadata column {name} is listed twice")

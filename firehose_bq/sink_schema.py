@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 from google.cloud import bigquery
 
-from firehose_bq import descriptors
-from firehose_bq.bigquery.client import make_client
+from firehose_bq.bigquery.client import call_options, make_client
 from firehose_bq.bigquery.tables import ensure_dataset, ensure_table, table_definition
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import FirehoseError
 from firehose_bq.registry.cache import DescriptorCache
 from firehose_bq.registry.confluent import ConfluentRegistry
+from firehose_bq.registry.stencil import StencilFetcher
 from firehose_bq.schema import MetadataColumns, SchemaOptions, parse_metadata_columns, table_schema
 
 log = logging.getLogger(__name__)
@@ -72,9 +72,10 @@ def plan_table(cfg: Config, loaded: Descriptors) -> TablePlan:
 
 def apply_plan(client: bigquery.Client, cfg: Config, plan: TablePlan) -> bigquery.Table:
     """Create or evolve the dataset and table so that rows of `plan` fit."""
+    call = call_options(cfg.bigquery)
     ensure_dataset(client, cfg.bigquery.project_id, cfg.bigquery.dataset, cfg.bigquery.dataset_location,
-                   cfg.table.dataset_labels)
-    return ensure_table(client, plan.table)
+                   cfg.table.dataset_labels, **call)
+    return ensure_table(client, plan.table, **call)
 
 
 DescriptorSource = Callable[[], Descriptors]
@@ -95,26 +96,28 @@ class SinkSchema:
         self._lock = threading.Lock()  # the batch thread and a registry listener may both evolve
 
     def current(self) -> SinkSpec:
-        return self._spec_for(self._source())
-
-    def on_descriptors_changed(self, loaded: Descriptors) -> None:
-        """Registry listener: evolve the table now, so new columns exist before new messages do."""
-        try:
-            self._spec_for(loaded)
-        except FirehoseError as exc:
-            # The next micro-batch meets the same error and stops the job with it.
-            log.error("new descriptors %s cannot be applied to the table: %s", loaded.fingerprint, exc)
-
-    def _spec_for(self, loaded: Descriptors) -> SinkSpec:
+        """The spec for the newest descriptors, the table evolved to them first if they changed."""
+        # The source is read under the lock: a batch thread holding an older version can then never
+        # undo what a listener just applied for a newer one.
         with self._lock:
+            loaded = self._source()
             if self._spec is None or self._spec.descriptors.fingerprint != loaded.fingerprint:
                 self._spec = self._evolve(loaded)
             return self._spec
 
+    def on_descriptors_changed(self, loaded: Descriptors) -> None:
+        """Registry listener: evolve the table now, so new columns exist before new messages do."""
+        try:
+            self.current()  # reads the same newest descriptors as `loaded`
+        except FirehoseError as exc:
+            # The next micro-batch meets the same error and stops the job with it.
+            log.error("new descriptors %s cannot be applied to the table: %s", loaded.fingerprint, exc)
+
     def _evolve(self, loaded: Descriptors) -> SinkSpec:
         cfg = self.config
         plan = plan_table(cfg, loaded)
-        apply_plan(make_client(cfg.bigquery), cfg, plan)
+        with make_client(cfg.bigquery) as client:
+            apply_plan(client, cfg, plan)
         previous = self._spec.descriptors.fingerprint if self._spec else None
         log.info("descriptors %s%s (%s) → %s, %d columns", f"{previous} → " if previous else "",
                  loaded.fingerprint, plan.message_name, cfg.bigquery.table_ref, len(plan.table.schema))
@@ -127,7 +130,8 @@ def load_descriptors(config: Config) -> Descriptors:
     registry = ConfluentRegistry.from_config(config.registry)
     if registry is not None:
         return registry.latest(config.confluent_subject).descriptors
-    return descriptors.load(config.input_schema.stencil_urls)
+    # Through the Stencil fetcher: headers, timeout and refresh strategy as the running job uses them.
+    return StencilFetcher(config.input_schema.stencil_urls, config.registry).fetch(threading.Event())
 
 
 def descriptor_cache(config: Config) -> DescriptorCache:

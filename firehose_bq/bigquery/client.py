@@ -14,6 +14,12 @@ from firehose_bq.errors import ConfigError
 SCOPES = ("https://www.googleapis.com/auth/bigquery",)
 
 
+def call_options(cfg: BigQueryConfig) -> dict[str, object]:
+    """`retry` and `timeout` for every BigQuery call: without them the client retries for 600 s."""
+    return {"retry": bigquery.DEFAULT_RETRY.with_timeout(cfg.retry_deadline_ms / 1000),
+            "timeout": cfg.client_timeout_ms / 1000}
+
+
 def make_client(cfg: BigQueryConfig) -> bigquery.Client:
     credentials: Credentials | None = None
     options = None
@@ -27,5 +33,9 @@ def make_client(cfg: BigQueryConfig) -> bigquery.Client:
         path = Path(cfg.credential_path)
         if not path.is_file():
             raise ConfigError([f"SINK_BIGQUERY_CREDENTIAL_PATH: no such file {path}"])
-        credentials = service_account.Credentials.from_service_account_file(str(path), scopes=SCOPES)
+        try:
+            credentials = service_account.Credentials.from_service_account_file(str(path), scopes=SCOPES)
+        except (ValueError, KeyError) as exc:  # not JSON, or not a service-account key
+            raise ConfigError([f"SINK_BIGQUERY_CREDENTIAL_PATH: {path} is not a service-account key file: "
+                               f"{type(exc).__name__}"]) from None
     return bigquery.Client(project=cfg.project_id, credentials=credentials, client_options=options)

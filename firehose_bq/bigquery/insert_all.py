@@ -17,6 +17,7 @@ from google.api_core.exceptions import GoogleAPIError
 from google.cloud import bigquery
 from requests import exceptions as http_exceptions
 
+from firehose_bq.bigquery.client import call_options
 from firehose_bq.bigquery.classify import (
     classify_exception,
     classify_row_errors,
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 # BigQuery caps an insertAll request at 10 MB of JSON; 9 MB leaves room for the envelope and insertIds.
 MAX_REQUEST_BYTES = 9 * 1024 * 1024
+# Per row, the request also carries {"insertId": "...", "json": ...} around the row's own JSON.
+ROW_ENVELOPE_BYTES = 32
 # Re-sending stopped rows converges in one round (the bad rows are gone); more rounds only guard
 # against a backend that keeps stopping rows, which then surface as SINK_5XX_ERROR.
 STOPPED_RESEND_ROUNDS = 3
@@ -47,13 +50,16 @@ class InsertAllWriter:
         self._table = cfg.table_ref
         self._batch_size = cfg.insert_all_batch_size
         self._use_ids = cfg.row_insert_id_enable
-        self._timeout = cfg.client_timeout_ms / 1000
-        self._retry = bigquery.DEFAULT_RETRY.with_timeout(cfg.retry_deadline_ms / 1000)
+        self._call = call_options(cfg)
+
+    def close(self) -> None:
+        self._client.close()
 
     def write(self, batch: ConvertedBatch, records: KafkaRecords) -> list[MessageError]:
         """Write every row of `batch`; return the rows BigQuery rejected, as MessageErrors."""
         failures: list[MessageError] = []
-        sizes = [len(json.dumps(row, separators=(",", ":"))) for row in batch.rows]
+        sizes = [len(json.dumps(row, separators=(",", ":"))) + len(row_id) + ROW_ENVELOPE_BYTES
+                 for row, row_id in zip(batch.rows, batch.insert_ids, strict=True)]
         too_large = {i for i, size in enumerate(sizes) if size > MAX_REQUEST_BYTES}
         for position in sorted(too_large):
             failures.append(self._error(batch, records, position, ErrorType.PAYLOAD_TOO_LARGE,
@@ -105,7 +111,7 @@ class InsertAllWriter:
         try:
             return self._client.insert_rows_json(
                 self._table, rows, row_ids=ids if ids is not None else [None] * len(rows),
-                retry=self._retry, timeout=self._timeout,
+                **self._call,
             )
         # GoogleAPIError covers HTTP errors and RetryError (the client's retry deadline ran out).
         except (GoogleAPIError, http_exceptions.RequestException, ConnectionError, TimeoutError) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from google.api_core import exceptions as api_exceptions
 from google.cloud import bigquery
@@ -12,6 +13,7 @@ from google.cloud.bigquery import SchemaField
 
 from firehose_bq.config import TableConfig
 from firehose_bq.errors import SchemaError, SchemaEvolutionError
+from firehose_bq.schema import TYPE_ALIASES
 
 log = logging.getLogger(__name__)
 
@@ -19,12 +21,8 @@ log = logging.getLogger(__name__)
 # attempts resolves any realistic race.
 UPDATE_ATTEMPTS = 5
 
-# Legacy and standard SQL spell some types differently; the API may answer with either.
-_TYPE_ALIASES = {"INT64": "INTEGER", "FLOAT64": "FLOAT", "BOOL": "BOOLEAN", "STRUCT": "RECORD"}
-
-
 def _type(f: SchemaField) -> str:
-    return _TYPE_ALIASES.get(f.field_type.upper(), f.field_type.upper())
+    return TYPE_ALIASES.get(f.field_type.upper(), f.field_type.upper())
 
 
 def _mode(f: SchemaField) -> str:
@@ -122,15 +120,16 @@ def _check_column(columns: dict[str, SchemaField], name: str, allowed: set[str],
 
 
 def ensure_dataset(client: bigquery.Client, project: str, dataset: str, location: str,
-                   labels: dict[str, str] | None = None) -> None:
+                   labels: dict[str, str] | None = None, **call: Any) -> None:
+    """`call`: retry/timeout for each API call (bigquery.client.call_options)."""
     ref = bigquery.DatasetReference(project, dataset)
     try:
-        existing = client.get_dataset(ref)
+        existing = client.get_dataset(ref, **call)
     except api_exceptions.NotFound:
         wanted = bigquery.Dataset(ref)
         wanted.location = location
         wanted.labels = dict(labels or {})
-        client.create_dataset(wanted, exists_ok=True)
+        client.create_dataset(wanted, exists_ok=True, **call)
         log.info("created dataset %s.%s in %s", project, dataset, location)
         return
     if existing.location and location and existing.location.lower() != location.lower():
@@ -140,10 +139,10 @@ def ensure_dataset(client: bigquery.Client, project: str, dataset: str, location
         )
     if labels and any(existing.labels.get(k) != v for k, v in labels.items()):
         existing.labels = {**existing.labels, **labels}
-        client.update_dataset(existing, ["labels"])
+        client.update_dataset(existing, ["labels"], **call)
 
 
-def ensure_table(client: bigquery.Client, wanted: bigquery.Table) -> bigquery.Table:
+def ensure_table(client: bigquery.Client, wanted: bigquery.Table, **call: Any) -> bigquery.Table:
     """Create the table, or bring a live one up to `wanted`: add to its schema, set its labels.
 
     Partitioning cannot change on a live table; a difference is logged, not applied.
@@ -151,13 +150,11 @@ def ensure_table(client: bigquery.Client, wanted: bigquery.Table) -> bigquery.Ta
     table_ref = f"{wanted.project}.{wanted.dataset_id}.{wanted.table_id}"
     for _ in range(UPDATE_ATTEMPTS):
         try:
-            table = client.get_table(table_ref)
+            table = client.get_table(table_ref, **call)
         except api_exceptions.NotFound:
-            table = client.create_table(wanted, exists_ok=True)
+            client.create_table(wanted, exists_ok=True, **call)
             log.info("created table %s with %d columns", table_ref, len(wanted.schema))
-            if table.schema:
-                return table
-            continue  # created concurrently by another worker without our schema: re-read and merge
+            continue  # another worker may have created it first, with an older schema: re-read and merge
         _warn_on_layout_drift(table, wanted)
         merged = merge_schema(table.schema, wanted.schema)
         changes = schema_changes(table.schema, merged)
@@ -169,7 +166,7 @@ def ensure_table(client: bigquery.Client, wanted: bigquery.Table) -> bigquery.Ta
             return table
         table.schema = merged
         try:
-            updated = client.update_table(table, fields)  # sends the etag: a concurrent change fails
+            updated = client.update_table(table, fields, **call)  # sends the etag: a concurrent change fails
         except api_exceptions.PreconditionFailed:
             continue
         if changes:

@@ -71,24 +71,24 @@ class Stack:
     def up(self, report: Callable[[str], None] = print) -> None:
         self.state.mkdir(parents=True, exist_ok=True)
         (self.state / "logs").mkdir(exist_ok=True)
-        started = []
-        for service in self.services:
-            pid = self._running_pid(service)
-            if pid is not None:
-                report(f"{service.name}: already running (pid {pid}) on {self._address(service)}")
-                continue
-            self._check_port_free(service)
-            venv = ensure_installed(service.tool, self.tools)
-            command = service.command(self.cfg, venv, self.state)
-            with open(self._log(service), "ab") as log:
-                process = subprocess.Popen(  # noqa: S603 - our own pinned tools, fixed arguments
-                    command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    cwd=self.state, start_new_session=True,
-                )
-            # The command we launched, not /proc's view: right after fork it may still be our own.
-            self._pid_file(service).write_text(json.dumps({"pid": process.pid, "cmd": " ".join(command)}))
-            started.append((service, process))
+        started: list[tuple[Service, subprocess.Popen[bytes]]] = []
         try:
+            for service in self.services:
+                pid = self._running_pid(service)
+                if pid is not None:
+                    report(f"{service.name}: already running (pid {pid}) on {self._address(service)}")
+                    continue
+                self._check_port_free(service)
+                venv = ensure_installed(service.tool, self.tools)
+                command = service.command(self.cfg, venv, self.state)
+                with open(self._log(service), "ab") as log:
+                    process = subprocess.Popen(  # noqa: S603 - our own pinned tools, fixed arguments
+                        command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        cwd=self.state, start_new_session=True,
+                    )
+                # The command we launched, not /proc's view: right after fork it may still be our own.
+                self._pid_file(service).write_text(json.dumps({"pid": process.pid, "cmd": " ".join(command)}))
+                started.append((service, process))
             for service, process in started:
                 self._wait_healthy(service, process)
                 report(f"{service.name}: started (pid {process.pid}) on {self._address(service)}")

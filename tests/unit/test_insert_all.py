@@ -62,9 +62,14 @@ def test_insert_ids_can_be_turned_off() -> None:
 
 
 def test_requests_respect_the_byte_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(insert_all, "MAX_REQUEST_BYTES", 100)
+    import json
+
+    converted, records = batch(["a", "b", "c"], payload="x" * 25)
+    # What one row costs in a request: its JSON, its insertId and the envelope around both.
+    row = len(json.dumps(converted.rows[0], separators=(",", ":"))) + len("t_1_100") + insert_all.ROW_ENVELOPE_BYTES
+    monkeypatch.setattr(insert_all, "MAX_REQUEST_BYTES", 2 * row + 2)  # room for two rows, not three
     client = FakeClient()
-    failures = writer(client).write(*batch(["a", "b", "c"], payload="x" * 25))  # ~37 bytes a row
+    failures = writer(client).write(converted, records)
     assert failures == []
     assert [len(rows) for rows, _ in client.requests] == [2, 1]
 
