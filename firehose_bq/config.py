@@ -57,7 +57,7 @@ class SourceConfig:
         "auto",
         choices=("auto", "kafka-python", "confluent-kafka"),
     )
-    poll_timeout_ms: int = setting(
+    stall_timeout_ms: int = setting(
         "SOURCE_KAFKA_POLL_STALL_TIMEOUT_MS",
         "A task that gets no record for this long while its planned range is unread fails with an "
         "error naming the partition (a broker that lost data must not hang the job).",

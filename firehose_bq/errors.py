@@ -66,7 +66,7 @@ class SourceError(FirehoseError):
 
 
 class SinkError(FirehoseError):
-    """A BigQuery call failed as a whole (not per row), classified for the retry/DLQ policy."""
+    """A BigQuery call failed as a whole (not per row), after the client's own retries; classified."""
 
     def __init__(self, error_type: ErrorType, message: str) -> None:
         super().__init__(error_type, message)
@@ -78,7 +78,7 @@ class SinkError(FirehoseError):
 
 
 class BatchFailedError(FirehoseError):
-    """A micro-batch holds messages whose error type stops the job; offsets are not committed."""
+    """A micro-batch holds messages that could not be written; offsets are not committed."""
 
     def __init__(self, batch_id: int, errors: list[MessageError], total: int) -> None:
         super().__init__(batch_id, errors, total)
@@ -90,8 +90,8 @@ class BatchFailedError(FirehoseError):
         shown = "\n  ".join(e.describe() for e in self.errors)
         more = f"\n  ... and {self.total - len(self.errors)} more" if self.total > len(self.errors) else ""
         return (
-            f"batch {self.batch_id} stopped: {self.total} message(s) could not be written and no "
-            f"dead-letter route is configured for them; offsets were not committed.\n  {shown}{more}"
+            f"batch {self.batch_id} stopped: {self.total} message(s) could not be written; the job stops "
+            f"rather than drop them, and offsets were not committed.\n  {shown}{more}"
         )
 
 

@@ -131,7 +131,7 @@ class Pipeline:
             .option("group_id", src.consumer_group_id)
             .option("starting_offsets", src.auto_offset_reset)
             .option("max_offsets_per_trigger", str(self.config.spark.max_offsets_per_trigger))
-            .option("stall_timeout_ms", str(src.poll_timeout_ms))
+            .option("stall_timeout_ms", str(src.stall_timeout_ms))
             .option("client", src.client)
             .load()
         )
