@@ -4,14 +4,13 @@ least match one plain process. Runs on a local stack started for the run."""
 
 from __future__ import annotations
 
-import socket
 import tempfile
 import time
 from pathlib import Path
 
 from firehose_bq import descriptors, sample
 from firehose_bq.config import Config, SparkConfig, StackConfig, read_env_file
-from firehose_bq.devstack.stack import Stack
+from firehose_bq.devstack.stack import Stack, isolated_env
 from firehose_bq.pipeline import Pipeline
 from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, KAFKA_PYTHON, KafkaMetadataClient, read_range
 from firehose_bq.spark import spark_session
@@ -44,10 +43,7 @@ def spark_rate(spark: object, env: dict[str, str], client: str, state: str) -> f
 
 def run() -> dict[str, float]:
     with tempfile.TemporaryDirectory() as state:
-        stack = Stack(StackConfig.from_env({
-            "FIREHOSE_STACK_DIR": state, "FIREHOSE_STACK_KAFKA_PORT": str(_free_port()),
-            "FIREHOSE_STACK_BIGQUERY_PORT": str(_free_port()), "FIREHOSE_STACK_BIGQUERY_GRPC_PORT": str(_free_port()),
-        }))
+        stack = Stack(StackConfig.from_env(isolated_env(state)))
         stack.up(report=lambda line: None)
         try:
             env = {**read_env_file(REPO / "config" / "local.env"), **stack.env(), "SOURCE_KAFKA_TOPIC": "p2a"}
@@ -74,9 +70,3 @@ def run() -> dict[str, float]:
         finally:
             stack.down(report=lambda line: None)
     return {f"p2a_{k}": v for k, v in results.items()}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

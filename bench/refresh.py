@@ -18,7 +18,7 @@ from google.protobuf import descriptor_pb2
 
 from firehose_bq.bigquery.client import make_client
 from firehose_bq.config import Config, StackConfig, read_env_file
-from firehose_bq.devstack.stack import Stack
+from firehose_bq.devstack.stack import Stack, isolated_env
 from firehose_bq.sink_schema import SinkSchema
 from firehose_bq.registry.cache import DescriptorCache
 
@@ -55,10 +55,7 @@ def serve(routes: dict[str, bytes]) -> ThreadingHTTPServer:
 
 def run() -> dict[str, float]:
     with tempfile.TemporaryDirectory() as state:
-        stack = Stack(StackConfig.from_env({
-            "FIREHOSE_STACK_DIR": state, "FIREHOSE_STACK_KAFKA_PORT": str(_free_port()),
-            "FIREHOSE_STACK_BIGQUERY_PORT": str(_free_port()), "FIREHOSE_STACK_BIGQUERY_GRPC_PORT": str(_free_port()),
-        }))
+        stack = Stack(StackConfig.from_env(isolated_env(state)))
         stack.up(report=lambda line: None)
         routes: dict[str, bytes] = {"/example.desc": (REPO / "descriptors" / "example.desc").read_bytes()}
         server = serve(routes)
@@ -94,11 +91,3 @@ def run() -> dict[str, float]:
           f"(min {min(latencies):.2f}, max {max(latencies):.2f}); published at random points of the interval, "
           f"so the wait for the next refresh tick is 0–{TTL_MS / 1000:.1f} s of it")
     return {"refresh_latency_s": median}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

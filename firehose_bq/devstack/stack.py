@@ -174,6 +174,18 @@ class Stack:
                          f"{self.cfg.start_timeout_s} s; log {self._log(service)}:\n{_tail(self._log(service))}")
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return int(probe.getsockname()[1])
+
+
+def isolated_env(state_dir: Path | str) -> dict[str, str]:
+    """Settings for a stack of its own (state and free ports) beside any other: tests, benchmarks."""
+    return {"FIREHOSE_STACK_DIR": str(state_dir), "FIREHOSE_STACK_KAFKA_PORT": str(free_port()),
+            "FIREHOSE_STACK_BIGQUERY_PORT": str(free_port()), "FIREHOSE_STACK_BIGQUERY_GRPC_PORT": str(free_port())}
+
+
 def _kafka_answers(port: int) -> bool:
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from google.cloud import bigquery
 
 from firehose_bq.bigquery.client import make_client
 from firehose_bq.config import BigQueryConfig, Config, StackConfig
-from firehose_bq.devstack.stack import Stack
+from firehose_bq.devstack.stack import Stack, isolated_env
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_DESCRIPTORS = REPO / "descriptors" / "example.desc"
@@ -29,21 +28,9 @@ EXAMPLE_DESCRIPTORS = REPO / "descriptors" / "example.desc"
 pytestmark = pytest.mark.integration
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    cfg = StackConfig.from_env({
-        **os.environ,
-        "FIREHOSE_STACK_DIR": str(tmp_path_factory.mktemp("stack")),
-        "FIREHOSE_STACK_KAFKA_PORT": str(_free_port()),
-        "FIREHOSE_STACK_BIGQUERY_PORT": str(_free_port()),
-        "FIREHOSE_STACK_BIGQUERY_GRPC_PORT": str(_free_port()),
-    })
+    cfg = StackConfig.from_env({**os.environ, **isolated_env(tmp_path_factory.mktemp("stack"))})
     running = Stack(cfg)
     running.up(report=lambda line: None)
     try:

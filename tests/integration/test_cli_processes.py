@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from firehose_bq.devstack.stack import Stack
-from tests.integration.conftest import REPO, _free_port
+from firehose_bq.devstack.stack import isolated_env
+from tests.integration.conftest import REPO
 from tests.integration.test_end_to_end import produce_bookings
 
 pytestmark = pytest.mark.integration
@@ -39,8 +40,7 @@ def processes_mentioning(text: str) -> list[str]:
 def test_stack_up_status_down_leaves_no_process_behind(tmp_path: Path, stack: Stack) -> None:
     # A second stack beside the session's, so the session's stays untouched.
     state = tmp_path / "cli-stack"
-    env = {"FIREHOSE_STACK_DIR": str(state), "FIREHOSE_STACK_KAFKA_PORT": str(_free_port()),
-           "FIREHOSE_STACK_BIGQUERY_PORT": str(_free_port()), "FIREHOSE_STACK_BIGQUERY_GRPC_PORT": str(_free_port()),
+    env = {**isolated_env(state),
            "FIREHOSE_STACK_TOOLS_DIR": str(stack.tools)}
 
     up = firehose("stack", "up", env=env)
