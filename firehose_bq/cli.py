@@ -151,7 +151,6 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         spark = spark_session(cfg.spark)
         pipeline = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now)
         cache.add_listener(pipeline.schema.on_descriptors_changed)
-        pipeline.prepare()
         stop = threading.Event()
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 from google.api_core.exceptions import GoogleAPIError
 from google.cloud import bigquery
@@ -39,11 +38,6 @@ ROW_ENVELOPE_BYTES = 32
 STOPPED_RESEND_ROUNDS = 3
 
 
-@dataclass(frozen=True)
-class _Chunk:
-    positions: list[int]  # positions in the ConvertedBatch
-
-
 class InsertAllWriter:
     def __init__(self, client: bigquery.Client, cfg: BigQueryConfig) -> None:
         self._client = client
@@ -66,22 +60,23 @@ class InsertAllWriter:
                                         f"row is {sizes[position]} bytes of JSON; an insertAll request "
                                         f"takes at most {MAX_REQUEST_BYTES}"))
         for chunk in self._chunks(sizes, too_large):
-            failures.extend(self._send(batch, records, chunk.positions))
+            failures.extend(self._send(batch, records, chunk))
         return failures
 
-    def _chunks(self, sizes: Sequence[int], skip: set[int]) -> Iterator[_Chunk]:
+    def _chunks(self, sizes: Sequence[int], skip: set[int]) -> Iterator[list[int]]:
+        """Positions in the batch, grouped into requests under the row and byte limits."""
         positions: list[int] = []
         total = 0
         for i, size in enumerate(sizes):
             if i in skip:
                 continue
             if positions and (len(positions) >= self._batch_size or total + size > MAX_REQUEST_BYTES):
-                yield _Chunk(positions)
+                yield positions
                 positions, total = [], 0
             positions.append(i)
             total += size + 1
         if positions:
-            yield _Chunk(positions)
+            yield positions
 
     def _send(self, batch: ConvertedBatch, records: KafkaRecords, positions: list[int]) -> list[MessageError]:
         failures: list[MessageError] = []
