@@ -31,6 +31,7 @@ OWNED_PREFIXES = ("SOURCE_KAFKA_", "SINK_BIGQUERY_", "INPUT_SCHEMA_", "SCHEMA_RE
 # per request as the latency/throughput sweet spot, which is the default batch size.
 INSERT_ALL_MAX_ROWS_LIMIT = 50_000
 INSERT_ALL_RECOMMENDED_ROWS = 500
+WRITE_METHODS = ("insertall", "storage_write", "file_loads")
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,18 @@ class BigQueryConfig:
         "Map proto field names BigQuery rejects to valid column names (else such a name stops the job).",
         False,
     )
+    write_method: str = setting(
+        "SINK_BIGQUERY_WRITE_METHOD",
+        "How rows reach the table: `insertall` (streaming inserts), `storage_write` (Storage Write API) or "
+        "`file_loads` (staged files, one load job per table per trigger).",
+        "insertall",
+        choices=WRITE_METHODS,
+    )
+    storage_api_enable: bool = setting(
+        "SINK_BIGQUERY_STORAGE_API_ENABLE",
+        "Firehose's switch for the Storage Write API: true = `SINK_BIGQUERY_WRITE_METHOD=storage_write`.",
+        False,
+    )
     insert_all_batch_size: int = setting(
         "SINK_BIGQUERY_INSERT_ALL_BATCH_SIZE",
         "Rows per insertAll request (BigQuery allows 50,000; requests are also kept under 9 MB).",
@@ -156,6 +169,11 @@ class BigQueryConfig:
     @property
     def table_ref(self) -> str:
         return f"{self.project_id}.{self.dataset}.{self.table}"
+
+    @property
+    def effective_write_method(self) -> str:
+        """The write method, with Firehose's SINK_BIGQUERY_STORAGE_API_ENABLE switch applied."""
+        return "storage_write" if self.storage_api_enable else self.write_method
 
 
 @dataclass(frozen=True)
@@ -264,6 +282,9 @@ class Config:
         if len(self.table.clustering_keys) > MAX_CLUSTERING_KEYS:
             problems.append(f"SINK_BIGQUERY_TABLE_CLUSTERING_KEYS: BigQuery allows at most {MAX_CLUSTERING_KEYS} "
                             f"clustering columns, got {len(self.table.clustering_keys)}")
+        if self.bigquery.storage_api_enable and self.bigquery.write_method == "file_loads":
+            problems.append("SINK_BIGQUERY_STORAGE_API_ENABLE=true contradicts SINK_BIGQUERY_WRITE_METHOD=file_loads: "
+                            "choose one write method")
         if problems:
             raise ConfigError(problems)
 

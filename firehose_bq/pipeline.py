@@ -22,8 +22,7 @@ import pyarrow as pa
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
-from firehose_bq.bigquery.client import make_client
-from firehose_bq.bigquery.insert_all import InsertAllWriter
+from firehose_bq.bigquery.writers import RowWriter, open_writer
 from firehose_bq.config import Config
 from firehose_bq.convert import KafkaRecords, RowConverter
 from firehose_bq.errors import BatchFailedError, FirehoseError, SinkError
@@ -44,7 +43,7 @@ def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
     converter = RowConverter(spec.descriptors.message_class(spec.proto_class), spec.metadata, spec.options,
                              key_class, detect_unknown_fields=True, confluent_framed=spec.confluent_framed)
     wanted = set(spec.metadata.columns) if spec.metadata.enabled else set()
-    writer: InsertAllWriter | None = None
+    writer: RowWriter | None = None
     stats = BatchStats()
     fatal = held = None
     try:
@@ -59,7 +58,7 @@ def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
             stats.unknown_fields += len(converted.unknown_fields)
             stats.add_errors(converted.errors)
             if converted.rows and spec.write:
-                writer = writer or InsertAllWriter(make_client(spec.bigquery), spec.bigquery)
+                writer = writer or open_writer(spec.bigquery)
                 failures = writer.write(converted, records)
                 stats.rows_written += len(converted.rows) - len(failures)
                 stats.add_errors(failures)
