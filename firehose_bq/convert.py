@@ -215,9 +215,13 @@ class ConvertedBatch:
     sources: list[int] = field(default_factory=list)  # index in the input of each row
     errors: list[MessageError] = field(default_factory=list)
     unknown_fields: list[int] = field(default_factory=list)  # inputs with fields the descriptor lacks
+    # Positions in `rows` of tombstones (changelog mode only): such a row holds only the key column
+    # and the metadata columns, and means "delete this key".
+    deletes: list[int] = field(default_factory=list)
 
 
 TOMBSTONE = "null value (a tombstone); only an upsert/delete sink can apply it"
+NULL_KEY = "null key; a changelog (upsert/delete) needs a key per record"
 
 
 class RowConverter:
@@ -226,9 +230,16 @@ class RowConverter:
 
     def __init__(self, message_class: type[Message], metadata: MetadataColumns,
                  options: SchemaOptions = SchemaOptions(), key_class: type[Message] | None = None,
-                 detect_unknown_fields: bool = False, confluent_framed: bool = False) -> None:
+                 detect_unknown_fields: bool = False, confluent_framed: bool = False,
+                 changelog: bool = False) -> None:
         """`confluent_framed`: values start with Confluent's wire-format frame (magic byte, schema id,
-        message indexes); the payload after it is decoded as `message_class`."""
+        message indexes); the payload after it is decoded as `message_class`.
+
+        `changelog` (upsert/delete, needs `key_class`): every record must have a key, and a null value
+        is a tombstone, returned as a key-only row listed in `ConvertedBatch.deletes`."""
+        if changelog and key_class is None:
+            raise ValueError("a changelog converter needs the key's message class")
+        self._changelog = changelog
         self._value = _decoder(message_class, 1, options, detect_unknown_fields)
         if confluent_framed:
             self._value = _unframed(self._value)
@@ -240,16 +251,23 @@ class RowConverter:
         out = ConvertedBatch()
         metadata = [(name, values(records, load_time)) for name, values in self._metadata]
         for i, value in enumerate(records.values):
-            if value is None:
+            key = None if records.keys is None else records.keys[i]
+            if self._changelog and key is None:
+                out.errors.append(self._error(ErrorType.INVALID_MESSAGE_ERROR, records, i, NULL_KEY))
+                continue
+            if value is None and not self._changelog:
                 out.errors.append(self._error(ErrorType.INVALID_MESSAGE_ERROR, records, i, TOMBSTONE))
                 continue
-            row, unknown = self._decode(self._value, value, records, i, out)
+            if value is None:
+                row: Row | None = {}
+                unknown = False
+            else:
+                row, unknown = self._decode(self._value, value, records, i, out)
             if row is None:
                 continue
             if unknown:
                 out.unknown_fields.append(i)
             if self._key is not None:
-                key = None if records.keys is None else records.keys[i]
                 row[KEY_COLUMN] = None if key is None else self._decode(self._key, key, records, i, out, "key: ")[0]
                 if key is not None and row[KEY_COLUMN] is None:
                     continue  # recorded in out.errors
@@ -259,6 +277,8 @@ class RowConverter:
                     row[self._namespace] = meta
                 else:
                     row.update(meta)
+            if value is None:
+                out.deletes.append(len(out.rows))
             out.rows.append(row)
             out.insert_ids.append(records.insert_id(i))
             out.sources.append(i)

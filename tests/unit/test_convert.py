@@ -268,6 +268,25 @@ def test_key_column(test_descriptors: Descriptors) -> None:
     assert "message_key" not in RowConverter(cls, MetadataColumns()).convert(batch, "L").rows[0]
 
 
+def test_changelog_mode_turns_tombstones_into_deletes_and_requires_keys(test_descriptors: Descriptors) -> None:
+    cls, key_cls = test_descriptors.message_class("testdata.Legacy"), test_descriptors.message_class("testdata.Key")
+    key = key_cls(id="k").SerializeToString()
+    batch = KafkaRecords(["t"] * 4, [0] * 4, [10, 11, 12, 13], [0] * 4,
+                         [cls(id="v").SerializeToString(), None, None, cls(id="w").SerializeToString()],
+                         keys=[key, key, None, None])
+    out = RowConverter(cls, MetadataColumns(columns=("message_offset",)), key_class=key_cls,
+                       changelog=True).convert(batch, "L")
+    assert [r["message_offset"] for r in out.rows] == [10, 11]
+    assert out.deletes == [1]
+    assert out.rows[1] == {"message_key": {"id": "k", "day": None}, "message_offset": 11}
+    assert out.rows[0]["id"] == "v"
+    assert [(e.error_type, e.offset) for e in out.errors] == [(ErrorType.INVALID_MESSAGE_ERROR, 12),
+                                                             (ErrorType.INVALID_MESSAGE_ERROR, 13)]
+    assert "null key" in out.errors[0].message
+    with pytest.raises(ValueError, match="key"):
+        RowConverter(cls, MetadataColumns(), changelog=True)
+
+
 def fits(value: object, f: SchemaField) -> bool:
     """Whether `value` is what BigQuery's JSON for column `f` may hold."""
     if f.mode == "REPEATED":
