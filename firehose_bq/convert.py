@@ -35,6 +35,7 @@ ValueFn = Callable[[Any], Any]
 
 FD = FieldDescriptor
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_DATE = date(1970, 1, 1)
 
 
 def rfc3339(seconds: int, nanos: int = 0) -> str:
@@ -76,33 +77,67 @@ def _date(d: Message) -> str:
         raise ValueError(f"google.type.Date {d.year}-{d.month}-{d.day} is not a valid DATE: {exc}") from None
 
 
-_SCALAR_FNS: dict[int, ValueFn] = {FD.TYPE_FLOAT: _float, FD.TYPE_DOUBLE: _float, FD.TYPE_BYTES: _bytes}
-_MESSAGE_FNS: dict[Kind, ValueFn] = {
-    Kind.TIMESTAMP: lambda ts: rfc3339(ts.seconds, ts.nanos),
-    Kind.DURATION: lambda d: {"seconds": d.seconds, "nanos": d.nanos},
-    Kind.JSON_STRING: _json,
-    Kind.DATE: _date,
-}
+def _days(d: Message) -> int:
+    return (date.fromisoformat(_date(d)) - _EPOCH_DATE).days
 
 
-def _scalar_fn(fd: FieldDescriptor) -> ValueFn | None:
-    return _enum(fd) if fd.type == FD.TYPE_ENUM else _SCALAR_FNS.get(fd.type)
+def _micros(seconds: int, nanos: int = 0) -> int:
+    return seconds * 1_000_000 + nanos // 1000
 
 
-def _value_fn(fd: FieldDescriptor, depth: int, options: SchemaOptions) -> ValueFn | None:
+@dataclass(frozen=True)
+class ValueEncoding:
+    """How values that have no native JSON form are written: insertAll and file loads want JSON text,
+    the Storage Write API wants proto-native values (micros, days, raw bytes, IEEE floats)."""
+
+    name: str
+    timestamp: Callable[[int, int], Any]  # (seconds, nanos) →
+    date: ValueFn  # google.type.Date →
+    bytes: ValueFn
+    float: ValueFn
+
+    def millis(self, millis: int) -> Any:
+        seconds, rest = divmod(millis, 1000)
+        return self.timestamp(seconds, rest * 1_000_000)
+
+
+JSON = ValueEncoding("json", rfc3339, _date, _bytes, _float)
+STORAGE = ValueEncoding("storage", _micros, _days, lambda b: b, lambda f: f)
+ENCODINGS = {e.name: e for e in (JSON, STORAGE)}
+
+
+def _scalar_fn(fd: FieldDescriptor, enc: ValueEncoding) -> ValueFn | None:
+    if fd.type == FD.TYPE_ENUM:
+        return _enum(fd)
+    if fd.type in (FD.TYPE_FLOAT, FD.TYPE_DOUBLE):
+        return enc.float if enc is JSON else None
+    return enc.bytes if fd.type == FD.TYPE_BYTES and enc is JSON else None
+
+
+def _message_fn(kind: Kind, enc: ValueEncoding) -> ValueFn:
+    if kind is Kind.TIMESTAMP:
+        return lambda ts: enc.timestamp(ts.seconds, ts.nanos)
+    if kind is Kind.DURATION:
+        return lambda d: {"seconds": d.seconds, "nanos": d.nanos}
+    if kind is Kind.DATE:
+        return enc.date
+    return _json
+
+
+def _value_fn(fd: FieldDescriptor, depth: int, options: SchemaOptions, enc: ValueEncoding) -> ValueFn | None:
     """How to convert one value of `fd` (one element of a repeated field, or a whole map); None = as is."""
     kind = field_kind(fd, depth, options.max_depth)
     if kind is Kind.SCALAR:
-        return _scalar_fn(fd)
+        return _scalar_fn(fd, enc)
     if kind is Kind.WRAPPER:
-        inner = _scalar_fn(scalar_field(fd))
+        inner = _scalar_fn(scalar_field(fd), enc)
         return (lambda w: inner(w.value)) if inner else (lambda w: w.value)
     if kind is Kind.RECORD:
-        return compile_message(fd.message_type, depth + 1, options)
+        return compile_message(fd.message_type, depth + 1, options, enc)
     if kind is Kind.MAP:
         entry = fd.message_type.fields_by_name
-        key_fn = _value_fn(entry["key"], depth + 1, options) or (lambda v: v)
-        val_fn = _value_fn(entry["value"], depth + 1, options) or (lambda v: v)
+        key_fn = _value_fn(entry["key"], depth + 1, options, enc) or (lambda v: v)
+        val_fn = _value_fn(entry["value"], depth + 1, options, enc) or (lambda v: v)
         # Sorted by key: a map has no order, and a stable one makes rows comparable.
         return lambda entries: [{"key": key_fn(k), "value": val_fn(v)} for k, v in sorted(entries.items())]
     if kind is Kind.CUT and is_map(fd):
@@ -110,12 +145,12 @@ def _value_fn(fd: FieldDescriptor, depth: int, options: SchemaOptions) -> ValueF
         return lambda entries: [_json(entry_class(key=k, value=v)) for k, v in sorted(entries.items())]
     if kind is Kind.CUT:
         return _json
-    return _MESSAGE_FNS[kind]
+    return _message_fn(kind, enc)
 
 
-def _getter(fd: FieldDescriptor, depth: int, options: SchemaOptions) -> Getter:
+def _getter(fd: FieldDescriptor, depth: int, options: SchemaOptions, enc: ValueEncoding) -> Getter:
     name = fd.name
-    convert = _value_fn(fd, depth, options)
+    convert = _value_fn(fd, depth, options, enc)
     if is_map(fd):
         assert convert is not None
         return lambda msg: convert(getattr(msg, name))
@@ -133,9 +168,9 @@ def _getter(fd: FieldDescriptor, depth: int, options: SchemaOptions) -> Getter:
 
 
 def compile_message(descriptor: Descriptor, depth: int = 1,
-                    options: SchemaOptions = SchemaOptions()) -> Callable[[Message], Row]:
+                    options: SchemaOptions = SchemaOptions(), enc: ValueEncoding = JSON) -> Callable[[Message], Row]:
     """A function turning a message of `descriptor` into a BigQuery row dict (its fields at `depth`)."""
-    steps = [(column_name(fd, options.sanitize_names), _getter(fd, depth, options))
+    steps = [(column_name(fd, options.sanitize_names), _getter(fd, depth, options, enc))
              for fd in sorted(descriptor.fields, key=lambda f: f.number)]
 
     def convert(msg: Message) -> Row:
@@ -177,12 +212,12 @@ def _kafka_int(value: int | None) -> int | None:
     return value if value is not None and value >= 0 else None  # Kafka says "none" with -1
 
 
-def _kafka_time(millis: int | None) -> str | None:
-    return None if (millis := _kafka_int(millis)) is None else millis_to_rfc3339(millis)
+def _kafka_time(millis: int | None, enc: ValueEncoding) -> Any:
+    return None if (millis := _kafka_int(millis)) is None else enc.millis(millis)
 
 
-def _headers(headers: Sequence[tuple[str, bytes | None]]) -> list[Row]:
-    return [{"key": key, "value": None if value is None else _bytes(value)} for key, value in headers]
+def _headers(headers: Sequence[tuple[str, bytes | None]], enc: ValueEncoding) -> list[Row]:
+    return [{"key": key, "value": None if value is None else enc.bytes(value)} for key, value in headers]
 
 
 def _each(values: Sequence[Any] | None, convert: Callable[[Any], Any], n: int) -> list[Any]:
@@ -190,19 +225,20 @@ def _each(values: Sequence[Any] | None, convert: Callable[[Any], Any], n: int) -
     return [None] * n if values is None else [convert(v) for v in values]
 
 
-# Each metadata column's values for a batch loaded at `now`, one per record: column-wise like the
-# records, so a row only indexes them. The keys are METADATA_COLUMNS'.
-METADATA_VALUES: dict[str, Callable[[KafkaRecords, str], Sequence[Any]]] = {
-    "message_topic": lambda r, now: r.topics,
-    "message_partition": lambda r, now: r.partitions,
-    "message_offset": lambda r, now: r.offsets,
-    "message_timestamp": lambda r, now: [_kafka_time(ms) for ms in r.timestamps_ms],
-    "load_time": lambda r, now: [now] * len(r),
+# Each metadata column's values for a batch loaded at `now` (already encoded), one per record:
+# column-wise like the records, so a row only indexes them. The keys are METADATA_COLUMNS'.
+METADATA_VALUES: dict[str, Callable[[KafkaRecords, Any, ValueEncoding], Sequence[Any]]] = {
+    "message_topic": lambda r, now, enc: r.topics,
+    "message_partition": lambda r, now, enc: r.partitions,
+    "message_offset": lambda r, now, enc: r.offsets,
+    "message_timestamp": lambda r, now, enc: [_kafka_time(ms, enc) for ms in r.timestamps_ms],
+    "load_time": lambda r, now, enc: [now] * len(r),
     # REPEATED: no headers rather than NULL when the source lacks them.
-    "message_headers": lambda r, now: [_headers(h) for h in (r.headers if r.headers is not None else [()] * len(r))],
-    "message_timestamp_type": lambda r, now: _each(r.timestamp_types,
-                                                   lambda t: TIMESTAMP_TYPES.get(t, "NoTimestampType"), len(r)),
-    "message_leader_epoch": lambda r, now: _each(r.leader_epochs, _kafka_int, len(r)),
+    "message_headers": lambda r, now, enc: [_headers(h, enc)
+                                            for h in (r.headers if r.headers is not None else [()] * len(r))],
+    "message_timestamp_type": lambda r, now, enc: _each(r.timestamp_types,
+                                                        lambda t: TIMESTAMP_TYPES.get(t, "NoTimestampType"), len(r)),
+    "message_leader_epoch": lambda r, now, enc: _each(r.leader_epochs, _kafka_int, len(r)),
 }
 
 
@@ -231,25 +267,33 @@ class RowConverter:
     def __init__(self, message_class: type[Message], metadata: MetadataColumns,
                  options: SchemaOptions = SchemaOptions(), key_class: type[Message] | None = None,
                  detect_unknown_fields: bool = False, confluent_framed: bool = False,
-                 changelog: bool = False) -> None:
+                 changelog: bool = False, encoding: ValueEncoding = JSON) -> None:
         """`confluent_framed`: values start with Confluent's wire-format frame (magic byte, schema id,
         message indexes); the payload after it is decoded as `message_class`.
 
         `changelog` (upsert/delete, needs `key_class`): every record must have a key, and a null value
-        is a tombstone, returned as a key-only row listed in `ConvertedBatch.deletes`."""
+        is a tombstone, returned as a key-only row listed in `ConvertedBatch.deletes`.
+
+        `encoding`: JSON (insertAll, file loads) or STORAGE (Storage Write API) values."""
         if changelog and key_class is None:
             raise ValueError("a changelog converter needs the key's message class")
         self._changelog = changelog
-        self._value = _decoder(message_class, 1, options, detect_unknown_fields)
+        self._encoding = encoding
+        self._value = _decoder(message_class, 1, options, encoding, detect_unknown_fields)
         if confluent_framed:
             self._value = _unframed(self._value)
-        self._key = _decoder(key_class, 2, options) if key_class is not None else None
+        self._key = _decoder(key_class, 2, options, encoding) if key_class is not None else None
         self._metadata = [(name, METADATA_VALUES[name]) for name in metadata.columns] if metadata.enabled else []
         self._namespace = metadata.namespace
 
     def convert(self, records: KafkaRecords, load_time: str) -> ConvertedBatch:
+        """`load_time`: the write time as RFC 3339 text (UTC, `Z`), one for the whole batch."""
         out = ConvertedBatch()
-        metadata = [(name, values(records, load_time)) for name, values in self._metadata]
+        now: Any = load_time
+        if self._encoding is not JSON and self._metadata:
+            moment = datetime.fromisoformat(load_time.replace("Z", "+00:00")) - _EPOCH
+            now = self._encoding.timestamp(moment.days * 86400 + moment.seconds, moment.microseconds * 1000)
+        metadata = [(name, values(records, now, self._encoding)) for name, values in self._metadata]
         for i, value in enumerate(records.values):
             key = None if records.keys is None else records.keys[i]
             if self._changelog and key is None:
@@ -307,11 +351,11 @@ class RowConverter:
 Decoder = Callable[[bytes], tuple[Row, bool]]
 
 
-def _decoder(message_class: type[Message], depth: int, options: SchemaOptions,
+def _decoder(message_class: type[Message], depth: int, options: SchemaOptions, enc: ValueEncoding,
              detect_unknown_fields: bool = False) -> Decoder:
     """Raises DecodeError for bytes that do not parse, ValueError for invalid messages."""
     parse = message_class.FromString
-    convert = compile_message(message_class.DESCRIPTOR, depth, options)
+    convert = compile_message(message_class.DESCRIPTOR, depth, options, enc)
     # upb parses proto2 messages that lack `required` fields; checking costs a C call per message, so
     # only message types that have such fields pay it.
     check_required = _has_required(message_class.DESCRIPTOR, set())

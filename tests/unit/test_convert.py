@@ -12,6 +12,7 @@ from google.cloud.bigquery import SchemaField
 
 from firehose_bq.convert import (
     METADATA_VALUES,
+    STORAGE,
     KafkaRecords,
     RowConverter,
     compile_message,
@@ -285,6 +286,22 @@ def test_changelog_mode_turns_tombstones_into_deletes_and_requires_keys(test_des
     assert "null key" in out.errors[0].message
     with pytest.raises(ValueError, match="key"):
         RowConverter(cls, MetadataColumns(), changelog=True)
+
+
+def test_storage_encoding_keeps_values_proto_native(all_types) -> None:
+    msg = all_types(f_bytes=b"\x00\xff", f_double=float("inf"))
+    msg.f_timestamp.seconds, msg.f_timestamp.nanos = 1_700_000_000, 123_456_789
+    data = msg.SerializeToString()
+    batch = KafkaRecords(["t"], [0], [7], [1_700_000_000_123], [data], headers=[[("h", b"\x01")]])
+    meta = MetadataColumns(columns=("message_timestamp", "load_time", "message_headers"))
+    json_row = RowConverter(all_types, meta).convert(batch, "2026-11-23T10:00:00.250000Z").rows[0]
+    row = RowConverter(all_types, meta, encoding=STORAGE).convert(batch, "2026-11-23T10:00:00.250000Z").rows[0]
+    assert json_row["f_bytes"] == "AP8=" and row["f_bytes"] == b"\x00\xff"
+    assert json_row["f_double"] == "Infinity" and row["f_double"] == float("inf")
+    assert json_row["f_timestamp"] == "2023-11-14T22:13:20.123456Z" and row["f_timestamp"] == 1_700_000_000_123_456
+    assert row["message_timestamp"] == 1_700_000_000_123_000
+    assert row["load_time"] == 1_795_428_000_250_000
+    assert row["message_headers"] == [{"key": "h", "value": b"\x01"}]
 
 
 def fits(value: object, f: SchemaField) -> bool:
