@@ -72,12 +72,12 @@ class UpsertSinkSchema(SinkSchema):
         wanted = plan.table
         wanted.schema = tables.destination_schema(wanted.schema, self.key_column)
         new_key, _ = tables.split_key(wanted.schema, self.key_column)
-        key_leaves(new_key.fields)  # a key MERGE cannot group or match on stops here, before any table
         call = call_options(cfg.bigquery)
         with make_client(cfg.bigquery) as client:
+            self._check_key(client, new_key)
+            key_leaves(new_key.fields)  # a key MERGE cannot group or match on stops here, before any table
             ensure_dataset(client, cfg.bigquery.project_id, cfg.bigquery.dataset, cfg.bigquery.dataset_location,
                            cfg.table.dataset_labels, **call)
-            self._check_key(client, new_key)
             live = ensure_table(client, wanted, **call)
             # The intermediate's value columns are what this version writes; the destination may hold more.
             ensure_table(client, tables.intermediate_table(self.intermediate, wanted.schema, self.key_column), **call)
