@@ -20,6 +20,7 @@ from firehose_bq.schema import parse_metadata_columns
 from firehose_bq.settings import SettingDoc, load_section, read_env_file, setting
 from firehose_bq.settings import reference as _reference
 from firehose_bq.settings import reference_markdown as _reference_markdown
+from firehose_bq.upsert.config import UpsertConfig
 
 __all__ = ["Config", "ConfigError", "SettingDoc", "read_env_file", "reference", "reference_markdown", "setting"]
 
@@ -240,6 +241,7 @@ class Config:
     bigquery: BigQueryConfig
     table: TableConfig
     spark: SparkConfig
+    upsert: UpsertConfig
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Config:
@@ -285,6 +287,7 @@ class Config:
         if self.bigquery.storage_api_enable and self.bigquery.write_method == "file_loads":
             problems.append("SINK_BIGQUERY_STORAGE_API_ENABLE=true contradicts SINK_BIGQUERY_WRITE_METHOD=file_loads: "
                             "choose one write method")
+        problems.extend(self.upsert.problems(self.input_schema.key_class))
         if problems:
             raise ConfigError(problems)
 

@@ -109,7 +109,12 @@ class Pipeline:
         called when a batch holds fields the descriptors lack, before that batch is written."""
         self.config = config
         self.spark = spark
-        self.schema = SinkSchema(config, descriptor_source)
+        self.upsert = None
+        if config.upsert.enabled:  # changelog: rows go through an intermediate table and a MERGE per batch
+            from firehose_bq.upsert.flush import UpsertSession
+
+            self.upsert = UpsertSession(config, descriptor_source)
+        self.schema = self.upsert.schema if self.upsert else SinkSchema(config, descriptor_source)
         self.summary = RunSummary()
         self._refresh = refresh
         self._write_rows = write  # False: decode and convert only (benchmarks)
@@ -129,7 +134,8 @@ class Pipeline:
             .option("topics", ",".join(src.topics))
             .option("group_id", src.consumer_group_id)
             .option("starting_offsets", src.auto_offset_reset)
-            .option("max_offsets_per_trigger", str(self.config.spark.max_offsets_per_trigger))
+            .option("max_offsets_per_trigger", str(self.upsert.max_offsets_per_trigger if self.upsert
+                                                   else self.config.spark.max_offsets_per_trigger))
             .option("stall_timeout_ms", str(src.stall_timeout_ms))
             .option("client", src.client)
             .load()
@@ -137,6 +143,13 @@ class Pipeline:
 
     def run(self, *, available_now: bool, stop: threading.Event | None = None) -> RunSummary:
         """Stream until the topic is drained (available_now) or `stop` is set; raise on failure."""
+        try:
+            return self._run(available_now=available_now, stop=stop)
+        finally:
+            if self.upsert:
+                self.upsert.close()  # drops this run's intermediate table
+
+    def _run(self, *, available_now: bool, stop: threading.Event | None) -> RunSummary:
         self.prepare()
         stop = stop or threading.Event()
         writer = self.source().writeStream.foreachBatch(self._on_batch).option(
@@ -145,7 +158,8 @@ class Pipeline:
         if available_now:
             writer = writer.trigger(availableNow=True)
         else:
-            writer = writer.trigger(processingTime=f"{self.config.spark.trigger_interval_ms} milliseconds")
+            interval = self.upsert.trigger_interval_ms if self.upsert else self.config.spark.trigger_interval_ms
+            writer = writer.trigger(processingTime=f"{interval} milliseconds")
         started = time.monotonic()
         query = writer.queryName(f"firehose-bq-{self.config.bigquery.table}").start()
         try:
@@ -174,7 +188,8 @@ class Pipeline:
 
     def _write(self, df: DataFrame, batch_id: int, spec: SinkSpec) -> list[Any]:
         try:
-            return df.mapInArrow(functools.partial(write_partition, spec), STATS_SCHEMA).collect()
+            task = self.upsert.task(spec, batch_id) if self.upsert else functools.partial(write_partition, spec)
+            return df.mapInArrow(task, STATS_SCHEMA).collect()
         except Exception as exc:
             # A task died (source unreachable, a bug): Spark's error wraps the worker's traceback in
             # pages of JVM frames; keep the worker's own last line as the reason.
@@ -219,6 +234,13 @@ class Pipeline:
         if stats.failed:
             self._failure = BatchFailedError(batch_id, stats.sample_errors, stats.failed)
             raise self._failure
+        if self.upsert:
+            # Before returning: Spark commits the batch's offsets only after its merge succeeded.
+            try:
+                self.upsert.flush(batch_id)
+            except FirehoseError as exc:
+                self._failure = exc
+                raise
 
 
 _PYTHON_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.+)$")
