@@ -1272,8 +1272,9 @@ def patch_append_rows_row_errors(*, snapshot_each_append: bool) -> list[str]:
                     row[f.name] = coerce(row.get(f.name), f.type, field=f)
                 good.append(row)
             except _Invalid as exc:
-                where = f" on field {exc.error.location}." if exc.error.location else ""
-                errors[index] = f"{exc.error.message.rstrip('.')}{where}"
+                text, loc = exc.error.message, exc.error.location
+                # Name the field unless the message already ends with it.
+                errors[index] = text if not loc or text.endswith(f"{loc}.") else f"{text} on field {loc}."
             except Exception as exc:  # noqa: BLE001 - undecodable bytes, values pyarrow refuses
                 errors[index] = f"Cannot convert the row: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         if not errors:
