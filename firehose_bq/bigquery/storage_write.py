@@ -369,8 +369,22 @@ def _outcome(response: Any) -> Outcome:
     if response.row_errors:
         return Outcome(row_errors={
             int(e.index): f"{types.RowError.RowErrorCode(e.code).name}: {e.message}" for e in response.row_errors})
+    if _storage_error_code(response.error) == types.StorageError.StorageErrorCode.SCHEMA_MISMATCH_EXTRA_FIELDS:
+        # The writer schema comes from the live table, so "extra fields" means columns added moments ago
+        # that the Storage Write backend does not see yet (it catches up within minutes): worth waiting for.
+        return Outcome(failure=api_exceptions.ServiceUnavailable(
+            f"the table's newest columns are not yet visible to the Storage Write API: {response.error.message}"))
     return Outcome(failure=api_exceptions.from_grpc_status(response.error.code, response.error.message,
                                                            response=response))
+
+
+def _storage_error_code(status: Any) -> int | None:
+    """The StorageError code among a google.rpc.Status's details, if BigQuery attached one."""
+    storage_error = types.StorageError.pb()()
+    for detail in status.details:
+        if detail.Is(storage_error.DESCRIPTOR) and detail.Unpack(storage_error):
+            return int(storage_error.code)
+    return None
 
 
 def _chunks(payloads: dict[int, bytes]) -> Iterator[list[int]]:

@@ -332,6 +332,25 @@ def test_transient_failures_are_retried_with_backoff(booking_class: Any) -> None
     assert sleeps == [storage_write.FIRST_BACKOFF_S, storage_write.FIRST_BACKOFF_S * 2]
 
 
+def test_extra_fields_right_after_a_schema_change_are_waited_for(booking_class: Any) -> None:
+    from google.protobuf import any_pb2
+
+    detail = any_pb2.Any()
+    detail.Pack(types.StorageError.pb()(code=types.StorageError.StorageErrorCode.SCHEMA_MISMATCH_EXTRA_FIELDS,
+                                        error_message="Input schema has more fields than BigQuery schema"))
+
+    def lagging(raw: list[Any]) -> list[types.AppendRowsResponse]:
+        status = status_pb2.Status(code=3, message="Input schema has more fields than BigQuery schema",
+                                   details=[detail])
+        return [types.AppendRowsResponse(error=status) for _ in raw]
+
+    writer, _, client, sleeps = make_writer(booking_class, [lagging, lagging, ok])
+    batch, recs = sample_batch(booking_class, 2)
+
+    assert writer.write(batch, recs) == []
+    assert len(client.connections) == 3 and len(sleeps) == 2
+
+
 def test_transient_failures_past_the_deadline_raise_a_retryable_sink_error(booking_class: Any) -> None:
     cfg = BigQueryConfig(project_id="p", dataset="d", table="t", retry_deadline_ms=0)
     writer, _, _, _ = make_writer(booking_class, [status(8, "Exceeds 'AppendRows throughput' quota")], cfg)
