@@ -1601,7 +1601,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--insert-all-snapshots",
         action="store_true",
-        help="copy the table into a time-travel snapshot after every insertAll, as bqemulator does "
+        help="copy the table into a time-travel snapshot after every insertAll and Storage Write append, "
+        "as bqemulator does "
         "(costs memory and time that grow with the table)",
     )
     parser.add_argument(
