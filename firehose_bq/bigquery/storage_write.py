@@ -90,6 +90,8 @@ def descriptor_proto(fields: Sequence[SchemaField], name: str = "Row") -> descri
     """
     message = descriptor_pb2.DescriptorProto(name=name)
     taken = {f.name for f in fields}
+    # Field numbers follow column positions, skipped columns included: tables only grow at the end (of
+    # the row or of a RECORD), so rows serialized before a re-read still decode under the newer schema.
     for number, column in enumerate(fields, start=1):
         kind = column.field_type.upper()
         if not PROTO_NAME.fullmatch(column.name) or (kind not in PROTO_TYPES and kind not in RECORD_TYPES):
