@@ -150,6 +150,12 @@ class BigQueryConfig:
         "Firehose's switch for the Storage Write API: true = `SINK_BIGQUERY_WRITE_METHOD=storage_write`.",
         False,
     )
+    storage_api_endpoint: str | None = setting(
+        "SINK_BIGQUERY_STORAGE_API_ENDPOINT",
+        "Storage Write API gRPC endpoint `host:port`; with SINK_BIGQUERY_API_ENDPOINT (the local emulator, e.g. "
+        "`127.0.0.1:19060`) a plaintext channel, else a private endpoint; unset = real BigQuery.",
+        None,
+    )
     insert_all_batch_size: int = setting(
         "SINK_BIGQUERY_INSERT_ALL_BATCH_SIZE",
         "Rows per insertAll request (BigQuery allows 50,000; requests are also kept under 9 MB).",
@@ -288,6 +294,10 @@ class Config:
             problems.append("SINK_BIGQUERY_STORAGE_API_ENABLE=true contradicts SINK_BIGQUERY_WRITE_METHOD=file_loads: "
                             "choose one write method")
         problems.extend(self.upsert.problems(self.input_schema.key_class))
+        if (self.bigquery.effective_write_method == "storage_write" and self.bigquery.api_endpoint
+                and not self.bigquery.storage_api_endpoint):
+            problems.append("SINK_BIGQUERY_STORAGE_API_ENDPOINT: required for storage_write when "
+                            "SINK_BIGQUERY_API_ENDPOINT points at an emulator (its gRPC host:port)")
         if problems:
             raise ConfigError(problems)
 

@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from firehose_bq.bigquery.writers import RowWriter, open_writer
 from firehose_bq.config import Config
-from firehose_bq.convert import KafkaRecords, RowConverter
+from firehose_bq.convert import JSON, STORAGE, KafkaRecords, RowConverter
 from firehose_bq.errors import BatchFailedError, FirehoseError, SinkError
 from firehose_bq.metrics import BatchStats, RunSummary
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
@@ -40,8 +40,11 @@ POLL_SECONDS = 0.5
 def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Decode, convert and write one task's records; yield a single stats row."""
     key_class = spec.descriptors.message_class(spec.key_class) if spec.key_class else None
+    # The Storage Write API takes proto-native values (micros, days, raw bytes); the others take JSON's.
+    encoding = STORAGE if spec.bigquery.effective_write_method == "storage_write" else JSON
     converter = RowConverter(spec.descriptors.message_class(spec.proto_class), spec.metadata, spec.options,
-                             key_class, detect_unknown_fields=True, confluent_framed=spec.confluent_framed)
+                             key_class, detect_unknown_fields=True, confluent_framed=spec.confluent_framed,
+                             encoding=encoding)
     wanted = set(spec.metadata.columns) if spec.metadata.enabled else set()
     writer: RowWriter | None = None
     stats = BatchStats()
