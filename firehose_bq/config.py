@@ -329,6 +329,11 @@ class StackConfig:
         "How long `stack up` waits for each service to answer (first start installs it: longer).",
         120, minimum=1,
     )
+    bigquery_persistent: bool = setting(
+        "FIREHOSE_STACK_BIGQUERY_PERSISTENT",
+        "Keep the emulator's datasets in FIREHOSE_STACK_DIR/bigquery-data across restarts (default: in memory).",
+        False,
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> StackConfig:
