@@ -88,3 +88,23 @@ def test_worker_error_finds_the_python_reason_inside_a_spark_error() -> None:
     assert worker_error(RuntimeError(spark_text)) == (
         "firehose_bq.errors.SourceError: bookings/1: no progress for 120000 ms at offset 5, planned to read up to 9")
     assert worker_error(RuntimeError("plain failure\nmore")) == "plain failure"
+
+
+@pytest.mark.parametrize(
+    ("status", "errors", "expected"),
+    [
+        # What google-api-core builds from BigQuery's JSON error bodies (`error.errors[].reason`).
+        (503, [{"reason": "backendError", "message": "Error encountered during execution. Retrying may solve the "
+                                                        "problem."}], ErrorType.SINK_5XX_ERROR),
+        (400, [{"reason": "invalid", "message": "Request payload size exceeds the limit: 10485760 bytes."}],
+         ErrorType.SINK_4XX_ERROR),
+        (403, [{"reason": "quotaExceeded", "message": "Exceeded rate limits: too many table update operations"}],
+         ErrorType.SINK_RETRYABLE_ERROR),
+        (404, [{"reason": "notFound", "message": "Not found: Table p:d.t"}], ErrorType.SINK_4XX_ERROR),
+        (408, [], ErrorType.SINK_RETRYABLE_ERROR),
+        (500, [{"reason": "internalError"}], ErrorType.SINK_5XX_ERROR),
+        (502, [], ErrorType.SINK_5XX_ERROR),
+    ],
+)
+def test_http_status_errors(status: int, errors: list[dict], expected: ErrorType) -> None:
+    assert classify_exception(exceptions.from_http_status(status, "failed", errors=errors)) is expected
