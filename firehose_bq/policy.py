@@ -13,6 +13,7 @@ reason rather than dead-letter a whole batch because the sink was down.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -100,35 +101,38 @@ class ErrorPolicyConfig:
 
     def __post_init__(self) -> None:
         problems: list[str] = []
-        failing = _type_list("ERROR_TYPES_FOR_FAILING", self.failing, problems)
-        retry = _type_list("ERROR_TYPES_FOR_RETRY", self.retry, problems)
-        if self.dlq.strip() == ALL_OTHER_TYPES:
-            dlq = frozenset(ErrorType) - failing
-        else:
-            dlq = _type_list("ERROR_TYPES_FOR_DLQ", self.dlq, problems)
-            both = sorted(t.value for t in failing & dlq)
-            if both:
-                problems.append(f"ERROR_TYPES_FOR_FAILING / ERROR_TYPES_FOR_DLQ: {', '.join(both)} in both lists; "
-                                "a type either stops the job or goes to the DLQ")
+        failing, dlq, retry = self._parse(problems)
+        both = sorted(t.value for t in failing & dlq) if self.dlq.strip() != ALL_OTHER_TYPES else []
+        if both:
+            problems.append(f"ERROR_TYPES_FOR_FAILING / ERROR_TYPES_FOR_DLQ: {', '.join(both)} in both lists; "
+                            "a type either stops the job or goes to the DLQ")
         pointless = sorted(t.value for t in retry & NOT_RETRYABLE)
         if pointless:
             problems.append(f"ERROR_TYPES_FOR_RETRY: {', '.join(pointless)} cannot be retried: the same bytes "
                             "convert the same way every time")
         if problems:
             raise ConfigError(problems)
-        object.__setattr__(self, "_sets", (failing, dlq, retry))
 
-    @property
+    def _parse(self, problems: list[str]) -> tuple[frozenset[ErrorType], frozenset[ErrorType], frozenset[ErrorType]]:
+        failing = _type_list("ERROR_TYPES_FOR_FAILING", self.failing, problems)
+        retry = _type_list("ERROR_TYPES_FOR_RETRY", self.retry, problems)
+        dlq = (frozenset(ErrorType) - failing if self.dlq.strip() == ALL_OTHER_TYPES
+               else _type_list("ERROR_TYPES_FOR_DLQ", self.dlq, problems))
+        return failing, dlq, retry
+
+    # Parsed once per instance (validated in __post_init__); cached_property writes the instance's
+    # __dict__ directly, which a frozen dataclass allows.
+    @functools.cached_property
     def failing_types(self) -> frozenset[ErrorType]:
-        return self._sets[0]  # type: ignore[attr-defined,no-any-return]
+        return self._parse([])[0]
 
-    @property
+    @functools.cached_property
     def dlq_types(self) -> frozenset[ErrorType]:
-        return self._sets[1]  # type: ignore[attr-defined,no-any-return]
+        return self._parse([])[1]
 
-    @property
+    @functools.cached_property
     def retry_types(self) -> frozenset[ErrorType]:
-        return self._sets[2]  # type: ignore[attr-defined,no-any-return]
+        return self._parse([])[2]
 
     def backoff_ms(self, retry: int) -> int:
         """Wait before retry number `retry` (1 = the first)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from firehose_bq.errors import ConfigError
@@ -23,8 +24,9 @@ class DlqConfig:
         "DLQ_WRITER_TYPE",
         "KAFKA: the original record plus error headers to DLQ_KAFKA_TOPIC; BLOB: JSON lines (base64 payload, "
         "full error) under `topic/yyyy-mm-dd/uuid.jsonl`; LOG: one structured log line per message (the "
-        "payload is not kept: only for streams whose bad messages may be lost).",
-        LOG,
+        "payload is not kept: only for streams whose bad messages may be lost). The default keeps the "
+        "messages (Firehose's is LOG).",
+        KAFKA,
         choices=(KAFKA, BLOB, LOG),
     )
     retry_max_attempts: int = setting(
@@ -65,6 +67,4 @@ class DlqConfig:
 
     def with_brokers(self, source_brokers: str) -> DlqConfig:
         """This config with DLQ_KAFKA_BROKERS filled in from the source when unset."""
-        import dataclasses
-
         return self if self.kafka_brokers else dataclasses.replace(self, kafka_brokers=source_brokers)

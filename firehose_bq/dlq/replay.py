@@ -99,7 +99,10 @@ class KafkaDlqSource:
                 for r in records:
                     if r.offset >= self._end[tp] or left == 0:
                         break
-                    letters.append(DeadLetter.from_kafka(r.key, r.value, list(r.headers or [])))
+                    try:
+                        letters.append(DeadLetter.from_kafka(r.key, r.value, list(r.headers or [])))
+                    except ValueError as exc:
+                        raise FirehoseError(f"{tp.topic}/{tp.partition}@{r.offset}: {exc}") from None
                     done[tp] = r.offset + 1
                     left -= 1
             if not done:  # only records past the planned end: this replay is complete for those partitions
