@@ -210,14 +210,14 @@ def write_with_policy(handling: ErrorHandling, converted: ConvertedBatch, record
                       writer: Callable[[], Writer] | None, sleep: Callable[[float], None] = time.sleep) -> Handled:
     """Write `converted`, retry what the policy retries, and sort every message into written/dlq/failed.
 
-    `writer()` opens (or returns the open) writer; None = convert only (rows count as written).
+    `writer()` opens (or returns the open) writer; None = convert only (no row counts as written).
     Raises SinkError when a whole request still fails after its retries."""
     batch, unknown_errors = (reject_unknown_fields(converted, records)
                              if not handling.policy.allow_unknown_fields else (converted, []))
     done = Handled()
     final: list[tuple[MessageError, bool]] = [(e, False) for e in converted.errors + unknown_errors]
     if writer is None or not batch.rows:
-        done.written = len(batch.rows)
+        pass  # convert only (benchmarks): nothing was written
     else:
         position = {(records.topics[i], records.partitions[i], records.offsets[i]): p
                     for p, i in enumerate(batch.sources)}

@@ -59,3 +59,21 @@ def test_a_failing_dlq_is_retried_then_raises() -> None:
     with pytest.raises(DeadLetterError, match="failed 3 time"):
         dead_letter(cfg, [LETTER], opener=lambda c: Broken(), sleep=lambda s: None)
     assert len(calls) == 3
+
+
+def test_replay_needs_a_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    from firehose_bq import cli
+
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["replay-dlq"])
+    assert stopped.value.code == 2
+    assert "--available-now" in capsys.readouterr().err
+
+
+def test_replayed_records_keep_their_original_coordinates() -> None:
+    from firehose_bq.dlq.replay import records_of
+
+    records = records_of([LETTER])
+    assert (records.topics[0], records.partitions[0], records.offsets[0]) == ("orders", 2, 41)
+    assert records.insert_id(0) == "orders_2_41"
+    assert (records.keys, records.values, records.timestamps_ms) == ([b"key"], [b"\x00\xffvalue"], [1_700_000_000_000])
