@@ -8,6 +8,8 @@ from google.api_core import exceptions
 
 from firehose_bq.bigquery.classify import (
     classify_exception,
+    classify_grpc_code,
+    classify_storage_row_error,
     classify_row_errors,
     describe_row_errors,
     is_only_stopped,
@@ -108,3 +110,24 @@ def test_worker_error_finds_the_python_reason_inside_a_spark_error() -> None:
 )
 def test_http_status_errors(status: int, errors: list[dict], expected: ErrorType) -> None:
     assert classify_exception(exceptions.from_http_status(status, "failed", errors=errors)) is expected
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (3, ErrorType.SINK_4XX_ERROR),  # INVALID_ARGUMENT: "Errors found while processing rows"
+        (6, ErrorType.SINK_4XX_ERROR),  # ALREADY_EXISTS: offset already written
+        (8, ErrorType.SINK_RETRYABLE_ERROR),  # RESOURCE_EXHAUSTED: throughput quota
+        (14, ErrorType.SINK_RETRYABLE_ERROR),  # UNAVAILABLE
+        (13, ErrorType.SINK_5XX_ERROR),  # INTERNAL
+        (2, ErrorType.SINK_UNKNOWN_ERROR),  # UNKNOWN
+    ],
+)
+def test_storage_write_status_codes(code: int, expected: ErrorType) -> None:
+    assert classify_grpc_code(code) is expected
+
+
+def test_storage_write_row_errors() -> None:
+    # AppendRowsResponse.row_errors: {"index": 2, "code": "FIELDS_ERROR" (1), "message": "..."}
+    assert classify_storage_row_error(1) is ErrorType.SINK_4XX_ERROR
+    assert classify_storage_row_error(0) is ErrorType.SINK_UNKNOWN_ERROR
