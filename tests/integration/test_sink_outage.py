@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from google.cloud import bigquery
 
 from firehose_bq.bigquery.client import make_client
 from firehose_bq.config import BigQueryConfig, Config, StackConfig
