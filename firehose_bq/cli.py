@@ -80,6 +80,18 @@ def _parser() -> argparse.ArgumentParser:
                      help="process what is in the topic now, then exit 0 (default: stream until stopped)")
     run.set_defaults(handler=_run)
 
+    replay = commands.add_parser("replay-dlq", parents=[common],
+                                 help="send dead letters through the sink again (after fixing their cause)")
+    bound = replay.add_mutually_exclusive_group(required=True)
+    bound.add_argument("--available-now", action="store_true", help="replay what the DLQ holds now, then exit")
+    bound.add_argument("--max-messages", type=int, metavar="N", help="replay at most N dead letters, then exit")
+    replay.add_argument("--from-blob", metavar="DIR", type=Path,
+                        help="read BLOB files under DIR (default: the DLQ_KAFKA_TOPIC topic)")
+    replay.add_argument("--group", metavar="ID",
+                        help="consumer group that remembers the replay's progress in the DLQ topic (default: "
+                             "SOURCE_KAFKA_CONSUMER_GROUP_ID + `-dlq-replay`)")
+    replay.set_defaults(handler=_replay_dlq)
+
     stack = commands.add_parser("stack", parents=[common], help="local broker + BigQuery emulator")
     stack.add_argument("action", choices=("up", "down", "status"))
     stack.add_argument("--env", action="store_true", help="with status: print NAME=value lines for a job")
@@ -180,6 +192,27 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         cache.stop()
         if spark is not None:
             spark.stop()
+
+
+def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from firehose_bq.dlq.replay import BlobDlqSource, DlqSource, KafkaDlqSource, replay
+
+    cfg = _load_config(environ)
+    if args.max_messages is not None and args.max_messages < 1:
+        raise ConfigError(["--max-messages: must be at least 1"])
+    source: DlqSource
+    if args.from_blob:
+        source = BlobDlqSource(args.from_blob, args.max_messages)
+    else:
+        dlq = cfg.dlq.with_brokers(cfg.source.brokers)
+        source = KafkaDlqSource(dlq.kafka_brokers, dlq.kafka_topic,
+                                args.group or f"{cfg.source.consumer_group_id}-dlq-replay", args.max_messages)
+    try:
+        summary = replay(cfg, source, progress=sys.stderr.isatty() or bool(os.environ.get("FIREHOSE_PROGRESS")))
+    finally:
+        source.close()
+    print(summary.render())
+    return 0
 
 
 def _stack(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from firehose_bq.dlq.config import DlqConfig
 from firehose_bq.errors import ConfigError
+from firehose_bq.policy import ErrorPolicyConfig
 from firehose_bq.registry.config import RegistryConfig
 from firehose_bq.schema import parse_metadata_columns
 from firehose_bq.settings import SettingDoc, load_section, read_env_file, setting
@@ -26,7 +28,8 @@ __all__ = ["Config", "ConfigError", "SettingDoc", "read_env_file", "reference", 
 
 # Prefixes that belong to this sink: a set variable under one of them that no setting reads is almost
 # always a typo, so it is reported (as a warning, because Firehose deployments carry extra keys).
-OWNED_PREFIXES = ("SOURCE_KAFKA_", "SINK_BIGQUERY_", "INPUT_SCHEMA_", "SCHEMA_REGISTRY_")
+OWNED_PREFIXES = ("SOURCE_KAFKA_", "SINK_BIGQUERY_", "INPUT_SCHEMA_", "SCHEMA_REGISTRY_", "ERROR_TYPES_", "RETRY_",
+                  "DLQ_")
 
 # BigQuery accepts at most 50,000 rows and 10 MB per insertAll request; Google recommends ~500 rows
 # per request as the latency/throughput sweet spot, which is the default batch size.
@@ -248,6 +251,8 @@ class Config:
     table: TableConfig
     spark: SparkConfig
     upsert: UpsertConfig
+    errors: ErrorPolicyConfig = dataclasses.field(default_factory=ErrorPolicyConfig)
+    dlq: DlqConfig = dataclasses.field(default_factory=DlqConfig)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Config:
@@ -336,6 +341,11 @@ class StackConfig:
         "FIREHOSE_STACK_START_TIMEOUT_S",
         "How long `stack up` waits for each service to answer (first start installs it: longer).",
         120, minimum=1,
+    )
+    bigquery_persistent: bool = setting(
+        "FIREHOSE_STACK_BIGQUERY_PERSISTENT",
+        "Keep the emulator's datasets in FIREHOSE_STACK_DIR/bigquery-data across restarts (default: in memory).",
+        False,
     )
 
     @classmethod

@@ -97,3 +97,7 @@ class BatchFailedError(FirehoseError):
 
 class StackError(FirehoseError):
     """The local development stack could not be started, checked or stopped."""
+
+
+class DeadLetterError(FirehoseError):
+    """Dead letters could not be stored after every retry: the batch is not committed."""

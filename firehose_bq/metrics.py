@@ -17,22 +17,43 @@ class BatchStats:
     messages: int = 0
     rows_written: int = 0
     unknown_fields: int = 0  # messages written without fields their descriptors lack
+    # Every message that was not written, by its (final) error type; each is also in `outcomes`.
     errors_by_type: Counter[str] = field(default_factory=Counter)
-    sample_errors: list[MessageError] = field(default_factory=list)
+    # Per policy outcome: `dlq`, `failed`, and `retried` (sent again at least once, whatever came after).
+    outcomes: Counter[str] = field(default_factory=Counter)
+    sample_errors: list[MessageError] = field(default_factory=list)  # of the failed messages
 
     @property
     def failed(self) -> int:
-        return sum(self.errors_by_type.values())
+        """Messages that stop the job: in neither the table nor the DLQ."""
+        return self.outcomes["failed"]
+
+    @property
+    def dead_lettered(self) -> int:
+        return self.outcomes["dlq"]
+
+    @property
+    def retried(self) -> int:
+        return self.outcomes["retried"]
 
     def add_errors(self, errors: list[MessageError]) -> None:
+        """Count `errors` by type (their outcome is counted with `add_outcome`)."""
         self.errors_by_type.update(e.error_type.value for e in errors)
-        self._keep_sample(errors)
+
+    def add_outcome(self, outcome: str, errors: list[MessageError] | int) -> None:
+        if isinstance(errors, int):
+            self.outcomes[outcome] += errors
+            return
+        self.outcomes[outcome] += len(errors)
+        if outcome == "failed":
+            self._keep_sample(errors)
 
     def merge(self, other: BatchStats) -> None:
         self.messages += other.messages
         self.rows_written += other.rows_written
         self.unknown_fields += other.unknown_fields
         self.errors_by_type.update(other.errors_by_type)
+        self.outcomes.update(other.outcomes)
         self._keep_sample(other.sample_errors)
 
     def _keep_sample(self, errors: list[MessageError]) -> None:
@@ -47,6 +68,7 @@ class BatchStats:
                 "rows_written": self.rows_written,
                 "unknown_fields": self.unknown_fields,
                 "errors_by_type": dict(self.errors_by_type),
+                "outcomes": dict(self.outcomes),
                 "sample_errors": [
                     [e.error_type.value, e.topic, e.partition, e.offset, e.message] for e in self.sample_errors
                 ],
@@ -61,6 +83,7 @@ class BatchStats:
             rows_written=data["rows_written"],
             unknown_fields=data["unknown_fields"],
             errors_by_type=Counter(data["errors_by_type"]),
+            outcomes=Counter(data.get("outcomes", {})),
             sample_errors=[MessageError(ErrorType(t), topic, p, o, m) for t, topic, p, o, m in data["sample_errors"]],
         )
 
@@ -81,7 +104,10 @@ class RunSummary:
             f"micro-batches      {self.batches}",
             f"messages read      {t.messages}",
             f"rows written       {t.rows_written}",
+            f"retried            {t.retried}",
+            f"dead-lettered      {t.dead_lettered}",
             f"messages failed    {t.failed}",
+            f"errors by type     {sum(t.errors_by_type.values())}",
         ]
         if t.unknown_fields:
             lines.append(f"  written without fields their descriptors lack: {t.unknown_fields}")

@@ -25,8 +25,11 @@ from pyspark.sql import DataFrame, SparkSession
 from firehose_bq.bigquery.writers import RowWriter, open_writer
 from firehose_bq.config import Config
 from firehose_bq.convert import JSON, STORAGE, KafkaRecords, RowConverter
-from firehose_bq.errors import BatchFailedError, FirehoseError, SinkError
+from firehose_bq.dlq.letters import DeadLetter
+from firehose_bq.dlq.writers import dead_letter
+from firehose_bq.errors import BatchFailedError, DeadLetterError, FirehoseError, SinkError
 from firehose_bq.metrics import BatchStats, RunSummary
+from firehose_bq.policy import ErrorHandling, apply_policy
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
 from firehose_bq.source.kafka_source import FORMAT_NAME
 
@@ -37,8 +40,9 @@ STATS_SCHEMA = "stats STRING, fatal STRING, held STRING"
 POLL_SECONDS = 0.5
 
 
-def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Decode, convert and write one task's records; yield a single stats row."""
+def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch],
+                    handling: ErrorHandling = ErrorHandling()) -> Iterator[pa.RecordBatch]:
+    """Decode, convert and write one task's records, failed ones as `handling` says; yield a stats row."""
     key_class = spec.descriptors.message_class(spec.key_class) if spec.key_class else None
     # The Storage Write API takes proto-native values (micros, days, raw bytes); the others take JSON's.
     encoding = STORAGE if spec.bigquery.effective_write_method == "storage_write" else JSON
@@ -49,23 +53,30 @@ def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
     writer: RowWriter | None = None
     stats = BatchStats()
     fatal = held = None
+    letters: list[DeadLetter] = []
+
+    def current_writer() -> RowWriter:
+        nonlocal writer
+        writer = writer or open_writer(spec.bigquery)
+        return writer
+
     try:
         for batch in batches:
-            records = kafka_records(batch, keys=key_class is not None, wanted=wanted)
+            records = kafka_records(batch, keys=key_class is not None or handling.keeps_records, wanted=wanted,
+                                    all_headers=handling.keeps_records)
             converted = converter.convert(records, load_time=_now())
             if converted.unknown_fields and spec.hold_on_unknown_fields:
                 i = converted.unknown_fields[0]
                 held = f"{records.topics[i]}/{records.partitions[i]}@{records.offsets[i]}"
                 break
             stats.messages += len(records)
-            stats.unknown_fields += len(converted.unknown_fields)
-            stats.add_errors(converted.errors)
-            if converted.rows and spec.write:
-                writer = writer or open_writer(spec.bigquery)
-                failures = writer.write(converted, records)
-                stats.rows_written += len(converted.rows) - len(failures)
-                stats.add_errors(failures)
-    except SinkError as exc:
+            if handling.policy.allow_unknown_fields:
+                stats.unknown_fields += len(converted.unknown_fields)
+            letters.extend(apply_policy(handling, converted, records, current_writer if spec.write else None, stats))
+        if held is None:
+            # Only now: a held batch is written again after the refresh, and must not be dead-lettered twice.
+            dead_letter(handling.dlq, letters)
+    except (SinkError, DeadLetterError) as exc:
         # Reported as data so the driver can show one clean reason; the batch is not committed.
         fatal = str(exc)
     finally:
@@ -74,7 +85,7 @@ def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
     yield pa.RecordBatch.from_pydict({"stats": [stats.to_json()], "fatal": [fatal], "held": [held]})
 
 
-def kafka_records(batch: pa.RecordBatch, *, keys: bool, wanted: set[str]) -> KafkaRecords:
+def kafka_records(batch: pa.RecordBatch, *, keys: bool, wanted: set[str], all_headers: bool = False) -> KafkaRecords:
     """The source's Arrow batch as KafkaRecords; optional columns only when something uses them."""
 
     def column(name: str) -> list[Any]:
@@ -88,7 +99,7 @@ def kafka_records(batch: pa.RecordBatch, *, keys: bool, wanted: set[str]) -> Kaf
         values=column("value"),
         keys=column("key") if keys else None,
         headers=([[(h["key"], h["value"]) for h in hs] for hs in column("headers")]
-                 if "message_headers" in wanted else None),
+                 if "message_headers" in wanted or all_headers else None),
         timestamp_types=column("timestamp_type") if "message_timestamp_type" in wanted else None,
         leader_epochs=column("leader_epoch") if "message_leader_epoch" in wanted else None,
     )
@@ -125,6 +136,7 @@ class Pipeline:
         # until this moment: a producer ahead of its registry must not cost a re-run per batch.
         self._accept_unknown_until = 0.0
         self._failure: Exception | None = None
+        self._handling = ErrorHandling(config.errors, config.dlq.with_brokers(config.source.brokers))
 
     def prepare(self) -> SinkSpec:
         return self.schema.current()
@@ -191,7 +203,8 @@ class Pipeline:
 
     def _write(self, df: DataFrame, batch_id: int, spec: SinkSpec) -> list[Any]:
         try:
-            task = self.upsert.task(spec, batch_id) if self.upsert else functools.partial(write_partition, spec)
+            task = (self.upsert.task(spec, batch_id) if self.upsert
+                    else functools.partial(write_partition, spec, handling=self._handling))
             return df.mapInArrow(task, STATS_SCHEMA).collect()
         except Exception as exc:
             # A task died (source unreachable, a bug): Spark's error wraps the worker's traceback in
@@ -225,8 +238,9 @@ class Pipeline:
         elapsed = time.monotonic() - started
         self.summary.batches += 1
         self.summary.totals.merge(stats)
-        log.info("batch %d: %d messages, %d rows written, %d failed, %.1f s (%.0f messages/s)", batch_id,
-                 stats.messages, stats.rows_written, stats.failed, elapsed, stats.messages / max(elapsed, 1e-9))
+        log.info("batch %d: %d messages, %d rows written, %d dead-lettered, %d failed, %d retried, %.1f s "
+                 "(%.0f messages/s)", batch_id, stats.messages, stats.rows_written, stats.dead_lettered, stats.failed,
+                 stats.retried, elapsed, stats.messages / max(elapsed, 1e-9))
         if stats.unknown_fields:
             log.warning("batch %d: %d message(s) carry fields that no known descriptor version has; written "
                         "without them (publish the new proto to the registry, then replay to fill them)",

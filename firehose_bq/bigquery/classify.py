@@ -79,3 +79,34 @@ def classify_exception(exc: BaseException) -> ErrorType:
                         ConnectionError, TimeoutError)):
         return ErrorType.SINK_RETRYABLE_ERROR
     return ErrorType.SINK_UNKNOWN_ERROR
+
+
+# Storage Write API: an AppendRows response that fails carries a google.rpc.Status whose `code` is a
+# google.rpc.Code, and, for bad rows, `row_errors` entries {index, code, message} whose code is
+# RowError.RowErrorCode (FIELDS_ERROR = 1: a value does not fit its column).
+GRPC_CODE_TYPES: dict[int, ErrorType] = {
+    3: ErrorType.SINK_4XX_ERROR,  # INVALID_ARGUMENT
+    5: ErrorType.SINK_4XX_ERROR,  # NOT_FOUND (table or stream)
+    6: ErrorType.SINK_4XX_ERROR,  # ALREADY_EXISTS (an offset written before)
+    7: ErrorType.SINK_4XX_ERROR,  # PERMISSION_DENIED
+    9: ErrorType.SINK_4XX_ERROR,  # FAILED_PRECONDITION (stream finalized, schema mismatch)
+    11: ErrorType.SINK_4XX_ERROR,  # OUT_OF_RANGE (offset past the end)
+    1: ErrorType.SINK_RETRYABLE_ERROR,  # CANCELLED
+    4: ErrorType.SINK_RETRYABLE_ERROR,  # DEADLINE_EXCEEDED
+    8: ErrorType.SINK_RETRYABLE_ERROR,  # RESOURCE_EXHAUSTED (quota, throughput)
+    10: ErrorType.SINK_RETRYABLE_ERROR,  # ABORTED
+    14: ErrorType.SINK_RETRYABLE_ERROR,  # UNAVAILABLE
+    13: ErrorType.SINK_5XX_ERROR,  # INTERNAL
+    15: ErrorType.SINK_5XX_ERROR,  # DATA_LOSS
+}
+STORAGE_FIELDS_ERROR = 1
+
+
+def classify_grpc_code(code: int) -> ErrorType:
+    """The ErrorType of a failed Storage Write call from its google.rpc.Code number."""
+    return GRPC_CODE_TYPES.get(int(code), ErrorType.SINK_UNKNOWN_ERROR)
+
+
+def classify_storage_row_error(code: int) -> ErrorType:
+    """The ErrorType of one Storage Write `row_errors` entry: FIELDS_ERROR is the row's own fault."""
+    return ErrorType.SINK_4XX_ERROR if int(code) == STORAGE_FIELDS_ERROR else ErrorType.SINK_UNKNOWN_ERROR

@@ -42,8 +42,9 @@ class Service:
             data.mkdir(parents=True, exist_ok=True)
             return [str(venv / "bin" / "noida-db"), "start", "--only", "kafka", "--host", HOST,
                     "--kafka-port", str(cfg.kafka_port), "--data-dir", str(data)]
+        persist = ["--data-dir", str(state / "bigquery-data")] if cfg.bigquery_persistent else []
         return [str(venv / "bin" / "python"), str(LAUNCHER), "--host", HOST, "--port", str(cfg.bigquery_port),
-                "--grpc-port", str(cfg.bigquery_grpc_port), "--project", cfg.project_id]
+                "--grpc-port", str(cfg.bigquery_grpc_port), "--project", cfg.project_id, *persist]
 
     def healthy(self, cfg: StackConfig) -> bool:
         return _kafka_answers(self.port) if self.tool is BROKER else _bigquery_answers(cfg)
@@ -108,6 +109,14 @@ class Stack:
                 _terminate_group(pid)
                 report(f"{service.name}: stopped (pid {pid})")
             self._pid_file(service).unlink(missing_ok=True)
+
+    def stop_service(self, name: str) -> None:
+        """Stop one service (e.g. `bigquery`, to test an outage); `up()` starts it again."""
+        service = next(s for s in self.services if s.name == name)
+        pid = self._running_pid(service)
+        if pid is not None:
+            _terminate_group(pid)
+        self._pid_file(service).unlink(missing_ok=True)
 
     def status(self) -> list[ServiceStatus]:
         result = []

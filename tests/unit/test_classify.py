@@ -8,6 +8,8 @@ from google.api_core import exceptions
 
 from firehose_bq.bigquery.classify import (
     classify_exception,
+    classify_grpc_code,
+    classify_storage_row_error,
     classify_row_errors,
     describe_row_errors,
     is_only_stopped,
@@ -88,3 +90,44 @@ def test_worker_error_finds_the_python_reason_inside_a_spark_error() -> None:
     assert worker_error(RuntimeError(spark_text)) == (
         "firehose_bq.errors.SourceError: bookings/1: no progress for 120000 ms at offset 5, planned to read up to 9")
     assert worker_error(RuntimeError("plain failure\nmore")) == "plain failure"
+
+
+@pytest.mark.parametrize(
+    ("status", "errors", "expected"),
+    [
+        # What google-api-core builds from BigQuery's JSON error bodies (`error.errors[].reason`).
+        (503, [{"reason": "backendError", "message": "Error encountered during execution. Retrying may solve the "
+                                                        "problem."}], ErrorType.SINK_5XX_ERROR),
+        (400, [{"reason": "invalid", "message": "Request payload size exceeds the limit: 10485760 bytes."}],
+         ErrorType.SINK_4XX_ERROR),
+        (403, [{"reason": "quotaExceeded", "message": "Exceeded rate limits: too many table update operations"}],
+         ErrorType.SINK_RETRYABLE_ERROR),
+        (404, [{"reason": "notFound", "message": "Not found: Table p:d.t"}], ErrorType.SINK_4XX_ERROR),
+        (408, [], ErrorType.SINK_RETRYABLE_ERROR),
+        (500, [{"reason": "internalError"}], ErrorType.SINK_5XX_ERROR),
+        (502, [], ErrorType.SINK_5XX_ERROR),
+    ],
+)
+def test_http_status_errors(status: int, errors: list[dict], expected: ErrorType) -> None:
+    assert classify_exception(exceptions.from_http_status(status, "failed", errors=errors)) is expected
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (3, ErrorType.SINK_4XX_ERROR),  # INVALID_ARGUMENT: "Errors found while processing rows"
+        (6, ErrorType.SINK_4XX_ERROR),  # ALREADY_EXISTS: offset already written
+        (8, ErrorType.SINK_RETRYABLE_ERROR),  # RESOURCE_EXHAUSTED: throughput quota
+        (14, ErrorType.SINK_RETRYABLE_ERROR),  # UNAVAILABLE
+        (13, ErrorType.SINK_5XX_ERROR),  # INTERNAL
+        (2, ErrorType.SINK_UNKNOWN_ERROR),  # UNKNOWN
+    ],
+)
+def test_storage_write_status_codes(code: int, expected: ErrorType) -> None:
+    assert classify_grpc_code(code) is expected
+
+
+def test_storage_write_row_errors() -> None:
+    # AppendRowsResponse.row_errors: {"index": 2, "code": "FIELDS_ERROR" (1), "message": "..."}
+    assert classify_storage_row_error(1) is ErrorType.SINK_4XX_ERROR
+    assert classify_storage_row_error(0) is ErrorType.SINK_UNKNOWN_ERROR

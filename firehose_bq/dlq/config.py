@@ -1,0 +1,70 @@
+"""DLQ settings (Firehose's names where Firehose has them)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from firehose_bq.errors import ConfigError
+from firehose_bq.settings import setting
+
+KAFKA, BLOB, LOG = "KAFKA", "BLOB", "LOG"
+LOCAL, GCS = "LOCAL", "GCS"
+
+
+@dataclass(frozen=True)
+class DlqConfig:
+    enabled: bool = setting(
+        "DLQ_SINK_ENABLE",
+        "Send messages whose error type is in ERROR_TYPES_FOR_DLQ to the dead-letter queue; false = such "
+        "messages stop the job (never dropped).",
+        False,
+    )
+    writer_type: str = setting(
+        "DLQ_WRITER_TYPE",
+        "KAFKA: the original record plus error headers to DLQ_KAFKA_TOPIC; BLOB: JSON lines (base64 payload, "
+        "full error) under `topic/yyyy-mm-dd/uuid.jsonl`; LOG: one structured log line per message (the "
+        "payload is not kept: only for streams whose bad messages may be lost). The default keeps the "
+        "messages (Firehose's is LOG).",
+        KAFKA,
+        choices=(KAFKA, BLOB, LOG),
+    )
+    retry_max_attempts: int = setting(
+        "DLQ_RETRY_MAX_ATTEMPTS",
+        "Attempts of one DLQ write; when they run out the job stops and offsets are not committed.",
+        10,
+        minimum=1,
+    )
+    retry_backoff_ms: int = setting(
+        "DLQ_RETRY_BACKOFF_MS", "Wait before the first retry of a DLQ write; doubles per retry, at most 30 s.",
+        500, minimum=0,
+    )
+    kafka_brokers: str = setting(
+        "DLQ_KAFKA_BROKERS", "Bootstrap servers of the DLQ topic; empty = SOURCE_KAFKA_BROKERS.", ""
+    )
+    kafka_topic: str = setting("DLQ_KAFKA_TOPIC", "DLQ topic (KAFKA writer).", "firehose-retry-topic")
+    kafka_acks: str = setting(
+        "DLQ_KAFKA_ACKS", "Producer acks of the DLQ writer.", "all", choices=("all", "1", "0")
+    )
+    blob_storage_type: str = setting(
+        "DLQ_BLOB_STORAGE_TYPE", "Where BLOB files go: a LOCAL directory or a GCS bucket.", LOCAL,
+        choices=(LOCAL, GCS),
+    )
+    blob_local_directory: str = setting(
+        "DLQ_BLOB_LOCAL_DIRECTORY", "Directory of the BLOB writer with DLQ_BLOB_STORAGE_TYPE=LOCAL.", ""
+    )
+    gcs_bucket: str = setting("DLQ_GCS_BUCKET_NAME", "Bucket of the BLOB writer with DLQ_BLOB_STORAGE_TYPE=GCS.", "")
+    gcs_prefix: str = setting("DLQ_GCS_PREFIX", "Object name prefix inside DLQ_GCS_BUCKET_NAME.", "")
+
+    def __post_init__(self) -> None:
+        if not self.enabled:
+            return
+        if self.writer_type == BLOB and self.blob_storage_type == LOCAL and not self.blob_local_directory:
+            raise ConfigError(["DLQ_BLOB_LOCAL_DIRECTORY: required with DLQ_WRITER_TYPE=BLOB and "
+                               "DLQ_BLOB_STORAGE_TYPE=LOCAL"])
+        if self.writer_type == BLOB and self.blob_storage_type == GCS and not self.gcs_bucket:
+            raise ConfigError(["DLQ_GCS_BUCKET_NAME: required with DLQ_WRITER_TYPE=BLOB and DLQ_BLOB_STORAGE_TYPE=GCS"])
+
+    def with_brokers(self, source_brokers: str) -> DlqConfig:
+        """This config with DLQ_KAFKA_BROKERS filled in from the source when unset."""
+        return self if self.kafka_brokers else dataclasses.replace(self, kafka_brokers=source_brokers)

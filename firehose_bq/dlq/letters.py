@@ -1,0 +1,96 @@
+"""A dead letter: the original Kafka record, unchanged, plus why and where it failed.
+
+The same fields travel as Kafka headers (KAFKA writer) and as one JSON object (BLOB writer), and are
+read back by the replay. The source coordinates are the ORIGINAL ones: a message dead-lettered again
+by a replay keeps them, so its insertId stays `topic_partition_offset` of the first write.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from firehose_bq.convert import KafkaRecords
+from firehose_bq.errors import ErrorType, MessageError
+
+HEADER_PREFIX = "firehose-dlq-"
+H_TYPE = HEADER_PREFIX + "error-type"
+H_MESSAGE = HEADER_PREFIX + "error-message"
+H_TOPIC = HEADER_PREFIX + "source-topic"
+H_PARTITION = HEADER_PREFIX + "source-partition"
+H_OFFSET = HEADER_PREFIX + "source-offset"
+H_TIMESTAMP = HEADER_PREFIX + "source-timestamp-ms"
+H_FAILED_AT = HEADER_PREFIX + "failed-at-ms"
+H_ATTEMPT = HEADER_PREFIX + "attempt-count"
+# Error messages can be long (a row's every error); a header is no place for kilobytes.
+MAX_MESSAGE_CHARS = 4000
+
+Headers = Sequence[tuple[str, bytes | None]]
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    error: MessageError  # its topic/partition/offset are the original record's
+    key: bytes | None
+    value: bytes | None
+    headers: Headers  # the record's own headers, without earlier dead-letter headers
+    timestamp_ms: int | None
+    attempt: int  # 1 the first time a message is dead-lettered; a replay that fails again adds 1
+    failed_at_ms: int
+
+    @classmethod
+    def of(cls, error: MessageError, records: KafkaRecords, index: int, attempt: int = 1) -> DeadLetter:
+        return cls(error, records.keys[index] if records.keys is not None else None, records.values[index],
+                   tuple(records.headers[index]) if records.headers is not None else (),
+                   records.timestamps_ms[index], attempt, int(time.time() * 1000))
+
+    def kafka_headers(self) -> list[tuple[str, bytes]]:
+        e = self.error
+        extra = {H_TYPE: e.error_type.value, H_MESSAGE: e.message[:MAX_MESSAGE_CHARS], H_TOPIC: e.topic,
+                 H_PARTITION: str(e.partition), H_OFFSET: str(e.offset), H_FAILED_AT: str(self.failed_at_ms),
+                 H_ATTEMPT: str(self.attempt)}
+        if self.timestamp_ms is not None:
+            extra[H_TIMESTAMP] = str(self.timestamp_ms)
+        own = [(k, v if v is not None else b"") for k, v in self.headers]
+        return own + [(k, v.encode()) for k, v in extra.items()]
+
+    @classmethod
+    def from_kafka(cls, key: bytes | None, value: bytes | None, headers: Headers) -> DeadLetter:
+        """Read back what `kafka_headers` wrote; ValueError if the record carries no dead-letter headers."""
+        own = [(k, v) for k, v in headers if not k.startswith(HEADER_PREFIX)]
+        ours = {k: (v or b"").decode() for k, v in headers if k.startswith(HEADER_PREFIX)}
+        try:
+            error = MessageError(ErrorType(ours[H_TYPE]), ours[H_TOPIC], int(ours[H_PARTITION]),
+                                 int(ours[H_OFFSET]), ours.get(H_MESSAGE, ""))
+            stamp = int(ours[H_TIMESTAMP]) if H_TIMESTAMP in ours else None
+            return cls(error, key, value, tuple(own), stamp, int(ours.get(H_ATTEMPT, "1")),
+                       int(ours.get(H_FAILED_AT, "0")))
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"not a firehose-bq dead letter (missing or bad header {exc})") from None
+
+    def to_json(self) -> str:
+        e = self.error
+        return json.dumps({
+            "error_type": e.error_type.value, "error_message": e.message, "topic": e.topic,
+            "partition": e.partition, "offset": e.offset, "timestamp_ms": self.timestamp_ms,
+            "failed_at_ms": self.failed_at_ms, "attempt": self.attempt, "key": _b64(self.key),
+            "value": _b64(self.value), "headers": [[k, _b64(v)] for k, v in self.headers],
+        }, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, line: str) -> DeadLetter:
+        d = json.loads(line)
+        error = MessageError(ErrorType(d["error_type"]), d["topic"], d["partition"], d["offset"], d["error_message"])
+        return cls(error, _unb64(d["key"]), _unb64(d["value"]), tuple((k, _unb64(v)) for k, v in d["headers"]),
+                   d["timestamp_ms"], d["attempt"], d["failed_at_ms"])
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)

@@ -1,0 +1,220 @@
+"""`firehose-bq replay-dlq`: send dead letters through conversion, writing and the policy again.
+
+A plain Python loop, not a Spark job: a DLQ holds few messages (the failures of a stream), it needs
+no checkpoint beyond its own consumer group (or, for blob files, a rename), and a replay should start
+in a second, not after a JVM. It reuses the job's pieces unchanged: RowConverter with descriptors
+loaded fresh at start (and the table evolved to them), the configured RowWriter, and the same error
+policy. Each record is rebuilt with its ORIGINAL topic/partition/offset from the dead letter, so its
+insertId is the one the stream would have used: replaying twice does not duplicate rows.
+
+What still fails is dead-lettered again (attempt count + 1) before the DLQ position is committed;
+a message that fails the policy stops the replay without committing, like the streaming job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from firehose_bq.config import Config
+from firehose_bq.convert import KafkaRecords, RowConverter
+from firehose_bq.dlq.letters import DeadLetter
+from firehose_bq.dlq.writers import dead_letter
+from firehose_bq.errors import BatchFailedError, FirehoseError
+from firehose_bq.metrics import BatchStats
+from firehose_bq.policy import ErrorHandling, apply_policy
+
+log = logging.getLogger(__name__)
+
+REPLAYED_SUFFIX = ".replayed"  # a blob file whose letters were all handled
+POLL_TIMEOUT_MS = 1000
+# A DLQ record is the original record plus headers; read what the DLQ writer may have written.
+MAX_FETCH_BYTES = 16 * 1024 * 1024
+# Polls without a record before a partition that is short of its planned end counts as stalled.
+EMPTY_POLLS_BEFORE_STALL = 30
+
+
+class DlqSource(Protocol):
+    def total(self) -> int:
+        """Letters this replay will read at most (for the progress bar)."""
+
+    def batches(self) -> Iterator[tuple[list[DeadLetter], Callable[[], None]]]:
+        """Letters in order, each batch with the call that marks it handled (commit)."""
+
+    def close(self) -> None: ...
+
+
+class KafkaDlqSource:
+    """The DLQ topic from the group's committed offsets (or the beginning) up to its end at start."""
+
+    def __init__(self, brokers: str, topic: str, group_id: str, max_messages: int | None) -> None:
+        from kafka import KafkaConsumer, TopicPartition
+
+        self._consumer = KafkaConsumer(bootstrap_servers=brokers, group_id=group_id, enable_auto_commit=False,
+                                       auto_offset_reset="earliest", max_partition_fetch_bytes=MAX_FETCH_BYTES,
+                                       fetch_max_bytes=MAX_FETCH_BYTES)
+        found = self._consumer.partitions_for_topic(topic)
+        if not found:
+            self._consumer.close()
+            raise FirehoseError(f"DLQ topic {topic!r} does not exist on {brokers}")
+        parts = [TopicPartition(topic, p) for p in sorted(found)]
+        # assign(), not subscribe(): no group join (slow on small brokers), yet commits go to the group.
+        self._consumer.assign(parts)
+        begin = self._consumer.beginning_offsets(parts)
+        self._end = self._consumer.end_offsets(parts)  # --available-now: what is there now, no more
+        self._start = {}
+        for tp in parts:
+            committed = self._consumer.committed(tp)
+            self._start[tp] = committed if committed is not None and committed >= 0 else begin[tp]
+            self._consumer.seek(tp, self._start[tp])
+        self._limit = max_messages
+
+    def total(self) -> int:
+        available = sum(max(0, self._end[tp] - self._start[tp]) for tp in self._end)
+        return available if self._limit is None else min(available, self._limit)
+
+    def batches(self) -> Iterator[tuple[list[DeadLetter], Callable[[], None]]]:
+        from kafka.structs import OffsetAndMetadata
+
+        left = self.total()
+        position = dict(self._start)
+        empty = 0
+        while left > 0 and any(position[tp] < self._end[tp] for tp in self._end):
+            polled = self._consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=min(left, 500))
+            if not polled:
+                empty += 1
+                if empty >= EMPTY_POLLS_BEFORE_STALL:
+                    raise FirehoseError(f"DLQ replay: no records for {empty} s although the topic ends further on "
+                                        f"({ {tp.partition: (position[tp], self._end[tp]) for tp in self._end} })")
+                continue
+            empty = 0
+            letters, done = [], {}
+            for tp, records in polled.items():
+                for r in records:
+                    if r.offset >= self._end[tp] or left == 0:
+                        break
+                    try:
+                        letters.append(DeadLetter.from_kafka(r.key, r.value, list(r.headers or [])))
+                    except ValueError as exc:
+                        raise FirehoseError(f"{tp.topic}/{tp.partition}@{r.offset}: {exc}") from None
+                    done[tp] = r.offset + 1
+                    left -= 1
+            if not done:  # only records past the planned end: this replay is complete for those partitions
+                for tp in polled:
+                    position[tp] = self._end[tp]
+                continue
+            position.update(done)
+            yield letters, lambda done=done: self._consumer.commit(
+                {tp: OffsetAndMetadata(offset, "", -1) for tp, offset in done.items()})
+
+    def close(self) -> None:
+        self._consumer.close(autocommit=False)
+
+
+class BlobDlqSource:
+    """`*.jsonl` files under a directory, one batch per file; a handled file is renamed `*.replayed`."""
+
+    def __init__(self, root: str | Path, max_messages: int | None) -> None:
+        self._files = sorted(p for p in Path(root).rglob("*.jsonl") if p.is_file())
+        self._limit = max_messages
+
+    def total(self) -> int:
+        lines = sum(1 for f in self._files for line in f.read_text().splitlines() if line.strip())
+        return lines if self._limit is None else min(lines, self._limit)
+
+    def batches(self) -> Iterator[tuple[list[DeadLetter], Callable[[], None]]]:
+        left = self._limit
+        for path in self._files:
+            letters = [DeadLetter.from_json(line) for line in path.read_text().splitlines() if line.strip()]
+            if left is not None and len(letters) > left:
+                return  # a file is handled whole or not at all: the rename is its commit
+            yield letters, lambda path=path: path.rename(path.with_name(path.name + REPLAYED_SUFFIX))
+            if left is not None:
+                left -= len(letters)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class ReplaySummary:
+    stats: BatchStats = field(default_factory=BatchStats)
+    seconds: float = 0.0
+
+    def render(self) -> str:
+        s = self.stats
+        lines = [f"dead letters read  {s.messages}", f"rows written       {s.rows_written}",
+                 f"dead-lettered again {s.dead_lettered}", f"retried            {s.retried}",
+                 f"failed             {s.failed}"]
+        lines += [f"  {name:<22} {count}" for name, count in sorted(s.errors_by_type.items())]
+        lines.append(f"elapsed            {self.seconds:.1f} s")
+        return "\n".join(lines)
+
+
+def records_of(letters: list[DeadLetter]) -> KafkaRecords:
+    """The original records, at their original coordinates (so insertIds and metadata are the stream's)."""
+    return KafkaRecords(
+        topics=[x.error.topic for x in letters], partitions=[x.error.partition for x in letters],
+        offsets=[x.error.offset for x in letters], timestamps_ms=[x.timestamp_ms for x in letters],
+        values=[x.value for x in letters], keys=[x.key for x in letters],
+        headers=[list(x.headers) for x in letters],
+    )
+
+
+def replay(cfg: Config, source: DlqSource, progress: bool = False) -> ReplaySummary:
+    """Replay every letter `source` yields; raise BatchFailedError when the policy fails one."""
+    from tqdm import tqdm
+
+    from firehose_bq.bigquery.writers import RowWriter, open_writer
+    from firehose_bq.sink_schema import SinkSchema
+
+    started = time.monotonic()
+    spec = SinkSchema(cfg).current()  # fresh descriptors; the table evolved to them
+    key_class = spec.descriptors.message_class(spec.key_class) if spec.key_class else None
+    converter = RowConverter(spec.descriptors.message_class(spec.proto_class), spec.metadata, spec.options, key_class,
+                             detect_unknown_fields=True, confluent_framed=spec.confluent_framed)
+    handling = ErrorHandling(cfg.errors, cfg.dlq.with_brokers(cfg.source.brokers))
+    summary = ReplaySummary()
+    writer: RowWriter | None = None
+
+    def current_writer() -> RowWriter:
+        nonlocal writer
+        writer = writer or open_writer(spec.bigquery)
+        return writer
+
+    bar = tqdm(total=source.total(), unit="msg", desc="replay-dlq", disable=not progress)
+    try:
+        for number, (read, commit) in enumerate(source.batches()):
+            # The same message dead-lettered twice (a batch replayed after a crash) is one message.
+            letters = list({_coords(x): x for x in read}.values())
+            if len(letters) < len(read):
+                log.info("%d duplicate dead letter(s) in this batch replayed once", len(read) - len(letters))
+            records = records_of(letters)
+            stats = BatchStats(messages=len(records))
+            converted = converter.convert(records, load_time=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+            if handling.policy.allow_unknown_fields:
+                stats.unknown_fields = len(converted.unknown_fields)
+            again = apply_policy(handling, converted, records, current_writer, stats)
+            summary.stats.merge(stats)
+            if stats.failed:
+                raise BatchFailedError(number, stats.sample_errors, stats.failed)
+            attempts = {(x.error.topic, x.error.partition, x.error.offset): x.attempt for x in letters}
+            dead_letter(handling.dlq, [dataclasses.replace(x, attempt=attempts[_coords(x)] + 1) for x in again])
+            commit()  # only now: every letter of the batch is in the table or the DLQ again
+            bar.update(len(read))
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+        summary.seconds = time.monotonic() - started
+    return summary
+
+
+def _coords(letter: DeadLetter) -> tuple[str, int, int]:
+    return letter.error.topic, letter.error.partition, letter.error.offset

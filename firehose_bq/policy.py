@@ -1,0 +1,285 @@
+"""What happens to a message that failed: retry it, dead-letter it, or stop the job.
+
+Every message of a batch ends in exactly one place: the table (`written`), the dead-letter queue
+(`dlq`), or a stopped job whose offsets are not committed (`failed`). Retrying comes first for the
+error types in ERROR_TYPES_FOR_RETRY: only the rows that failed are sent again, through the same
+RowWriter, with exponential backoff. What still fails then goes to the DLQ when its type is in
+ERROR_TYPES_FOR_DLQ and the DLQ is enabled; anything else fails the job. No type is ever dropped.
+
+A request that fails as a whole (SinkError: the table is gone, BigQuery is unreachable) says nothing
+about the messages in it: it is retried like a row, and when retries run out the job stops with that
+reason rather than dead-letter a whole batch because the sink was down.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from firehose_bq.convert import ConvertedBatch, KafkaRecords
+from firehose_bq.dlq.config import LOG, DlqConfig
+from firehose_bq.dlq.letters import DeadLetter
+from firehose_bq.errors import ConfigError, ErrorType, MessageError, SinkError
+from firehose_bq.metrics import BatchStats
+from firehose_bq.settings import setting
+
+log = logging.getLogger(__name__)
+
+# ERROR_TYPES_FOR_DLQ's default: every type that ERROR_TYPES_FOR_FAILING does not name.
+ALL_OTHER_TYPES = "*"
+# Conversion is deterministic: sending the same bytes through the same descriptors again cannot help.
+NOT_RETRYABLE = frozenset({ErrorType.DESERIALIZATION_ERROR, ErrorType.INVALID_MESSAGE_ERROR,
+                           ErrorType.UNKNOWN_FIELDS_ERROR, ErrorType.PAYLOAD_TOO_LARGE})
+TRANSIENT = (ErrorType.SINK_5XX_ERROR, ErrorType.SINK_RETRYABLE_ERROR)
+# With the backoff defaults (10 ms doubling up to 60 s), 15 attempts wait 10 ms, 20 ms, ... 41 s, 60 s:
+# about 142 s in all, so a BigQuery outage of a minute or two is ridden out without dead-lettering.
+DEFAULT_MAX_ATTEMPTS = 15
+
+
+def _type_list(env: str, raw: str, problems: list[str]) -> frozenset[ErrorType]:
+    names = [n.strip().upper() for n in raw.split(",") if n.strip()]
+    known = {t.value for t in ErrorType}
+    for name in names:
+        if name not in known:
+            problems.append(f"{env}: unknown error type {name!r} (known: {', '.join(sorted(known))})")
+    return frozenset(ErrorType(n) for n in names if n in known)
+
+
+@dataclass(frozen=True)
+class ErrorPolicyConfig:
+    """Firehose's error-handling settings. A list set to the empty string means no type at all."""
+
+    failing: str = setting(
+        "ERROR_TYPES_FOR_FAILING",
+        "Error types that stop the job (offsets not committed), comma-separated; never dead-lettered. A type "
+        "in no list also stops the job: nothing is dropped.",
+        "",
+    )
+    dlq: str = setting(
+        "ERROR_TYPES_FOR_DLQ",
+        "Error types sent to the dead-letter queue when DLQ_SINK_ENABLE=true (else they stop the job); `*` = "
+        "every type not in ERROR_TYPES_FOR_FAILING.",
+        ALL_OTHER_TYPES,
+    )
+    retry: str = setting(
+        "ERROR_TYPES_FOR_RETRY",
+        "Sink error types whose rows are sent again with backoff before the DLQ or failing list applies.",
+        ",".join(t.value for t in TRANSIENT),
+    )
+    backoff_initial_ms: int = setting(
+        "RETRY_EXPONENTIAL_BACKOFF_INITIAL_MS", "Wait before the first retry.", 10, minimum=0
+    )
+    backoff_rate: int = setting(
+        "RETRY_EXPONENTIAL_BACKOFF_RATE", "Factor by which the wait grows with each retry.", 2, minimum=1
+    )
+    backoff_max_ms: int = setting(
+        "RETRY_EXPONENTIAL_BACKOFF_MAX_MS", "Longest wait between two retries.", 60_000, minimum=0
+    )
+    max_attempts: int = setting(
+        "RETRY_MAX_ATTEMPTS",
+        "Attempts (the first write included) for a retryable failure; the defaults wait about 142 s in "
+        "all, so an outage of BigQuery of a minute or two is survived.",
+        DEFAULT_MAX_ATTEMPTS,
+        minimum=1,
+    )
+    fail_after_max_attempts: bool = setting(
+        "RETRY_FAIL_AFTER_MAX_ATTEMPTS_ENABLE",
+        "true: a row still failing after RETRY_MAX_ATTEMPTS stops the job; false: it follows "
+        "ERROR_TYPES_FOR_DLQ (and stops the job when the DLQ is off).",
+        False,
+    )
+    allow_unknown_fields: bool = setting(
+        "INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE",
+        "Write messages with fields no descriptor knows (after a registry refresh found nothing newer) "
+        "without those fields; false = they are UNKNOWN_FIELDS_ERROR.",
+        True,
+    )
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        failing, dlq, retry = self._parse(problems)
+        both = sorted(t.value for t in failing & dlq) if self.dlq.strip() != ALL_OTHER_TYPES else []
+        if both:
+            problems.append(f"ERROR_TYPES_FOR_FAILING / ERROR_TYPES_FOR_DLQ: {', '.join(both)} in both lists; "
+                            "a type either stops the job or goes to the DLQ")
+        pointless = sorted(t.value for t in retry & NOT_RETRYABLE)
+        if pointless:
+            problems.append(f"ERROR_TYPES_FOR_RETRY: {', '.join(pointless)} cannot be retried: the same bytes "
+                            "convert the same way every time")
+        if problems:
+            raise ConfigError(problems)
+
+    def _parse(self, problems: list[str]) -> tuple[frozenset[ErrorType], frozenset[ErrorType], frozenset[ErrorType]]:
+        failing = _type_list("ERROR_TYPES_FOR_FAILING", self.failing, problems)
+        retry = _type_list("ERROR_TYPES_FOR_RETRY", self.retry, problems)
+        dlq = (frozenset(ErrorType) - failing if self.dlq.strip() == ALL_OTHER_TYPES
+               else _type_list("ERROR_TYPES_FOR_DLQ", self.dlq, problems))
+        return failing, dlq, retry
+
+    # Parsed once per instance (validated in __post_init__); cached_property writes the instance's
+    # __dict__ directly, which a frozen dataclass allows.
+    @functools.cached_property
+    def failing_types(self) -> frozenset[ErrorType]:
+        return self._parse([])[0]
+
+    @functools.cached_property
+    def dlq_types(self) -> frozenset[ErrorType]:
+        return self._parse([])[1]
+
+    @functools.cached_property
+    def retry_types(self) -> frozenset[ErrorType]:
+        return self._parse([])[2]
+
+    def backoff_ms(self, retry: int) -> int:
+        """Wait before retry number `retry` (1 = the first)."""
+        return min(self.backoff_max_ms, self.backoff_initial_ms * self.backoff_rate ** (retry - 1))
+
+
+@dataclass(frozen=True)
+class ErrorHandling:
+    """Policy + DLQ settings, shipped to each Spark task next to the SinkSpec."""
+
+    policy: ErrorPolicyConfig = field(default_factory=ErrorPolicyConfig)
+    dlq: DlqConfig = field(default_factory=DlqConfig)
+
+    @property
+    def keeps_records(self) -> bool:
+        """Dead letters carry the original key and headers: the tasks must load them."""
+        return self.dlq.enabled and self.dlq.writer_type != LOG
+
+    def final_outcome(self, error_type: ErrorType, retried: bool) -> str:
+        """`dlq` or `failed` for a message whose error (after any retries) is `error_type`."""
+        if error_type in self.policy.failing_types:
+            return FAILED
+        if retried and self.policy.fail_after_max_attempts:
+            return FAILED
+        if error_type in self.policy.dlq_types and self.dlq.enabled:
+            return DLQ
+        return FAILED
+
+
+WRITTEN, RETRIED, DLQ, FAILED = "written", "retried", "dlq", "failed"
+
+
+@dataclass
+class Handled:
+    """What became of one converted batch's messages (each in exactly one of written/dlq/failed)."""
+
+    written: int = 0
+    retried: int = 0  # messages sent again at least once (they also count in one of the others)
+    errors: list[MessageError] = field(default_factory=list)  # every message that did not get written
+    dead: list[MessageError] = field(default_factory=list)
+    failed: list[MessageError] = field(default_factory=list)
+
+
+def reject_unknown_fields(converted: ConvertedBatch, records: KafkaRecords) -> tuple[ConvertedBatch, list[MessageError]]:
+    """The batch without the rows of messages that carry unknown fields, and those as UNKNOWN_FIELDS_ERRORs."""
+    unknown = set(converted.unknown_fields)
+    if not unknown:
+        return converted, []
+    keep = [p for p, i in enumerate(converted.sources) if i not in unknown]
+    errors = [MessageError(ErrorType.UNKNOWN_FIELDS_ERROR, records.topics[i], records.partitions[i],
+                           records.offsets[i], "fields that no known descriptor version has "
+                           "(INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE=false)")
+              for i in sorted(unknown)]
+    return subset(converted, keep), errors
+
+
+def subset(batch: ConvertedBatch, positions: Sequence[int]) -> ConvertedBatch:
+    """The rows of `batch` at `positions` (in `rows`), as a batch of their own; no conversion errors."""
+    deletes = set(batch.deletes)
+    return ConvertedBatch(
+        rows=[batch.rows[p] for p in positions],
+        insert_ids=[batch.insert_ids[p] for p in positions],
+        sources=[batch.sources[p] for p in positions],
+        deletes=[n for n, p in enumerate(positions) if p in deletes],
+    )
+
+
+class Writer(Protocol):
+    """The part of bigquery.writers.RowWriter the policy uses (imported from there it would be a cycle)."""
+
+    def write(self, batch: ConvertedBatch, records: KafkaRecords) -> list[MessageError]: ...
+
+
+def write_with_policy(handling: ErrorHandling, converted: ConvertedBatch, records: KafkaRecords,
+                      writer: Callable[[], Writer] | None, sleep: Callable[[float], None] = time.sleep) -> Handled:
+    """Write `converted`, retry what the policy retries, and sort every message into written/dlq/failed.
+
+    `writer()` opens (or returns the open) writer; None = convert only (no row counts as written).
+    Raises SinkError when a whole request still fails after its retries."""
+    batch, unknown_errors = (reject_unknown_fields(converted, records)
+                             if not handling.policy.allow_unknown_fields else (converted, []))
+    done = Handled()
+    final: list[tuple[MessageError, bool]] = [(e, False) for e in converted.errors + unknown_errors]
+    if writer is None or not batch.rows:
+        pass  # convert only (benchmarks): nothing was written
+    else:
+        position = {(records.topics[i], records.partitions[i], records.offsets[i]): p
+                    for p, i in enumerate(batch.sources)}
+        retried: set[int] = set()
+        pending = batch
+        attempt = 1
+        while True:
+            try:
+                failures = writer().write(pending, records)
+                request_error = None
+            except SinkError as exc:
+                failures, request_error = [], exc
+            again = [f for f in failures if f.error_type in handling.policy.retry_types]
+            if request_error is None and not again:
+                break
+            if request_error is not None and request_error.error_type not in handling.policy.retry_types:
+                raise request_error
+            if attempt >= handling.policy.max_attempts:
+                if request_error is not None:
+                    raise SinkError(request_error.error_type,
+                                    f"{request_error.message} (gave up after {attempt} attempts)")
+                break
+            wait = handling.policy.backoff_ms(attempt) / 1000
+            log.warning("attempt %d of %d: %s; retrying %s in %.2f s", attempt, handling.policy.max_attempts,
+                        request_error or f"{len(again)} row(s) failed, first {again[0].describe()}",
+                        "the request" if request_error else "those rows", wait)
+            sleep(wait)
+            attempt += 1
+            if request_error is None:
+                # Rows that failed for good stay failed; only the retryable ones go out again.
+                final.extend((f, False) for f in failures if f.error_type not in handling.policy.retry_types)
+                again_positions = [position[(f.topic, f.partition, f.offset)] for f in again]
+                retried.update(again_positions)
+                pending = subset(batch, sorted(again_positions))
+            else:
+                retried.update(position[_coordinates(pending, records, n)] for n in range(len(pending.rows)))
+        # A retryable type still here means its attempts ran out.
+        final.extend((f, f.error_type in handling.policy.retry_types) for f in failures)
+        done.retried = len(retried)
+        done.written = len(batch.rows) - sum(1 for f, _ in final if (f.topic, f.partition, f.offset) in position)
+    for error, was_retried in final:
+        done.errors.append(error)
+        (done.dead if handling.final_outcome(error.error_type, was_retried) == DLQ else done.failed).append(error)
+    return done
+
+
+def _coordinates(batch: ConvertedBatch, records: KafkaRecords, n: int) -> tuple[str, int, int]:
+    i = batch.sources[n]
+    return records.topics[i], records.partitions[i], records.offsets[i]
+
+
+def apply_policy(handling: ErrorHandling, converted: ConvertedBatch, records: KafkaRecords,
+                 writer: Callable[[], Writer] | None, stats: BatchStats,
+                 sleep: Callable[[float], None] = time.sleep) -> list[DeadLetter]:
+    """`write_with_policy`, counted into `stats`; returns the dead letters to store before the task ends."""
+    done = write_with_policy(handling, converted, records, writer, sleep)
+    stats.rows_written += done.written
+    stats.add_errors(done.errors)
+    stats.add_outcome(RETRIED, done.retried)
+    stats.add_outcome(DLQ, done.dead)
+    stats.add_outcome(FAILED, done.failed)
+    if not done.dead:
+        return []
+    index = {(records.topics[i], records.partitions[i], records.offsets[i]): i for i in range(len(records))}
+    return [DeadLetter.of(e, records, index[(e.topic, e.partition, e.offset)]) for e in done.dead]

@@ -1,0 +1,79 @@
+"""Dead letters: what they carry through Kafka headers and JSON lines, and the writers' retry rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from firehose_bq.dlq.config import DlqConfig
+from firehose_bq.dlq.letters import H_ATTEMPT, H_OFFSET, H_TYPE, DeadLetter
+from firehose_bq.dlq.writers import BlobDlqWriter, LocalBlobStore, dead_letter
+from firehose_bq.errors import DeadLetterError, ErrorType, MessageError
+
+LETTER = DeadLetter(MessageError(ErrorType.SINK_4XX_ERROR, "orders", 2, 41, "invalid at ts: out of range"),
+                    b"key", b"\x00\xffvalue", (("trace", b"\x01"), ("empty", None)), 1_700_000_000_000, 2,
+                    1_700_000_500_000)
+
+
+def test_kafka_headers_keep_the_record_headers_and_add_the_error() -> None:
+    headers = LETTER.kafka_headers()
+    assert headers[:2] == [("trace", b"\x01"), ("empty", b"")]
+    extra = dict(headers[2:])
+    assert (extra[H_TYPE], extra[H_OFFSET], extra[H_ATTEMPT]) == (b"SINK_4XX_ERROR", b"41", b"2")
+    back = DeadLetter.from_kafka(b"key", b"\x00\xffvalue", headers)
+    assert back.error == LETTER.error and back.attempt == 2 and back.timestamp_ms == LETTER.timestamp_ms
+    with pytest.raises(ValueError, match="not a firehose-bq dead letter"):
+        DeadLetter.from_kafka(None, b"x", [("trace", b"1")])
+
+
+def test_json_line_round_trips_with_base64_payload() -> None:
+    line = LETTER.to_json()
+    assert json.loads(line)["value"] == "AP92YWx1ZQ=="
+    back = DeadLetter.from_json(line)
+    assert back.error == LETTER.error and back.value == LETTER.value and back.headers[0] == ("trace", b"\x01")
+
+
+def test_blob_writer_puts_one_file_per_topic_and_day(tmp_path: Path) -> None:
+    BlobDlqWriter(LocalBlobStore(tmp_path)).write([LETTER, LETTER])
+    files = list(tmp_path.rglob("*"))
+    written = [f for f in files if f.is_file()]
+    assert len(written) == 1 and written[0].parent == tmp_path / "orders" / "2023-11-14"
+    assert written[0].suffix == ".jsonl" and not [f for f in files if f.name.endswith(".tmp")]
+    assert [DeadLetter.from_json(line).error for line in written[0].read_text().splitlines()] == [LETTER.error] * 2
+
+
+def test_a_failing_dlq_is_retried_then_raises() -> None:
+    calls: list[int] = []
+
+    class Broken:
+        def write(self, letters: object) -> None:
+            calls.append(1)
+            raise OSError("disk full")
+
+        def close(self) -> None:
+            pass
+
+    cfg = DlqConfig(enabled=True, retry_max_attempts=3)
+    with pytest.raises(DeadLetterError, match="failed 3 time"):
+        dead_letter(cfg, [LETTER], opener=lambda c: Broken(), sleep=lambda s: None)
+    assert len(calls) == 3
+
+
+def test_replay_needs_a_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    from firehose_bq import cli
+
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["replay-dlq"])
+    assert stopped.value.code == 2
+    assert "--available-now" in capsys.readouterr().err
+
+
+def test_replayed_records_keep_their_original_coordinates() -> None:
+    from firehose_bq.dlq.replay import records_of
+
+    records = records_of([LETTER])
+    assert (records.topics[0], records.partitions[0], records.offsets[0]) == ("orders", 2, 41)
+    assert records.insert_id(0) == "orders_2_41"
+    assert (records.keys, records.values, records.timestamps_ms) == ([b"key"], [b"\x00\xffvalue"], [1_700_000_000_000])
