@@ -32,6 +32,7 @@ from firehose_bq.metrics import BatchStats, RunSummary
 from firehose_bq.policy import ErrorHandling, apply_policy
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
 from firehose_bq.source.kafka_source import FORMAT_NAME
+from firehose_bq.upsert.writer import ChangelogTask
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +42,19 @@ POLL_SECONDS = 0.5
 
 
 def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch],
-                    handling: ErrorHandling = ErrorHandling()) -> Iterator[pa.RecordBatch]:
-    """Decode, convert and write one task's records, failed ones as `handling` says; yield a stats row."""
+                    handling: ErrorHandling = ErrorHandling(),
+                    changelog: ChangelogTask | None = None) -> Iterator[pa.RecordBatch]:
+    """Decode, convert and write one task's records, failed ones as `handling` says; yield a stats row.
+
+    With `changelog` (upsert/delete), records are read as a changelog and staged in the run's
+    intermediate table instead of the destination; the driver merges them after the batch."""
     key_class = spec.descriptors.message_class(spec.key_class) if spec.key_class else None
     # The Storage Write API takes proto-native values (micros, days, raw bytes); the others take JSON's.
-    encoding = STORAGE if spec.bigquery.effective_write_method == "storage_write" else JSON
+    # Staged changelog rows always go by insertAll: the MERGE must see them as soon as the task ends.
+    encoding = STORAGE if spec.bigquery.effective_write_method == "storage_write" and not changelog else JSON
     converter = RowConverter(spec.descriptors.message_class(spec.proto_class), spec.metadata, spec.options,
                              key_class, detect_unknown_fields=True, confluent_framed=spec.confluent_framed,
-                             encoding=encoding)
+                             changelog=changelog is not None, encoding=encoding)
     wanted = set(spec.metadata.columns) if spec.metadata.enabled else set()
     writer: RowWriter | None = None
     stats = BatchStats()
@@ -57,14 +63,15 @@ def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch],
 
     def current_writer() -> RowWriter:
         nonlocal writer
-        writer = writer or open_writer(spec.bigquery)
+        writer = writer or (changelog.open_writer(spec.bigquery) if changelog else open_writer(spec.bigquery))
         return writer
 
     try:
         for batch in batches:
             records = kafka_records(batch, keys=key_class is not None or handling.keeps_records, wanted=wanted,
                                     all_headers=handling.keeps_records)
-            converted = converter.convert(records, load_time=_now())
+            load_time = _now()
+            converted = converter.convert(records, load_time=load_time)
             if converted.unknown_fields and spec.hold_on_unknown_fields:
                 i = converted.unknown_fields[0]
                 held = f"{records.topics[i]}/{records.partitions[i]}@{records.offsets[i]}"
@@ -72,6 +79,8 @@ def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch],
             stats.messages += len(records)
             if handling.policy.allow_unknown_fields:
                 stats.unknown_fields += len(converted.unknown_fields)
+            if changelog:
+                converted = changelog.stage(converted, records, load_time)
             letters.extend(apply_policy(handling, converted, records, current_writer if spec.write else None, stats))
         if held is None:
             # Only now: a held batch is written again after the refresh, and must not be dead-lettered twice.
@@ -203,8 +212,8 @@ class Pipeline:
 
     def _write(self, df: DataFrame, batch_id: int, spec: SinkSpec) -> list[Any]:
         try:
-            task = (self.upsert.task(spec, batch_id) if self.upsert
-                    else functools.partial(write_partition, spec, handling=self._handling))
+            changelog = self.upsert.task(batch_id) if self.upsert else None
+            task = functools.partial(write_partition, spec, handling=self._handling, changelog=changelog)
             return df.mapInArrow(task, STATS_SCHEMA).collect()
         except Exception as exc:
             # A task died (source unreachable, a bug): Spark's error wraps the worker's traceback in

@@ -23,12 +23,9 @@ How seed 000's design maps onto Spark Structured Streaming:
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
 
-import pyarrow as pa
 from google.api_core.exceptions import GoogleAPIError
 from google.cloud import bigquery
 
@@ -40,12 +37,9 @@ from firehose_bq.errors import FirehoseError, SchemaEvolutionError
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec, plan_table
 from firehose_bq.upsert import tables
 from firehose_bq.upsert.sql import MergePlan, TableRef, key_leaves
-from firehose_bq.upsert.writer import ChangelogTask, write_changelog_partition
+from firehose_bq.upsert.writer import ChangelogTask
 
 log = logging.getLogger(__name__)
-
-TaskFn = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
-
 
 class MergeFlushError(FirehoseError):
     """A merge flush failed: the micro-batch is not committed and will be replayed."""
@@ -130,9 +124,9 @@ class UpsertSession:
         threshold = self.config.upsert.merge_records_threshold
         return threshold if threshold > 0 else self.config.spark.max_offsets_per_trigger
 
-    def task(self, spec: SinkSpec, batch_id: int) -> TaskFn:
-        task = ChangelogTask(spec, self.schema.intermediate.table, batch_id, self.config.upsert.delete_enabled)
-        return functools.partial(write_changelog_partition, task)
+    def task(self, batch_id: int) -> ChangelogTask:
+        """What the pipeline's tasks need to stage batch `batch_id` in this run's intermediate table."""
+        return ChangelogTask(self.schema.intermediate.table, batch_id, self.config.upsert.delete_enabled)
 
     def flush(self, batch_id: int) -> None:
         """Merge the batch's rows into the destination, then clear them from the intermediate table."""
