@@ -165,7 +165,7 @@ def _cached(enc: ValueEncoding) -> ValueEncoding:
 def _struct_text(struct: Message) -> str:
     try:
         return _struct_body(struct)
-    except ValueError:  # NaN or ±Infinity: json_format raises its own error for these, with its own words
+    except ValueError:  # NaN or ±Infinity: json_format raises its own error for these, in its own words
         return _json(struct)
 
 
@@ -197,7 +197,7 @@ def _struct_body(struct: Message) -> str:
             text = _number_text(value.number_value)
         else:
             text = _value_body(value)
-        parts.append(f"{encode_basestring_ascii(key)}: {text}")
+        parts.append(encode_basestring_ascii(key) + ": " + text)
     return "{" + ", ".join(parts) + "}"
 
 
@@ -255,7 +255,7 @@ class _Compiler:
     def __init__(self, options: SchemaOptions, enc: ValueEncoding) -> None:
         self.options = options
         self.enc = _cached(enc)
-        self.json = enc.name == JSON.name
+        self.json = enc is JSON  # as before: only JSON itself turns floats and bytes into text
         self.namespace: dict[str, Any] = {"__builtins__": {}, "_list": list, "_map": map, "_sorted": sorted,
                                           "_getattr": getattr, "_None": None}
         self.functions: dict[tuple[str, int], str] = {}
@@ -319,7 +319,10 @@ class _Compiler:
         if fd.is_repeated:
             # A slice is a C-level copy to a list; iterating the container itself is several times slower.
             each = self.element_fn(fd, depth)
-            return f"{src}[:]" if each is None else f"_list(_map({each}, {src}[:]))"
+            if each is None:
+                return f"{src}[:]"
+            t = self.temp()  # an empty field (common) is its empty slice: no map, no second list
+            return f"(_list(_map({each}, {t})) if ({t} := {src}[:]) else {t})"
         value = self.value(fd, depth, src)
         if fd.has_presence:
             return f"({value} if {obj}.HasField({self.literal(fd.name)}) else _None)"
