@@ -547,16 +547,16 @@ class RowConverter:
         if self._encoding is not JSON and self._metadata:
             moment = datetime.fromisoformat(load_time.replace("Z", "+00:00")) - _EPOCH
             now = self._encoding.timestamp(moment.days * 86400 + moment.seconds, moment.microseconds * 1000)
-        columns = [values(records, now, self._values_encoding) for _, values in self._metadata]
-        # One tuple of metadata values per record, made in C; the row function unpacks it.
-        metadata: Sequence[tuple[Any, ...]] = list(zip(*columns)) if columns else [()] * len(records)
         with _collector_paused():
+            columns = [values(records, now, self._values_encoding) for _, values in self._metadata]
+            # One tuple of metadata values per record, made in C; the row function unpacks it.
+            metadata: Sequence[tuple[Any, ...]] = list(zip(*columns)) if columns else [()] * len(records)
             if self._key is None and not self._changelog:
                 self._convert_values(records, metadata, out)
             else:
                 self._convert_records(records, metadata, out)
-        ids = [f"{t}_{p}_{o}" for t, p, o in zip(records.topics, records.partitions, records.offsets)]
-        out.insert_ids = ids if len(out.sources) == len(ids) else [ids[i] for i in out.sources]
+            ids = [f"{t}_{p}_{o}" for t, p, o in zip(records.topics, records.partitions, records.offsets)]
+            out.insert_ids = ids if len(out.sources) == len(ids) else [ids[i] for i in out.sources]
         return out
 
     def _convert_values(self, records: KafkaRecords, metadata: Sequence[tuple[Any, ...]],
