@@ -557,3 +557,14 @@ def test_cycle_collector_is_left_as_it_was(test_descriptors: Descriptors, enable
         assert [r["id"] for r in out.rows] == ["a"] and len(out.errors) == 1
     finally:
         gc.enable() if was else gc.disable()
+
+
+def test_unknown_fields_with_a_key_column(test_descriptors: Descriptors) -> None:
+    cls, key_cls = test_descriptors.message_class("testdata.AllTypes"), test_descriptors.message_class("testdata.Key")
+    values = [cls(f_string="a").SerializeToString() + b"\xf8\x03\x01", cls(f_string="b").SerializeToString()]
+    batch = KafkaRecords(["t"] * 2, [0] * 2, [10, 11], [0] * 2, values, keys=[key_cls(id="k").SerializeToString()] * 2)
+    out = RowConverter(cls, MetadataColumns(enabled=False), key_class=key_cls, detect_unknown_fields=True).convert(
+        batch, "L")
+    assert out.unknown_fields == [0]
+    assert [(r["f_string"], r["message_key"]) for r in out.rows] == [("a", {"id": "k", "day": None}),
+                                                                     ("b", {"id": "k", "day": None})]
