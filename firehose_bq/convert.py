@@ -537,8 +537,9 @@ class RowConverter:
         key = compiler.message(key_class.DESCRIPTOR, 2) if key_class is not None else None
         namespace = compiler.build()
         self._row, self._tombstone = namespace[row], namespace[tombstone]
-        self._key: tuple[Callable[[bytes], Message], Callable[[Message], Row]] | None = (
-            None if key is None else (_parser(key_class, False), namespace[key]))  # type: ignore[arg-type]
+        self._key: tuple[Callable[[bytes], Message], Callable[[Message], Row]] | None = None
+        if key_class is not None and key is not None:
+            self._key = (_parser(key_class, False), namespace[key])
 
     def convert(self, records: KafkaRecords, load_time: str) -> ConvertedBatch:
         """`load_time`: the write time as RFC 3339 text (UTC, `Z`), one for the whole batch."""
