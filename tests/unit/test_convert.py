@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 
 import pytest
 
@@ -363,3 +364,207 @@ def test_confluent_frames_are_stripped_and_bad_frames_are_deserialization_errors
     assert out.rows == [{"id": "x", "count": None, "tags": []}]
     assert [(e.error_type, e.offset) for e in out.errors] == [
         (ErrorType.DESERIALIZATION_ERROR, 11), (ErrorType.DESERIALIZATION_ERROR, 12)]
+
+
+# -- the generated converter's fast paths, checked against the slow, obvious implementations ------------
+
+def random_value(rng, depth: int = 0):  # noqa: ANN001, ANN201
+    """A JSON-able Python value of the kinds a google.protobuf.Value holds, with the awkward cases."""
+    texts = ["", "plain", "é ü ß", "日本語", "emoji 😀", 'quote " and \\ backslash', "\n\t\r\x00\x1f", "\u2028\u2029",
+             "</script>", "a\udcff"[:1]]
+    numbers = [0.0, -0.0, 1.0, -1.5, 0.1, 1e300, -1e-300, 5e-324, 1e16, 2.0**53 + 2, 123456789.125, 1.7976931348623157e308]
+    choice = rng.randrange(6 if depth < 4 else 4)
+    if choice == 0:
+        return rng.choice(texts)
+    if choice == 1:
+        return rng.choice(numbers)
+    if choice == 2:
+        return rng.random() < 0.5
+    if choice == 3:
+        return None
+    if choice == 4:
+        return [random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {rng.choice(texts) + str(i): random_value(rng, depth + 1) for i in range(rng.randrange(4))}
+
+
+def test_struct_value_and_list_value_text_is_what_json_format_writes() -> None:
+    import random
+
+    from google.protobuf import struct_pb2
+
+    from firehose_bq.convert import _json, _list_text, _struct_text, _value_text
+
+    rng = random.Random(7)
+    for _ in range(300):
+        struct = struct_pb2.Struct()
+        struct.update({f"k{i}": random_value(rng) for i in range(rng.randrange(5))})
+        assert _struct_text(struct) == _json(struct)
+        values = struct_pb2.ListValue()
+        values.extend([random_value(rng) for _ in range(rng.randrange(4))])
+        assert _list_text(values) == _json(values)
+        value = struct_pb2.Value()
+        value.struct_value.update({"x": random_value(rng)})
+        assert _value_text(value) == _json(value)
+    assert _struct_text(struct_pb2.Struct()) == "{}" == _json(struct_pb2.Struct())
+    assert _value_text(struct_pb2.Value()) == "null" == _json(struct_pb2.Value())  # no kind set
+    assert _value_text(struct_pb2.Value(null_value=0)) == "null"
+    assert _list_text(struct_pb2.ListValue()) == "[]"
+    number = struct_pb2.Value(number_value=1.0)
+    assert _value_text(number) == _json(number) == "1.0"
+
+
+@pytest.mark.parametrize("number", [math.nan, math.inf, -math.inf])
+def test_non_finite_struct_numbers_fail_as_json_format_does(number: float, all_types) -> None:
+    from google.protobuf import struct_pb2
+
+    from firehose_bq.convert import _json, _struct_text
+
+    struct = struct_pb2.Struct()
+    struct.update({"ok": 1, "nested": {"list": [1, "x", number]}})
+    with pytest.raises(ValueError) as expected:
+        _json(struct)
+    with pytest.raises(ValueError) as got:
+        _struct_text(struct)
+    assert str(got.value) == str(expected.value)
+    msg = all_types()
+    msg.f_struct.update({"bad": number})
+    out = RowConverter(all_types, MetadataColumns()).convert(records([msg.SerializeToString()]), "L")
+    assert [(e.error_type, e.message) for e in out.errors] == [
+        (ErrorType.INVALID_MESSAGE_ERROR, "Fail to serialize {} for Value.number_value, which would parse as "
+                                          "string_value".format("NaN" if math.isnan(number) else "Infinity"))]
+
+
+def test_cached_timestamp_text_is_rfc3339() -> None:
+    from firehose_bq.convert import TIMESTAMP_CACHE_DAYS, _timestamp_text
+
+    text = _timestamp_text()
+    seconds = [0, -1, 59, 60, 86399, 86400, -86400, -86401, 1_700_000_000, 253402300799, -62135596800,
+               *range(1_767_225_600, 1_767_225_600 + 3 * 86400, 7919)]
+    nanos = [0, 1, 999, 1000, 123_456_789, 999_999_999, -1, -1000, 1_000_000_000, 5_000_000_000]
+    for s in seconds:
+        for n in nanos:
+            assert text(s, n) == rfc3339(s, n), (s, n)
+    for s in range(0, (TIMESTAMP_CACHE_DAYS + 10) * 86400, 86400 - 1):  # more days than the cache keeps
+        assert text(s, 5000) == rfc3339(s, 5000)
+    for s in (253402300800, -62135596801, 2**63 - 1):  # out of range: the same error as rfc3339
+        with pytest.raises(Exception) as expected:
+            rfc3339(s)
+        with pytest.raises(type(expected.value), match=re.escape(str(expected.value))):
+            text(s, 0)
+
+
+def dynamic_class(name: str, fields: list[tuple[str, int, str | None]], extra: list = ()):  # noqa: ANN001, ANN201
+    """A message class built from a descriptor made here: field names protoc-generated fixtures can't have
+    in a checked-in .proto this test owns. fields: (name, FieldDescriptorProto type, message type name)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    file = descriptor_pb2.FileDescriptorProto(name=f"{name.lower()}.proto", package="dyn", syntax="proto3")
+    for message_name, message_fields in [(name, fields), *extra]:
+        message = file.message_type.add(name=message_name)
+        for number, (field_name, type_, type_name) in enumerate(message_fields, start=1):
+            fd = message.field.add(name=field_name, number=number, type=type_,
+                                   label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+            if type_name:
+                fd.type_name = type_name
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"dyn.{name}"))
+
+
+def test_field_names_that_are_not_plain_python_become_constants_not_code() -> None:
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as F
+
+    names = ["class", "None", "lambda", "m", "meta", "_t1", "_list", "__class__x", "import"]
+    cls = dynamic_class("Awkward", [(n, F.TYPE_STRING, None) for n in names])
+    msg = cls()
+    for n in names:
+        setattr(msg, n, f"value of {n}")
+    assert compile_message(cls.DESCRIPTOR)(msg) == {n: f"value of {n}" for n in names}
+    out = RowConverter(cls, MetadataColumns(namespace="lambda")).convert(records([msg.SerializeToString()]), "L")
+    assert out.rows[0]["class"] == "value of class" and out.rows[0]["lambda"]["load_time"] == "L"
+
+
+def test_nested_records_deeper_than_the_inline_limit() -> None:
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as F
+
+    from firehose_bq.convert import MAX_INLINE_LEVELS
+
+    levels = MAX_INLINE_LEVELS + 3
+    extra = [(f"L{i}", [("name", F.TYPE_STRING, None), ("down", F.TYPE_MESSAGE, f".dyn.L{i + 1}")])
+             for i in range(1, levels)] + [(f"L{levels}", [("name", F.TYPE_STRING, None)])]
+    cls = dynamic_class("L0", [("name", F.TYPE_STRING, None), ("down", F.TYPE_MESSAGE, ".dyn.L1")], extra)
+    msg = cls(name="0")
+    node = msg
+    for i in range(1, levels + 1):
+        node = node.down
+        node.name = str(i)
+    expected: dict = {"name": str(levels)}
+    for i in reversed(range(levels)):
+        expected = {"name": str(i), "down": expected}
+    assert compile_message(cls.DESCRIPTOR)(msg) == expected
+    cut = compile_message(cls.DESCRIPTOR, options=SchemaOptions(max_depth=3))(msg)
+    assert json.loads(cut["down"]["down"]["down"]) == json.loads(json.dumps(expected["down"]["down"]["down"]))
+
+
+def test_maps_and_repeated_fields_empty_and_full(all_types) -> None:
+    convert = compile_message(all_types.DESCRIPTOR)
+    empty = convert(all_types())
+    assert (empty["m_scalar"], empty["m_message"], empty["r_message"], empty["r_enum"], empty["r_timestamp"]) == (
+        [], [], [], [], [])
+    msg = all_types(m_scalar={"z": 1, "a": 2, "m": 3}, r_enum=[2, 0, 5])
+    msg.r_timestamp.add(seconds=86400, nanos=1000)
+    msg.m_message[-1].counts.append(7)
+    row = convert(msg)
+    assert row["m_scalar"] == [{"key": "a", "value": 2}, {"key": "m", "value": 3}, {"key": "z", "value": 1}]
+    assert row["r_enum"] == ["GREEN", "COLOR_UNSPECIFIED", "5"]
+    assert row["r_timestamp"] == ["1970-01-02T00:00:00.000001Z"]
+    assert row["m_message"] == [{"key": -1, "value": {"label": "", "counts": [7]}}]
+    storage = compile_message(all_types.DESCRIPTOR, enc=STORAGE)(msg)
+    assert storage["r_timestamp"] == [86_400_000_001]
+
+
+def test_rows_are_fresh_objects(test_descriptors: Descriptors) -> None:
+    """Writers may change rows (e.g. add columns): no two rows share a dict or list."""
+    cls = test_descriptors.message_class("testdata.Legacy")
+    value = cls(id="a").SerializeToString()
+    rows = RowConverter(cls, MetadataColumns(namespace="kafka")).convert(records([value, value]), "L").rows
+    assert rows[0]["tags"] == rows[1]["tags"] == []
+    assert rows[0] is not rows[1] and rows[0]["kafka"] is not rows[1]["kafka"] and rows[0]["tags"] is not rows[1]["tags"]
+
+
+def test_unknown_fields_are_detected_recursively(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.AllTypes")
+    inner_unknown = b"\x8a\x01\x03\xf8\x01\x07"  # f_message (17) holding an unknown field 31 = 7
+    top_unknown = cls(f_string="s").SerializeToString() + b"\xf8\x03\x01"  # field 63 = 1
+    plain = cls(f_string="s").SerializeToString()
+    out = RowConverter(cls, MetadataColumns(), detect_unknown_fields=True).convert(
+        records([plain, inner_unknown, top_unknown]), "L")
+    assert out.unknown_fields == [1, 2]
+    assert out.rows[1]["f_message"] == {"label": "", "counts": []} and not out.errors
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_cycle_collector_is_left_as_it_was(test_descriptors: Descriptors, enabled: bool) -> None:
+    import gc
+
+    cls = test_descriptors.message_class("testdata.Legacy")
+    converter = RowConverter(cls, MetadataColumns())
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        out = converter.convert(records([cls(id="a").SerializeToString(), b"\x0a\x05ab"]), "L")
+        assert gc.isenabled() is enabled
+        assert [r["id"] for r in out.rows] == ["a"] and len(out.errors) == 1
+    finally:
+        gc.enable() if was else gc.disable()
+
+
+def test_unknown_fields_with_a_key_column(test_descriptors: Descriptors) -> None:
+    cls, key_cls = test_descriptors.message_class("testdata.AllTypes"), test_descriptors.message_class("testdata.Key")
+    values = [cls(f_string="a").SerializeToString() + b"\xf8\x03\x01", cls(f_string="b").SerializeToString()]
+    batch = KafkaRecords(["t"] * 2, [0] * 2, [10, 11], [0] * 2, values, keys=[key_cls(id="k").SerializeToString()] * 2)
+    out = RowConverter(cls, MetadataColumns(enabled=False), key_class=key_cls, detect_unknown_fields=True).convert(
+        batch, "L")
+    assert out.unknown_fields == [0]
+    assert [(r["f_string"], r["message_key"]) for r in out.rows] == [("a", {"id": "k", "day": None}),
+                                                                     ("b", {"id": "k", "day": None})]
