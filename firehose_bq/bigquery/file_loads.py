@@ -19,6 +19,7 @@ import json
 import logging
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -195,6 +196,7 @@ class FileLoader:
             self.discard(batch_id)
             return None
         base = load_job_id(self._cfg.table_ref, self._checkpoint, batch_id, staged)
+        started = time.monotonic()
         for attempt in range(MAX_JOB_ATTEMPTS):
             job_id = attempt_job_id(base, attempt)
             job = self._existing(job_id)
@@ -213,8 +215,9 @@ class FileLoader:
                 log.info("batch %d: load job %s already loaded these rows (a replay): not loading again",
                          batch_id, job_id)
             else:
-                log.info("batch %d: load job %s loaded %d rows from %d file(s) into %s", batch_id, job_id,
-                         job.output_rows if job.output_rows is not None else rows, len(staged), self._cfg.table_ref)
+                log.info("batch %d: load job %s loaded %d rows from %d file(s) into %s in %.2f s", batch_id, job_id,
+                         rows, len(staged), self._cfg.table_ref,
+                         time.monotonic() - started)
             self.discard(batch_id)
             return LoadOutcome(job_id, rows, already)
         raise SinkError(ErrorType.SINK_UNKNOWN_ERROR,
