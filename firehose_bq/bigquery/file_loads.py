@@ -203,8 +203,10 @@ class FileLoader:
             already = job is not None
             if job is None:
                 job = self._start(batch_id, job_id, staged)
-                if job is None:  # created by someone else between our lookup and our request
-                    continue
+            if job is None:  # 409: created by an earlier attempt between our lookup and our request
+                job, already = self._existing(job_id), True
+                if job is None:
+                    raise SinkError(ErrorType.SINK_UNKNOWN_ERROR, f"load job {job_id} exists (409) but cannot be read")
             self._wait(job)
             if job.error_result:
                 if already:
