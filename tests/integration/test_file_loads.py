@@ -176,9 +176,10 @@ def test_throughput_against_a_direct_load(spark, file_loads_env, bq_client, clea
     cleanup(cfg)
     produce_bookings(cfg, count)
 
-    with caplog.at_level(logging.INFO, logger="firehose_bq.bigquery.file_loads"):
+    with caplog.at_level(logging.INFO, logger="firehose_bq"):
         summary = Pipeline(cfg, spark).run(available_now=True)
     assert summary.totals.rows_written == count
+    batch_lines = [r.getMessage() for r in caplog.records if r.name == "firehose_bq.pipeline"]
 
     # The same rows as NDJSON, loaded straight into a twin table: what a load job costs by itself.
     cls = descriptors.load(cfg.input_schema.stencil_urls).message_class(cfg.input_schema.proto_class)
@@ -198,5 +199,5 @@ def test_throughput_against_a_direct_load(spark, file_loads_env, bq_client, clea
 
     loads = [r for r in caplog.records if "loaded" in r.getMessage() and "rows from" in r.getMessage()]
     print(f"\nfile loads, whole pipeline: {count} rows in {summary.seconds:.2f} s = {count / summary.seconds:,.0f} "
-          f"rows/s over {summary.batches} batch(es); load step: {[r.getMessage() for r in loads]}\n"
+          f"rows/s over {summary.batches} batch(es); batches: {batch_lines}; load step: {[r.getMessage() for r in loads]}\n"
           f"direct load_table_from_file of {len(ndjson):,} bytes NDJSON: {direct:.2f} s = {count / direct:,.0f} rows/s")
