@@ -44,10 +44,13 @@ def cleanup(bq_client: bigquery.Client):  # noqa: ANN201
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
 
 
+def job_prefix(cfg: Config) -> str:
+    return f"firehose_bq_{cfg.bigquery.dataset}_{cfg.bigquery.table}_b"
+
+
 def load_jobs(client: bigquery.Client, cfg: Config) -> list[bigquery.LoadJob]:
     """This table's load jobs, found by the prefix the sink gives their ids."""
-    prefix = f"firehose_bq_{cfg.bigquery.dataset}_{cfg.bigquery.table}_b"
-    return [j for j in client.list_jobs(max_results=1000) if j.job_id.startswith(prefix)]
+    return [j for j in client.list_jobs(max_results=1000) if j.job_id.startswith(job_prefix(cfg))]
 
 
 def staged_leftovers(cfg: Config) -> list[Path]:
@@ -82,7 +85,8 @@ def test_rows_land_exactly_with_one_load_job_per_batch(spark, file_loads_env, bq
     jobs = load_jobs(bq_client, cfg)
     assert summary.batches >= 3
     assert len(jobs) == summary.batches
-    assert sorted(int(j.job_id.rsplit("_b", 1)[1].split("_")[0]) for j in jobs) == list(range(summary.batches))
+    batch_ids = sorted(int(j.job_id.removeprefix(job_prefix(cfg)).split("_")[0]) for j in jobs)
+    assert batch_ids == list(range(summary.batches))
     assert all(j.state == "DONE" and j.error_result is None for j in jobs)
     # (Each job's outputRows is not checked: the emulator reports the table's row count there.)
     assert staged_leftovers(cfg) == [], "staged files are deleted once loaded"

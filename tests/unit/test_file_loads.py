@@ -291,3 +291,13 @@ def test_a_lookup_that_fails_is_a_classified_sink_error(tmp_path: Path) -> None:
     with pytest.raises(SinkError) as failed:
         loader(Down(), tmp_path).load(2, two_tasks(tmp_path))
     assert failed.value.error_type is ErrorType.SINK_5XX_ERROR
+
+
+def test_a_streaming_run_with_file_loads_triggers_at_the_file_loads_interval() -> None:
+    from firehose_bq.pipeline import Pipeline
+
+    env = {**MINIMAL, "SPARK_TRIGGER_INTERVAL_MS": "5000", "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS": "90000"}
+    assert Pipeline(Config.from_env(env), None)._trigger_interval_ms() == 5000  # type: ignore[arg-type]
+    loads = Config.from_env({**env, "SINK_BIGQUERY_WRITE_METHOD": "file_loads"})
+    assert Pipeline(loads, None)._trigger_interval_ms() == 90_000  # type: ignore[arg-type]
+    assert Pipeline(loads, None, write=False)._trigger_interval_ms() == 5000  # type: ignore[arg-type]
