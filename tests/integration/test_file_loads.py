@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from google.api_core import exceptions
 from google.cloud import bigquery
 
 from firehose_bq import descriptors, sample
@@ -171,6 +172,26 @@ def test_failed_load_job_stops_the_batch_with_its_errors(spark, file_loads_env, 
     with pytest.raises(FirehoseError) as again:
         pipeline.run(available_now=True)
     assert "batch 0 stopped" in str(again.value) and "_retry1" in str(again.value)
+
+
+def test_emulator_keeps_an_uploaded_load_jobs_id_and_decodes_bytes(bq_client, bq_dataset) -> None:
+    """The two launcher patches this path relies on, as BigQuery behaves: 409 for a taken job id, and
+    BYTES in a JSON load read as base64 (at the top level and inside repeated records)."""
+    schema = [bigquery.SchemaField("b", "BYTES"),
+              bigquery.SchemaField("h", "RECORD", "REPEATED", fields=[bigquery.SchemaField("v", "BYTES")])]
+    table = bq_client.create_table(bigquery.Table(f"{bq_client.project}.{bq_dataset}.t", schema=schema))
+    data = b'{"b":"AQI=","h":[{"v":"/w=="},{"v":""}]}\n{"b":null,"h":[]}\n'
+    config = bigquery.LoadJobConfig(source_format="NEWLINE_DELIMITED_JSON", schema=schema)
+    job_id = f"test_{bq_dataset}"
+
+    bq_client.load_table_from_file(io.BytesIO(data), table, job_id=job_id, job_config=config).result()
+    with pytest.raises(exceptions.Conflict):
+        bq_client.load_table_from_file(io.BytesIO(data), table, job_id=job_id, job_config=config)
+
+    assert bq_client.get_job(job_id).state == "DONE"
+    rows = sorted((dict(r) for r in bq_client.query(f"SELECT * FROM `{table.full_table_id.replace(':', '.')}`")
+                   .result()), key=lambda r: r["b"] is None)
+    assert rows == [{"b": b"\x01\x02", "h": [{"v": b"\xff"}, {"v": b""}]}, {"b": None, "h": []}]
 
 
 @pytest.mark.skipif(not os.environ.get("FIREHOSE_BQ_BENCH"), reason="a measurement: set FIREHOSE_BQ_BENCH=1")
