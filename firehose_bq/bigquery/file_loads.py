@@ -279,8 +279,11 @@ class FileLoader:
         timeout = self._cfg.file_loads_job_timeout_ms / 1000
         try:
             job.result(timeout=timeout, retry=self._call["retry"])
-        except api_exceptions.GoogleAPICallError:
-            pass  # the job finished with an error: `error_result` holds it, reported by the caller
+        except api_exceptions.GoogleAPICallError as exc:
+            if job.error_result:
+                return  # the job finished with an error: the caller reports the job's own errors
+            # Polling the job failed (after the client's retries): its outcome is unknown.
+            raise SinkError(classify_exception(exc), f"waiting for load job {job.job_id} failed: {exc}") from exc
         except (TimeoutError, http_exceptions.RequestException, ConnectionError,
                 api_exceptions.RetryError) as exc:
             # concurrent.futures.TimeoutError is TimeoutError: the job may still be running; the replay

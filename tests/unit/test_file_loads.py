@@ -150,9 +150,12 @@ class FakeJob:
     errors: list[dict] | None = None
     state: str = "DONE"
     waits: int = 0
+    poll_error: Exception | None = None
 
     def result(self, timeout: float, retry: Any) -> None:
         self.waits += 1
+        if self.poll_error:
+            raise self.poll_error
         if self.error_result:
             raise exceptions.BadRequest(self.error_result["message"])
 
@@ -274,6 +277,21 @@ def test_the_job_error_result_names_the_error_type(tmp_path: Path, reason: str, 
     with pytest.raises(SinkError) as failed:
         loader(client, tmp_path).load(2, two_tasks(tmp_path))
     assert failed.value.error_type is kind
+
+
+@pytest.mark.parametrize(("error", "kind"), [(exceptions.ServiceUnavailable("polling failed"), ErrorType.SINK_5XX_ERROR),
+                                             (TimeoutError(), ErrorType.SINK_RETRYABLE_ERROR)])
+def test_a_job_whose_outcome_is_unknown_fails_the_batch_without_a_second_job(
+        tmp_path: Path, error: Exception, kind: ErrorType) -> None:
+    staged = two_tasks(tmp_path)
+    job_id = file_loads.load_job_id(CFG.table_ref, "ck", 2, staged)
+    client = FakeClient({job_id: FakeJob(job_id, state="RUNNING", poll_error=error)})
+
+    with pytest.raises(SinkError) as failed:
+        loader(client, tmp_path).load(2, staged)
+
+    assert failed.value.error_type is kind and job_id in str(failed.value)
+    assert client.loads == [] and all(Path(f.path).exists() for f in staged)
 
 
 def test_a_batch_that_staged_no_rows_runs_no_job(tmp_path: Path) -> None:
