@@ -240,7 +240,14 @@ class FileLoader:
     def _start(self, batch_id: int, job_id: str, staged: Sequence[StagedFile]) -> bigquery.LoadJob | None:
         directory = batch_dir(self._root, batch_id)
         combined = directory / f"load-{job_id}{STAGED_SUFFIX}"
-        size = concatenate(staged, combined)
+        try:
+            size = concatenate(staged, combined)
+        except FileNotFoundError as exc:
+            combined.unlink(missing_ok=True)
+            # Typically a cluster whose executors staged to their own local disks.
+            raise SinkError(ErrorType.SINK_UNKNOWN_ERROR, f"a staged file is not visible to the driver "
+                            f"({exc.filename}): SINK_BIGQUERY_FILE_LOADS_STAGING_URI must be a directory that "
+                            f"the driver and every executor share") from exc
         table = self._table()
         config = bigquery.LoadJobConfig(
             source_format=bigquery.SourceFormat.NEWLINE_DELIMITED_JSON,

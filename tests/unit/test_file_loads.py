@@ -294,6 +294,13 @@ def test_a_job_whose_outcome_is_unknown_fails_the_batch_without_a_second_job(
     assert client.loads == [] and all(Path(f.path).exists() for f in staged)
 
 
+def test_a_staged_file_the_driver_cannot_see_is_named(tmp_path: Path) -> None:
+    staged = two_tasks(tmp_path)
+    Path(staged[1].path).unlink()  # as if staged on another machine's local disk
+    with pytest.raises(SinkError, match="not visible to the driver .*part-.*must be a directory that the driver"):
+        loader(FakeClient(), tmp_path).load(2, staged)
+
+
 def test_a_batch_that_staged_no_rows_runs_no_job(tmp_path: Path) -> None:
     empty = stage(file_loads.batch_dir(tmp_path, 4))
     client = FakeClient()
