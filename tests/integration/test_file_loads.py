@@ -22,7 +22,7 @@ from firehose_bq import descriptors, sample
 from firehose_bq.bigquery import file_loads
 from firehose_bq.config import Config
 from firehose_bq.convert import KafkaRecords, RowConverter
-from firehose_bq.errors import FirehoseError
+from firehose_bq.errors import BatchFailedError, FirehoseError
 from firehose_bq.pipeline import Pipeline
 from firehose_bq.schema import MetadataColumns, parse_metadata_columns
 from tests.integration.test_end_to_end import end_offsets, expected_row, produce_bookings, read_table
@@ -172,6 +172,24 @@ def test_failed_load_job_stops_the_batch_with_its_errors(spark, file_loads_env, 
     with pytest.raises(FirehoseError) as again:
         pipeline.run(available_now=True)
     assert "batch 0 stopped" in str(again.value) and "_retry1" in str(again.value)
+
+
+def test_a_bad_message_stops_the_batch_before_any_load(spark, file_loads_env, bq_client, cleanup) -> None:
+    from kafka import KafkaProducer
+
+    cfg = Config.from_env(file_loads_env)
+    cleanup(cfg)
+    produce_bookings(cfg, 20)
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    producer.send(cfg.source.topics[0], key=b"bad", value=b"\x0a\x05ab", partition=1).get(timeout=10)
+    producer.close()
+
+    with pytest.raises(BatchFailedError, match="DESERIALIZATION_ERROR"):
+        Pipeline(cfg, spark).run(available_now=True)
+
+    assert load_jobs(bq_client, cfg) == []
+    assert [r.n for r in bq_client.query(f"SELECT COUNT(*) AS n FROM `{cfg.bigquery.table_ref}`").result()] == [0]
+    assert staged_leftovers(cfg) == [], "the replay stages the rows again; nothing is kept"
 
 
 def test_emulator_keeps_an_uploaded_load_jobs_id_and_decodes_bytes(bq_client, bq_dataset) -> None:
