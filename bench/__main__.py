@@ -1,10 +1,12 @@
 """`make bench`: every benchmark, one after the other; the refresh latency last."""
 
-from bench import conversion, pipeline, refresh
+from bench import conversion, pipeline, refresh, storage_write
 
 if __name__ == "__main__":
     conversion.run()
     print()
     pipeline.run()
+    print()
+    storage_write.run()
     print()
     refresh.run()

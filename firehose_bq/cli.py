@@ -108,6 +108,14 @@ def _parser() -> argparse.ArgumentParser:
     doctor = commands.add_parser("doctor", parents=[common], help="check that this machine can run the job (Java for Spark)")
     doctor.set_defaults(handler=_doctor)
 
+    upsert = commands.add_parser("upsert", parents=[common], help="upsert/delete intermediate tables")
+    upsert.add_argument("action", choices=("cleanup",),
+                        help="cleanup: list the intermediate tables crashed runs left behind (--drop: drop them)")
+    upsert.add_argument("--drop", action="store_true", help="drop the idle tables instead of listing them")
+    upsert.add_argument("--min-idle-minutes", type=float, default=60.0,
+                        help="keep tables touched more recently than this (a running job's)")
+    upsert.set_defaults(handler=_upsert)
+
     cfg = commands.add_parser("config", parents=[common], help="check settings or print their reference")
     cfg.add_argument("action", choices=("check", "reference", "stack-reference"),
                      help="check: validate and print the job's settings; reference / stack-reference: the "
@@ -287,6 +295,15 @@ def _json_value(value: object) -> str:
     if isinstance(value, bytes):
         return base64.b64encode(value).decode("ascii")
     return str(value)
+
+
+def _upsert(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from datetime import timedelta
+
+    from firehose_bq.upsert.cleanup import cleanup
+
+    cleanup(_load_config(environ), drop=args.drop, min_idle=timedelta(minutes=args.min_idle_minutes))
+    return 0
 
 
 def _config(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

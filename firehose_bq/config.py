@@ -20,6 +20,7 @@ from firehose_bq.schema import parse_metadata_columns
 from firehose_bq.settings import SettingDoc, load_section, read_env_file, setting
 from firehose_bq.settings import reference as _reference
 from firehose_bq.settings import reference_markdown as _reference_markdown
+from firehose_bq.upsert.config import UpsertConfig
 
 __all__ = ["Config", "ConfigError", "SettingDoc", "read_env_file", "reference", "reference_markdown", "setting"]
 
@@ -152,6 +153,12 @@ class BigQueryConfig:
         "Firehose's switch for the Storage Write API: true = `SINK_BIGQUERY_WRITE_METHOD=storage_write`.",
         False,
     )
+    storage_api_endpoint: str | None = setting(
+        "SINK_BIGQUERY_STORAGE_API_ENDPOINT",
+        "Storage Write API gRPC endpoint `host:port`; with SINK_BIGQUERY_API_ENDPOINT (the local emulator, e.g. "
+        "`127.0.0.1:19060`) a plaintext channel, else a private endpoint; unset = real BigQuery.",
+        None,
+    )
     file_loads_trigger_ms: int = setting(
         "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS",
         "With `file_loads`: the micro-batch interval of a streaming run (instead of SPARK_TRIGGER_INTERVAL_MS), "
@@ -265,6 +272,7 @@ class Config:
     bigquery: BigQueryConfig
     table: TableConfig
     spark: SparkConfig
+    upsert: UpsertConfig
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Config:
@@ -310,6 +318,11 @@ class Config:
         if self.bigquery.storage_api_enable and self.bigquery.write_method == "file_loads":
             problems.append("SINK_BIGQUERY_STORAGE_API_ENABLE=true contradicts SINK_BIGQUERY_WRITE_METHOD=file_loads: "
                             "choose one write method")
+        problems.extend(self.upsert.problems(self.input_schema.key_class))
+        if (self.bigquery.effective_write_method == "storage_write" and self.bigquery.api_endpoint
+                and not self.bigquery.storage_api_endpoint):
+            problems.append("SINK_BIGQUERY_STORAGE_API_ENDPOINT: required for storage_write when "
+                            "SINK_BIGQUERY_API_ENDPOINT points at an emulator (its gRPC host:port)")
         if self.bigquery.effective_write_method == "file_loads":
             problems.extend(staging_problems(self.bigquery.file_loads_staging_uri, self.spark.checkpoint_location))
         if problems:

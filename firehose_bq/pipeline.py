@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from firehose_bq.bigquery import file_loads
 from firehose_bq.bigquery.writers import RowWriter, open_writer
 from firehose_bq.config import Config
-from firehose_bq.convert import KafkaRecords, RowConverter
+from firehose_bq.convert import JSON, STORAGE, KafkaRecords, RowConverter
 from firehose_bq.errors import BatchFailedError, FirehoseError, SinkError
 from firehose_bq.metrics import BatchStats, RunSummary
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
@@ -42,8 +42,11 @@ POLL_SECONDS = 0.5
 def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Decode, convert and write one task's records; yield a single stats row."""
     key_class = spec.descriptors.message_class(spec.key_class) if spec.key_class else None
+    # The Storage Write API takes proto-native values (micros, days, raw bytes); the others take JSON's.
+    encoding = STORAGE if spec.bigquery.effective_write_method == "storage_write" else JSON
     converter = RowConverter(spec.descriptors.message_class(spec.proto_class), spec.metadata, spec.options,
-                             key_class, detect_unknown_fields=True, confluent_framed=spec.confluent_framed)
+                             key_class, detect_unknown_fields=True, confluent_framed=spec.confluent_framed,
+                             encoding=encoding)
     wanted = set(spec.metadata.columns) if spec.metadata.enabled else set()
     writer: RowWriter | None = None
     stats = BatchStats()
@@ -113,7 +116,12 @@ class Pipeline:
         called when a batch holds fields the descriptors lack, before that batch is written."""
         self.config = config
         self.spark = spark
-        self.schema = SinkSchema(config, descriptor_source)
+        self.upsert = None
+        if config.upsert.enabled:  # changelog: rows go through an intermediate table and a MERGE per batch
+            from firehose_bq.upsert.flush import UpsertSession
+
+            self.upsert = UpsertSession(config, descriptor_source)
+        self.schema = self.upsert.schema if self.upsert else SinkSchema(config, descriptor_source)
         self.summary = RunSummary()
         self._refresh = refresh
         self._write_rows = write  # False: decode and convert only (benchmarks)
@@ -133,7 +141,8 @@ class Pipeline:
             .option("topics", ",".join(src.topics))
             .option("group_id", src.consumer_group_id)
             .option("starting_offsets", src.auto_offset_reset)
-            .option("max_offsets_per_trigger", str(self.config.spark.max_offsets_per_trigger))
+            .option("max_offsets_per_trigger", str(self.upsert.max_offsets_per_trigger if self.upsert
+                                                   else self.config.spark.max_offsets_per_trigger))
             .option("stall_timeout_ms", str(src.stall_timeout_ms))
             .option("client", src.client)
             .load()
@@ -141,6 +150,13 @@ class Pipeline:
 
     def run(self, *, available_now: bool, stop: threading.Event | None = None) -> RunSummary:
         """Stream until the topic is drained (available_now) or `stop` is set; raise on failure."""
+        try:
+            return self._run(available_now=available_now, stop=stop)
+        finally:
+            if self.upsert:
+                self.upsert.close()  # drops this run's intermediate table
+
+    def _run(self, *, available_now: bool, stop: threading.Event | None) -> RunSummary:
         self.prepare()
         stop = stop or threading.Event()
         writer = self.source().writeStream.foreachBatch(self._on_batch).option(
@@ -169,9 +185,12 @@ class Pipeline:
         return self.summary
 
     def _file_loads(self) -> bool:
-        return self._write_rows and self.config.bigquery.effective_write_method == "file_loads"
+        # Upserts write through their own intermediate table and MERGE, whatever the write method.
+        return self._write_rows and not self.upsert and self.config.bigquery.effective_write_method == "file_loads"
 
     def _trigger_interval_ms(self) -> int:
+        if self.upsert:
+            return self.upsert.trigger_interval_ms
         # File loads: one load job per table per trigger, so the trigger is paced by the load-job quota.
         if self._file_loads():
             return self.config.bigquery.file_loads_trigger_ms
@@ -191,7 +210,8 @@ class Pipeline:
 
     def _write(self, df: DataFrame, batch_id: int, spec: SinkSpec) -> list[Any]:
         try:
-            return df.mapInArrow(functools.partial(write_partition, spec), STATS_SCHEMA).collect()
+            task = self.upsert.task(spec, batch_id) if self.upsert else functools.partial(write_partition, spec)
+            return df.mapInArrow(task, STATS_SCHEMA).collect()
         except Exception as exc:
             # A task died (source unreachable, a bug): Spark's error wraps the worker's traceback in
             # pages of JVM frames; keep the worker's own last line as the reason.
@@ -244,6 +264,13 @@ class Pipeline:
             except SinkError as exc:
                 self._failure = FirehoseError(f"batch {batch_id} stopped, offsets not committed: {exc}")
                 raise self._failure from exc
+        if self.upsert:
+            # Before returning: Spark commits the batch's offsets only after its merge succeeded.
+            try:
+                self.upsert.flush(batch_id)
+            except FirehoseError as exc:
+                self._failure = exc
+                raise
 
 
 _PYTHON_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.+)$")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import grpc
 from google.api_core import exceptions as api_exceptions
 from requests import exceptions as http_exceptions
 
@@ -58,6 +59,10 @@ def describe_row_errors(errors: Sequence[Mapping[str, Any]]) -> str:
 
 def classify_exception(exc: BaseException) -> ErrorType:
     """The ErrorType of a whole failed request (after the client's own retries gave up)."""
+    if isinstance(exc, grpc.RpcError) and not isinstance(exc, api_exceptions.GoogleAPICallError):
+        exc = api_exceptions.from_grpc_error(exc)  # a raw gRPC failure: name it by its status code
+    if isinstance(exc, api_exceptions.Aborted):
+        return ErrorType.SINK_RETRYABLE_ERROR  # gRPC ABORTED: a concurrency conflict, worth another try
     if isinstance(exc, api_exceptions.GoogleAPICallError):
         reasons = [str(e.get("reason", "")) for e in (exc.errors or []) if isinstance(e, Mapping)]
         by_reason = [REASON_TYPES[r] for r in reasons if r in REASON_TYPES]

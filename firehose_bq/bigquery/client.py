@@ -21,21 +21,24 @@ def call_options(cfg: BigQueryConfig) -> dict[str, object]:
 
 
 def make_client(cfg: BigQueryConfig) -> bigquery.Client:
-    credentials: Credentials | None = None
-    options = None
+    options = ClientOptions(api_endpoint=cfg.api_endpoint) if cfg.api_endpoint else None
+    return bigquery.Client(project=cfg.project_id, credentials=credentials(cfg), client_options=options)
+
+
+def credentials(cfg: BigQueryConfig) -> Credentials | None:
+    """The credentials of every BigQuery client; None = Application Default Credentials."""
     if cfg.api_endpoint:
         # An emulator (or a private endpoint) takes no Google credentials.
-        credentials = AnonymousCredentials()
-        options = ClientOptions(api_endpoint=cfg.api_endpoint)
-    elif cfg.credential_path:
-        from google.oauth2 import service_account
+        return AnonymousCredentials()
+    if not cfg.credential_path:
+        return None
+    from google.oauth2 import service_account
 
-        path = Path(cfg.credential_path)
-        if not path.is_file():
-            raise ConfigError([f"SINK_BIGQUERY_CREDENTIAL_PATH: no such file {path}"])
-        try:
-            credentials = service_account.Credentials.from_service_account_file(str(path), scopes=SCOPES)
-        except (ValueError, KeyError) as exc:  # not JSON, or not a service-account key
-            raise ConfigError([f"SINK_BIGQUERY_CREDENTIAL_PATH: {path} is not a service-account key file: "
-                               f"{type(exc).__name__}"]) from None
-    return bigquery.Client(project=cfg.project_id, credentials=credentials, client_options=options)
+    path = Path(cfg.credential_path)
+    if not path.is_file():
+        raise ConfigError([f"SINK_BIGQUERY_CREDENTIAL_PATH: no such file {path}"])
+    try:
+        return service_account.Credentials.from_service_account_file(str(path), scopes=SCOPES)
+    except (ValueError, KeyError) as exc:  # not JSON, or not a service-account key
+        raise ConfigError([f"SINK_BIGQUERY_CREDENTIAL_PATH: {path} is not a service-account key file: "
+                           f"{type(exc).__name__}"]) from None

@@ -29,6 +29,10 @@ def open_writer(cfg: BigQueryConfig) -> RowWriter:
         from firehose_bq.bigquery.insert_all import InsertAllWriter
 
         return InsertAllWriter(make_client(cfg), cfg)
+    if method == "storage_write":
+        from firehose_bq.bigquery.storage_write import StorageWriteWriter, make_write_client
+
+        return StorageWriteWriter(make_client(cfg), make_write_client(cfg), cfg)
     if method == "file_loads":
         from firehose_bq.bigquery.file_loads import StagingWriter
 

@@ -125,6 +125,7 @@ class Stack:
             "SINK_BIGQUERY_API_ENDPOINT": f"http://{HOST}:{self.cfg.bigquery_port}",
             "SINK_BIGQUERY_GOOGLE_CLOUD_PROJECT_ID": self.cfg.project_id,
             "FIREHOSE_STACK_BIGQUERY_GRPC_ENDPOINT": f"{HOST}:{self.cfg.bigquery_grpc_port}",
+            "SINK_BIGQUERY_STORAGE_API_ENDPOINT": f"{HOST}:{self.cfg.bigquery_grpc_port}",
         }
 
     # --- helpers ---------------------------------------------------------------------------------------

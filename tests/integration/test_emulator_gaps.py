@@ -12,6 +12,7 @@ retry.
 """
 
 import base64
+import contextlib
 import datetime as dt
 import io
 from decimal import Decimal
@@ -592,6 +593,183 @@ def test_gap4_load_table_from_file_csv_under_5mb(bq_client: bigquery.Client, bq_
         {"id": 1, "name": "a"},
         {"id": 2, "name": "b"},
     ]
+
+
+# --------------------------------------------------------------------------- gaps 5 and 6: Storage Write
+
+
+def write_client(stack_env: dict[str, str]) -> Any:
+    import grpc
+    from google.cloud.bigquery_storage_v1 import BigQueryWriteClient
+    from google.cloud.bigquery_storage_v1.services.big_query_write.transports import BigQueryWriteGrpcTransport
+
+    channel = grpc.insecure_channel(stack_env["SINK_BIGQUERY_STORAGE_API_ENDPOINT"])
+    return BigQueryWriteClient(transport=BigQueryWriteGrpcTransport(channel=channel))
+
+
+def row_class(descriptor: Any) -> Any:
+    """The message class of a self-contained DescriptorProto (what a Storage Write writer sends)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    pool = descriptor_pool.DescriptorPool()
+    file = descriptor_pb2.FileDescriptorProto(name="gap_rows.proto", syntax="proto2")
+    file.message_type.append(descriptor)
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(descriptor.name))
+
+
+def proto_field(message: Any, name: str, number: int, kind: str, repeated: bool = False, type_name: str = "") -> None:
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto as F
+
+    added = message.field.add(name=name, number=number, type=getattr(F, f"TYPE_{kind}"),
+                              label=F.LABEL_REPEATED if repeated else F.LABEL_OPTIONAL)
+    if type_name:
+        added.type_name = type_name
+
+
+# A table with a RECORD and a REPEATED RECORD, and the proto2 row message for it.
+ORDERS = [
+    SchemaField("id", "INTEGER", mode="REQUIRED"),
+    SchemaField("at", "TIMESTAMP"),
+    SchemaField("pickup", "RECORD", fields=[SchemaField("lat", "FLOAT"), SchemaField("name", "STRING")]),
+    SchemaField("items", "RECORD", mode="REPEATED",
+                fields=[SchemaField("sku", "STRING"), SchemaField("qty", "INTEGER")]),
+]
+
+
+def orders_descriptor() -> Any:
+    from google.protobuf import descriptor_pb2
+
+    row = descriptor_pb2.DescriptorProto(name="Order")
+    place = row.nested_type.add(name="Place")
+    proto_field(place, "lat", 1, "DOUBLE")
+    proto_field(place, "name", 2, "STRING")
+    item = row.nested_type.add(name="Item")
+    proto_field(item, "sku", 1, "STRING")
+    proto_field(item, "qty", 2, "INT64")
+    proto_field(row, "id", 1, "INT64")
+    proto_field(row, "at", 2, "INT64")  # TIMESTAMP as int64 microseconds
+    proto_field(row, "pickup", 3, "MESSAGE", type_name="Place")
+    proto_field(row, "items", 4, "MESSAGE", repeated=True, type_name="Item")
+    return row
+
+
+AT = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC)
+AT_MICROS = int(AT.timestamp()) * 1_000_000 + AT.microsecond
+
+
+def order(cls: Any, i: int, **changes: Any) -> bytes:
+    values = {"id": i, "at": AT_MICROS, "pickup": {"lat": -6.2, "name": f"stop {i}"},
+              "items": [{"sku": f"SKU-{i}", "qty": i}], **changes}
+    return cls(**values).SerializeToString()
+
+
+def expected_order(i: int) -> dict[str, Any]:
+    return {"id": i, "at": AT, "pickup": {"lat": -6.2, "name": f"stop {i}"}, "items": [{"sku": f"SKU-{i}", "qty": i}]}
+
+
+def append_request(stream: str | None, descriptor: Any | None, rows: list[bytes]) -> Any:
+    from google.cloud.bigquery_storage_v1 import types
+
+    request = types.AppendRowsRequest.pb()()
+    request.proto_rows.rows.serialized_rows.extend(rows)
+    if stream:
+        request.write_stream = stream
+    if descriptor is not None:
+        request.proto_rows.writer_schema.proto_descriptor.CopyFrom(descriptor)
+    return types.AppendRowsRequest.wrap(request)
+
+
+def default_stream(table_id: str) -> str:
+    project, dataset, table = table_id.split(".")
+    return f"projects/{project}/datasets/{dataset}/tables/{table}/streams/_default"
+
+
+def append(client: Any, requests: list[Any]) -> list[Any]:
+    """One AppendRows connection carrying `requests`; the responses, in order."""
+    from google.cloud.bigquery_storage_v1 import types
+
+    return [types.AppendRowsResponse.pb(r) for r in client.append_rows(iter(requests), timeout=TIMEOUT)]
+
+
+def test_gap5_storage_write_into_record_columns(bq_client: bigquery.Client, bq_dataset: str,
+                                                stack_env: dict[str, str]) -> None:
+    table_id = make_table(bq_client, bq_dataset, "orders", ORDERS)
+    descriptor = orders_descriptor()
+    cls = row_class(descriptor)
+    client = write_client(stack_env)
+    try:
+        responses = append(client, [append_request(default_stream(table_id), descriptor,
+                                                   [order(cls, 1), order(cls, 2, pickup=None, items=[])])])
+    finally:
+        client.transport.close()
+
+    assert [(r.error.code, r.error.message) for r in responses] == [(0, "")]
+    assert query(bq_client, f"SELECT * FROM `{table_id}` ORDER BY id") == [
+        expected_order(1), {**expected_order(2), "pickup": None, "items": []}]
+
+
+def test_gap6_append_rows_stream_helper_sends_the_stream_name_once(
+    bq_client: bigquery.Client, bq_dataset: str, stack_env: dict[str, str]
+) -> None:
+    from google.cloud.bigquery_storage_v1 import types, writer
+    from google.cloud.bigquery_storage_v1.exceptions import StreamClosedError
+
+    table_id = make_table(bq_client, bq_dataset, "helper", ORDERS)
+    descriptor = orders_descriptor()
+    cls = row_class(descriptor)
+    client = write_client(stack_env)
+    # The official helper puts the template (stream name, writer schema) into the first request only.
+    stream = writer.AppendRowsStream(client, append_request(default_stream(table_id), descriptor, []))
+    try:
+        futures = [stream.send(types.AppendRowsRequest(proto_rows=types.AppendRowsRequest.ProtoData(
+            rows=types.ProtoRows(serialized_rows=[order(cls, i)])))) for i in (1, 2, 3)]
+        results = [f.result(timeout=TIMEOUT) for f in futures]
+    finally:
+        # After a failed request the helper has closed the stream already; keep that failure visible.
+        with contextlib.suppress(StreamClosedError):
+            stream.close()
+        client.transport.close()
+
+    assert [r.error.code for r in results] == [0, 0, 0]
+    assert query(bq_client, f"SELECT * FROM `{table_id}` ORDER BY id") == [expected_order(i) for i in (1, 2, 3)]
+
+
+def test_gap6_first_request_without_a_stream_name_is_invalid(stack_env: dict[str, str]) -> None:
+    from google.api_core.exceptions import InvalidArgument
+
+    client = write_client(stack_env)
+    try:
+        with pytest.raises(InvalidArgument, match="must set write_stream"):
+            append(client, [append_request(None, orders_descriptor(), [])])
+    finally:
+        client.transport.close()
+
+
+def test_storage_write_bad_rows_come_back_as_row_errors_and_nothing_is_appended(
+    bq_client: bigquery.Client, bq_dataset: str, stack_env: dict[str, str]
+) -> None:
+    table_id = make_table(bq_client, bq_dataset, "row_errors", ORDERS)
+    descriptor = orders_descriptor()
+    cls = row_class(descriptor)
+    beyond_9999 = 253402300800 * 1_000_000
+    rows = [order(cls, 1), order(cls, 2, at=beyond_9999), order(cls, 3), cls(at=AT_MICROS).SerializeToString()]
+    client = write_client(stack_env)
+    try:
+        rejected, = append(client, [append_request(default_stream(table_id), descriptor, rows)])
+        # BigQuery's answer: send the other rows again; they land.
+        accepted, = append(client, [append_request(default_stream(table_id), descriptor, [rows[0], rows[2]])])
+    finally:
+        client.transport.close()
+
+    assert rejected.error.code == 3  # INVALID_ARGUMENT
+    assert not rejected.HasField("append_result")
+    assert [(e.index, e.code, e.message) for e in rejected.row_errors] == [
+        (1, 1, f"Timestamp field value is out of range: {beyond_9999} on field at."),
+        (3, 1, "Missing required field: id."),
+    ]
+    assert accepted.error.code == 0 and accepted.HasField("append_result")
+    assert query(bq_client, f"SELECT id FROM `{table_id}` ORDER BY id") == [{"id": 1}, {"id": 3}]
 
 
 # --------------------------------------------------------------------------- extras

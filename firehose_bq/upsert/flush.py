@@ -1,0 +1,178 @@
+"""The driver side of upsert/delete: tables, the merge flush after each micro-batch, and shutdown.
+
+How seed 000's design maps onto Spark Structured Streaming:
+- A micro-batch is a merge batch: its id is the `batchNumber` the tasks write, and `foreachBatch`
+  returns (so Spark commits the batch's offsets) only after the batch's MERGE succeeded. The offsets
+  of a batch are therefore never committed before its rows are in the destination (seed steps 6–7,
+  the role of kcbq's preCommit).
+- Steps 1–3 (new batch number, earlier flushes done, the batch's rows all written) hold by
+  construction: Spark runs micro-batches one at a time, and the tasks' `collect()` returns only when
+  every task finished its inserts. Step 4 (waiting for the streaming buffer) is not needed: rows
+  streamed by insertAll are visible to queries at once; only DML on them is restricted, which the
+  cleanup's `_PARTITIONTIME` guard handles.
+- Triggers: the micro-batch trigger interval is SINK_BIGQUERY_MERGE_INTERVAL_MS and the records per
+  micro-batch are capped by SINK_BIGQUERY_MERGE_RECORDS_THRESHOLD; an `--available-now` run ends
+  with its last batch merged, so nothing is left unmerged.
+- Recovery: a crash before a batch's MERGE leaves its offsets uncommitted; the restarted job writes
+  the replayed records into its own new intermediate table and merges them then. The old table's
+  rows are never needed (their offsets were never committed): it is an orphan for `upsert cleanup`.
+  A crash after the MERGE but before Spark's commit replays the same offsets as the same batch;
+  merging the same rows again gives the same state (the latest value per key is set again, a
+  deleted key is deleted again), and no later batch was merged in between.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterator
+
+import pyarrow as pa
+from google.api_core.exceptions import GoogleAPIError
+from google.cloud import bigquery
+
+from firehose_bq.bigquery.client import call_options, make_client
+from firehose_bq.bigquery.tables import ensure_dataset, ensure_table
+from firehose_bq.config import Config
+from firehose_bq.descriptors import Descriptors
+from firehose_bq.errors import FirehoseError, SchemaEvolutionError
+from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec, plan_table
+from firehose_bq.upsert import tables
+from firehose_bq.upsert.sql import MergePlan, TableRef, key_leaves
+from firehose_bq.upsert.writer import ChangelogTask, write_changelog_partition
+
+log = logging.getLogger(__name__)
+
+TaskFn = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+class MergeFlushError(FirehoseError):
+    """A merge flush failed: the micro-batch is not committed and will be replayed."""
+
+
+class UpsertSinkSchema(SinkSchema):
+    """The sink schema for upsert/delete: the destination with its key column under
+    SINK_BIGQUERY_KAFKA_KEY_FIELD_NAME, plus this run's intermediate table, evolved together."""
+
+    def __init__(self, config: Config, descriptor_source: DescriptorSource | None = None) -> None:
+        super().__init__(config, descriptor_source)
+        bq, up = config.bigquery, config.upsert
+        assert up.kafka_key_field_name  # Config.validate requires it
+        self.key_column = up.kafka_key_field_name
+        self.destination = TableRef(bq.project_id, bq.dataset, bq.table)
+        self.intermediate = TableRef(bq.project_id, bq.dataset,
+                                     tables.intermediate_name(bq.table, up.intermediate_table_suffix))
+        self.merge_plan: MergePlan | None = None
+        self.created = False
+
+    def _evolve(self, loaded: Descriptors) -> SinkSpec:
+        cfg = self.config
+        plan = plan_table(cfg, loaded)
+        wanted = plan.table
+        wanted.schema = tables.destination_schema(wanted.schema, self.key_column)
+        new_key, _ = tables.split_key(wanted.schema, self.key_column)
+        call = call_options(cfg.bigquery)
+        with make_client(cfg.bigquery) as client:
+            self._check_key(client, new_key)
+            key_leaves(new_key.fields)  # a key MERGE cannot group or match on stops here, before any table
+            ensure_dataset(client, cfg.bigquery.project_id, cfg.bigquery.dataset, cfg.bigquery.dataset_location,
+                           cfg.table.dataset_labels, **call)
+            live = ensure_table(client, wanted, **call)
+            # The intermediate's value columns are what this version writes; the destination may hold more.
+            ensure_table(client, tables.intermediate_table(self.intermediate, wanted.schema, self.key_column), **call)
+        self.created = True
+        key, values = tables.split_key(wanted.schema, self.key_column)
+        partitioning = live.time_partitioning
+        ingestion = partitioning.type_ if partitioning is not None and not partitioning.field else None
+        self.merge_plan = MergePlan(self.destination, self.intermediate, self.key_column, tuple(key.fields),
+                                    tuple(v.name for v in values), cfg.upsert.upsert_enabled,
+                                    cfg.upsert.delete_enabled, ingestion)
+        log.info("descriptors %s (%s) → %s via %s, key %s", loaded.fingerprint, plan.message_name,
+                 self.destination.api, self.intermediate.table, self.key_column)
+        return SinkSpec(plan.descriptors, plan.message_name, plan.metadata, cfg.bigquery, plan.options, plan.key_name,
+                        confluent_framed=bool(cfg.registry.confluent_url))
+
+    def _check_key(self, client: bigquery.Client, new_key: bigquery.SchemaField) -> None:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            live = client.get_table(self.destination.api, **call_options(self.config.bigquery))
+        except NotFound:
+            return
+        old = [f for f in live.schema if f.name.lower() == self.key_column.lower()]
+        if not old:
+            raise SchemaEvolutionError(f"table {self.destination.api} has no key column {self.key_column!r}; "
+                                       "upsert/delete needs one: write to a new table or add the column")
+        changes = tables.key_changes(old[0].fields, new_key.fields)
+        if changes:
+            raise SchemaEvolutionError(f"incompatible key schema change for {self.destination.api}: "
+                                       f"{'; '.join(changes)} (only new NULLABLE fields and REQUIRED -> NULLABLE "
+                                       "can be applied)")
+
+
+class UpsertSession:
+    """One run's upsert/delete state on the driver."""
+
+    def __init__(self, config: Config, descriptor_source: DescriptorSource | None = None) -> None:
+        self.config = config
+        self.schema = UpsertSinkSchema(config, descriptor_source)
+        self.merges = 0
+        self.merge_seconds = 0.0
+
+    @property
+    def trigger_interval_ms(self) -> int:
+        interval = self.config.upsert.merge_interval_ms
+        return interval if interval > 0 else self.config.spark.trigger_interval_ms
+
+    @property
+    def max_offsets_per_trigger(self) -> int:
+        threshold = self.config.upsert.merge_records_threshold
+        return threshold if threshold > 0 else self.config.spark.max_offsets_per_trigger
+
+    def task(self, spec: SinkSpec, batch_id: int) -> TaskFn:
+        task = ChangelogTask(spec, self.schema.intermediate.table, batch_id, self.config.upsert.delete_enabled)
+        return functools.partial(write_changelog_partition, task)
+
+    def flush(self, batch_id: int) -> None:
+        """Merge the batch's rows into the destination, then clear them from the intermediate table."""
+        plan = self.schema.merge_plan
+        assert plan is not None, "the schema is planned before the first batch"
+        started = time.monotonic()
+        call = call_options(self.config.bigquery)
+        with make_client(self.config.bigquery) as client:
+            try:
+                job = client.query(plan.merge(batch_id), **call)
+                job.result(**call)
+            except GoogleAPIError as exc:
+                raise MergeFlushError(f"merge flush of batch {batch_id} into {plan.destination.api} failed: "
+                                      f"{exc}") from exc
+            merged = time.monotonic() - started
+            self._cleanup(client, plan, batch_id)
+        self.merges += 1
+        self.merge_seconds += merged
+        log.info("batch %d: merged into %s in %.2f s (%s rows affected)", batch_id, plan.destination.api, merged,
+                 getattr(job, "num_dml_affected_rows", None))
+
+    def _cleanup(self, client: bigquery.Client, plan: MergePlan, batch_id: int) -> None:
+        # Best effort (seed step 8): the rows are merged already, and the table is dropped at shutdown.
+        call = call_options(self.config.bigquery)
+        try:
+            buffered = client.get_table(plan.intermediate.api, **call).streaming_buffer is not None
+            client.query(plan.cleanup(batch_id, buffered), **call).result(**call)
+        except GoogleAPIError as exc:
+            log.warning("could not clear merged rows from %s (left for the drop at shutdown): %s",
+                        plan.intermediate.table, exc)
+
+    def close(self) -> None:
+        """Drop this run's intermediate table: whatever it still holds was never committed."""
+        if not self.schema.created:
+            return
+        try:
+            with make_client(self.config.bigquery) as client:
+                client.delete_table(self.schema.intermediate.api, not_found_ok=True,
+                                    **call_options(self.config.bigquery))
+            log.info("dropped intermediate table %s", self.schema.intermediate.table)
+        except GoogleAPIError as exc:
+            log.warning("could not drop intermediate table %s (drop it with `firehose-bq upsert cleanup`): %s",
+                        self.schema.intermediate.table, exc)

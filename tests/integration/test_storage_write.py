@@ -1,0 +1,153 @@
+"""Kafka → Spark → BigQuery through the Storage Write API (SINK_BIGQUERY_WRITE_METHOD=storage_write),
+on the real local stack: rows read back through google-cloud-bigquery, compared field by field."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from google.cloud import bigquery
+from kafka import KafkaConsumer, KafkaProducer
+
+from firehose_bq import descriptors, sample
+from firehose_bq.config import Config
+from firehose_bq.errors import BatchFailedError, FirehoseError
+from firehose_bq.pipeline import Pipeline
+from tests.integration.test_end_to_end import end_offsets, expected_row, produce_bookings, read_table
+
+pytestmark = pytest.mark.integration
+
+COUNT = 300
+METADATA = ("message_topic", "message_partition", "message_offset", "message_timestamp", "load_time")
+
+
+@pytest.fixture
+def storage_env(job_env: dict[str, str], bq_client: bigquery.Client) -> Iterator[dict[str, str]]:
+    env = {**job_env, "SINK_BIGQUERY_WRITE_METHOD": "storage_write"}
+    yield env
+    bq_client.delete_dataset(env["SINK_BIGQUERY_DATASET_NAME"], delete_contents=True, not_found_ok=True)
+
+
+def kafka_timestamps(brokers: str, topic: str) -> dict[tuple[int, int], datetime]:
+    """(partition, offset) → the record's timestamp, as Kafka has it."""
+    consumer = KafkaConsumer(topic, bootstrap_servers=brokers, auto_offset_reset="earliest",
+                             consumer_timeout_ms=3000, enable_auto_commit=False)
+    try:
+        return {(r.partition, r.offset): datetime.fromtimestamp(r.timestamp / 1000, UTC) for r in consumer}
+    finally:
+        consumer.close()
+
+
+def booking_class(cfg: Config):  # noqa: ANN201
+    return descriptors.load(cfg.input_schema.stencil_urls).message_class(cfg.input_schema.proto_class)
+
+
+def test_sample_stream_lands_exactly_through_storage_write(spark, storage_env: dict[str, str],
+                                                           bq_client: bigquery.Client) -> None:
+    cfg = Config.from_env(storage_env)
+    assert cfg.bigquery.effective_write_method == "storage_write"
+    produce_bookings(cfg, COUNT)
+    started = datetime.now(UTC)
+
+    summary = Pipeline(cfg, spark).run(available_now=True)
+
+    finished = datetime.now(UTC)
+    assert (summary.totals.messages, summary.totals.rows_written, summary.totals.failed) == (COUNT, COUNT, 0)
+    rows = read_table(bq_client, cfg)
+    assert len(rows) == COUNT
+    stamps = kafka_timestamps(cfg.source.brokers, cfg.source.topics[0])
+    by_order = {r["order_number"]: r for r in rows}
+    for i in range(COUNT):
+        row = dict(by_order[f"ORD-{i:08d}"])
+        row["context"] = json.loads(row["context"])
+        metadata = {k: row.pop(k) for k in METADATA}
+        assert row == expected_row(i), f"booking {i}"
+        assert metadata["message_topic"] == cfg.source.topics[0]
+        assert metadata["message_timestamp"] == stamps[(metadata["message_partition"], metadata["message_offset"])]
+        assert started.replace(microsecond=0) <= metadata["load_time"] <= finished
+    ends = end_offsets(cfg.source.brokers, cfg.source.topics[0])
+    landed = sorted((r["message_partition"], r["message_offset"]) for r in rows)
+    assert landed == sorted((p, o) for p, end in ends.items() for o in range(end))
+
+
+def test_key_and_every_metadata_column_through_storage_write(spark, storage_env: dict[str, str],
+                                                             bq_client: bigquery.Client) -> None:
+    every = ",".join(f"{name}={type_}" for name, type_ in (
+        ("message_topic", "string"), ("message_partition", "integer"), ("message_offset", "integer"),
+        ("message_timestamp", "timestamp"), ("load_time", "timestamp"), ("message_headers", "record"),
+        ("message_timestamp_type", "string"), ("message_leader_epoch", "integer")))
+    cfg = Config.from_env({**storage_env, "INPUT_SCHEMA_PROTO_KEY_CLASS": "firehose.example.v1.BookingKey",
+                           "SINK_BIGQUERY_METADATA_COLUMNS_TYPES": every, "SINK_BIGQUERY_METADATA_NAMESPACE": "kafka"})
+    topic = cfg.source.topics[0]
+    produce_bookings(cfg, 20)
+    headers = [("trace", b"\x01\x02"), ("empty", b"")]
+    unkeyed = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    sent = unkeyed.send(topic, value=sample.booking(20, booking_class(cfg)).SerializeToString(), headers=headers,
+                        partition=0).get(timeout=10)
+    unkeyed.close()
+
+    summary = Pipeline(cfg, spark).run(available_now=True)
+
+    assert (summary.totals.rows_written, summary.totals.failed) == (21, 0)
+    rows = {r["order_number"]: dict(r.items()) for r in read_table(bq_client, cfg)}
+    stamps = kafka_timestamps(cfg.source.brokers, topic)
+    for i in range(21):
+        row = rows[f"ORD-{i:08d}"]
+        row["context"] = json.loads(row["context"])
+        key, meta = row.pop("message_key"), row.pop("kafka")
+        assert row == expected_row(i), f"booking {i}"
+        assert key == (None if i == 20 else {"order_number": f"ORD-{i:08d}"})
+        where = (meta["message_partition"], meta["message_offset"])
+        assert meta == {
+            "message_topic": topic, "message_partition": where[0], "message_offset": where[1],
+            "message_timestamp": stamps[where], "load_time": meta["load_time"],
+            "message_headers": [{"key": k, "value": v} for k, v in headers] if i == 20 else [],
+            "message_timestamp_type": "CreateTime", "message_leader_epoch": 0,
+        }, f"booking {i}"
+        if i == 20:
+            assert where == (sent.partition, sent.offset)
+
+
+def test_a_row_bigquery_rejects_fails_alone_and_the_rest_of_its_request_lands(
+    spark, storage_env: dict[str, str], bq_client: bigquery.Client
+) -> None:
+    cfg = Config.from_env(storage_env)
+    cls = booking_class(cfg)
+    sample.ensure_topic(cfg.source.brokers, cfg.source.topics[0], 1)  # one partition: one task, one request
+    produce_bookings(cfg, 10)
+    bad = sample.booking(10, cls)
+    bad.created_at.seconds = 300_000_000_000  # year 11476: a Timestamp proto holds it, a TIMESTAMP does not
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    producer.send(cfg.source.topics[0], value=bad.SerializeToString(), partition=0).get(timeout=10)
+    producer.close()
+    produce_bookings(cfg, 5, start=11)
+
+    with pytest.raises(BatchFailedError) as failed:
+        Pipeline(cfg, spark).run(available_now=True)
+
+    assert failed.value.total == 1
+    (error,) = failed.value.errors
+    assert (error.error_type.value, error.topic, error.partition, error.offset) == (
+        "SINK_4XX_ERROR", cfg.source.topics[0], 0, 10)
+    assert "Timestamp field value is out of range" in error.message
+    # The request was rejected as a whole; the writer sent its other rows again, and they landed.
+    landed = sorted(r["order_number"] for r in read_table(bq_client, cfg))
+    assert landed == [f"ORD-{i:08d}" for i in range(16) if i != 10]
+
+
+def test_a_missing_table_stops_the_job_with_a_classified_reason(spark, storage_env: dict[str, str],
+                                                                bq_client: bigquery.Client) -> None:
+    cfg = Config.from_env(storage_env)
+    produce_bookings(cfg, 10)
+    pipeline = Pipeline(cfg, spark)
+    pipeline.prepare()
+    bq_client.delete_table(cfg.bigquery.table_ref)  # gone between start-up and the first write
+
+    with pytest.raises(FirehoseError) as failed:
+        pipeline.run(available_now=True)
+
+    text = str(failed.value)
+    assert text.startswith("batch 0 stopped, offsets not committed: SINK_4XX_ERROR: "), text
+    assert cfg.bigquery.table_ref in text

@@ -1,0 +1,120 @@
+"""MERGE text for upsert-only, delete-only and both; nested keys; names that must never reach SQL."""
+
+from __future__ import annotations
+
+import pytest
+from google.cloud.bigquery import SchemaField as F
+
+from firehose_bq.upsert.sql import IdentifierError, MergePlan, TableRef, check_identifier, key_leaves
+
+DEST = TableRef("my-project", "kcbq", "demo")
+TMP = TableRef("my-project", "kcbq", "demo_tmp_1_0123456789abcdef0123456789abcdef_1700000000000")
+FLAT_KEY = (F("k1", "INTEGER", "REQUIRED"), F("k2", "STRING"))
+NESTED_KEY = (F("id", "STRING"), F("region", "RECORD", fields=[F("country", "STRING"),
+                                                             F("zone", "RECORD", fields=[F("n", "INTEGER")])]))
+
+
+def plan(upsert: bool, delete: bool, key: tuple[F, ...] = FLAT_KEY, partitioning: str | None = None) -> MergePlan:
+    return MergePlan(DEST, TMP, "customKeyField", key, ("f1", "f2"), upsert, delete, partitioning)
+
+
+DEDUP = ("USING (SELECT latest.* FROM (SELECT ARRAY_AGG(x ORDER BY x.`i` DESC LIMIT 1)[OFFSET(0)] AS latest "
+         f"FROM {TMP.sql} AS x WHERE x.`batchNumber` = 2 GROUP BY x.`key`.`k1`, x.`key`.`k2`)) AS src")
+ON = ("ON dst.`customKeyField`.`k1` IS NOT DISTINCT FROM src.`key`.`k1` AND "
+      "dst.`customKeyField`.`k2` IS NOT DISTINCT FROM src.`key`.`k2`")
+UPDATE = "UPDATE SET `f1` = src.`value`.`f1`, `f2` = src.`value`.`f2`"
+INSERT = "INSERT (`customKeyField`, `f1`, `f2`) VALUES (src.`key`, src.`value`.`f1`, src.`value`.`f2`)"
+
+
+def test_upsert_and_delete_merge() -> None:
+    assert plan(True, True).merge(2).splitlines() == [
+        "MERGE `my-project`.`kcbq`.`demo` AS dst", DEDUP, ON,
+        f"WHEN MATCHED AND src.`value` IS NOT NULL THEN {UPDATE}",
+        "WHEN MATCHED AND src.`value` IS NULL THEN DELETE",
+        f"WHEN NOT MATCHED AND src.`value` IS NOT NULL THEN {INSERT}",
+    ]
+
+
+def test_upsert_only_merge_has_no_delete_branch() -> None:
+    assert plan(True, False).merge(2).splitlines() == [
+        "MERGE `my-project`.`kcbq`.`demo` AS dst", DEDUP, ON,
+        f"WHEN MATCHED THEN {UPDATE}",
+        f"WHEN NOT MATCHED THEN {INSERT}",
+    ]
+
+
+def test_delete_only_merge_appends_values_after_the_last_tombstone() -> None:
+    lines = plan(False, True).merge(7).splitlines()
+    assert lines[0] == "MERGE `my-project`.`kcbq`.`demo` AS dst"
+    assert lines[1] == (
+        f"USING (SELECT x.* FROM {TMP.sql} AS x LEFT JOIN (SELECT x.`key`.`k1` AS k0, x.`key`.`k2` AS k1, "
+        f"MAX(x.`i`) AS last_delete FROM {TMP.sql} AS x WHERE x.`batchNumber` = 7 AND x.`value` IS NULL "
+        "GROUP BY k0, k1) AS d ON x.`key`.`k1` IS NOT DISTINCT FROM d.k0 AND x.`key`.`k2` IS NOT DISTINCT FROM d.k1 "
+        "WHERE x.`batchNumber` = 7 AND (d.last_delete IS NULL OR x.`i` >= d.last_delete)) AS src")
+    assert lines[2:] == [
+        "ON src.`value` IS NULL AND " + ON.removeprefix("ON "),
+        "WHEN MATCHED THEN DELETE",
+        f"WHEN NOT MATCHED AND src.`value` IS NOT NULL THEN {INSERT}",
+    ]
+
+
+def test_nested_key_groups_and_matches_on_every_leaf() -> None:
+    assert key_leaves(NESTED_KEY) == [("id",), ("region", "country"), ("region", "zone", "n")]
+    sql = plan(True, True, NESTED_KEY).merge(3)
+    assert "GROUP BY x.`key`.`id`, x.`key`.`region`.`country`, x.`key`.`region`.`zone`.`n`)" in sql
+    assert ("ON dst.`customKeyField`.`id` IS NOT DISTINCT FROM src.`key`.`id` AND "
+            "dst.`customKeyField`.`region`.`country` IS NOT DISTINCT FROM src.`key`.`region`.`country` AND "
+            "dst.`customKeyField`.`region`.`zone`.`n` IS NOT DISTINCT FROM src.`key`.`region`.`zone`.`n`\n") in sql
+
+
+def test_ingestion_time_partitioned_destination_gets_partitiontime() -> None:
+    sql = plan(True, True, partitioning="HOUR").merge(1)
+    assert ("INSERT (`customKeyField`, `f1`, `f2`, _PARTITIONTIME) VALUES (src.`key`, src.`value`.`f1`, "
+            "src.`value`.`f2`, TIMESTAMP_TRUNC(src.`partitionTime`, HOUR))") in sql
+    assert "_PARTITIONTIME" not in plan(True, True).merge(1)
+
+
+def test_cleanup_spares_streaming_buffer_rows_only_when_there_is_a_buffer() -> None:
+    assert plan(True, True).cleanup(4, False) == f"DELETE FROM {TMP.sql} WHERE `batchNumber` <= 4"
+    assert plan(True, True).cleanup(4, True) == (f"DELETE FROM {TMP.sql} WHERE `batchNumber` <= 4 "
+                                                 "AND _PARTITIONTIME IS NOT NULL")
+
+
+@pytest.mark.parametrize("name", ["a`b", "a b", "a.b", "1abc", "", "x" * 301, "_PARTITIONTIME", "_table_x",
+                                  "a;DROP", "é", "a-b"])
+def test_bad_column_names_are_rejected(name: str) -> None:
+    with pytest.raises(IdentifierError):
+        check_identifier(name)
+
+
+@pytest.mark.parametrize("parts", [("my-project", "ds`x", "t"), ("my-project", "ds", "t`; DROP TABLE x"),
+                                   ("My_Project", "ds", "t"), ("p", "ds", "t"), ("my-project", "d.s", "t"),
+                                   ("my-project", "ds", "")])
+def test_bad_table_references_are_rejected(parts: tuple[str, str, str]) -> None:
+    with pytest.raises(IdentifierError):
+        TableRef(*parts)
+
+
+def test_bad_names_stop_the_plan_before_any_sql() -> None:
+    with pytest.raises(IdentifierError, match="value"):
+        MergePlan(DEST, TMP, "key", FLAT_KEY, ("ok", "bad`value"), True, True)
+    with pytest.raises(IdentifierError):
+        MergePlan(DEST, TMP, "key`", FLAT_KEY, ("f1",), True, True)
+    with pytest.raises(IdentifierError, match="k`2"):
+        MergePlan(DEST, TMP, "key", (F("k`2", "STRING"),), ("f1",), True, True)
+
+
+def test_keys_merge_cannot_group_on_are_rejected() -> None:
+    with pytest.raises(IdentifierError, match="tags is repeated"):
+        key_leaves((F("id", "STRING"), F("tags", "STRING", "REPEATED")))
+    with pytest.raises(IdentifierError, match="doc is JSON"):
+        key_leaves((F("doc", "JSON"),))
+    with pytest.raises(IdentifierError, match="no fields"):
+        key_leaves(())
+
+
+def test_domain_scoped_project_and_parse() -> None:
+    ref = TableRef.parse("example.com:my-project.ds.t")
+    assert ref.sql == "`example.com:my-project`.`ds`.`t`"
+    with pytest.raises(IdentifierError):
+        TableRef.parse("ds.t")
