@@ -36,6 +36,9 @@ OWNED_PREFIXES = ("SOURCE_KAFKA_", "SINK_BIGQUERY_", "INPUT_SCHEMA_", "SCHEMA_RE
 INSERT_ALL_MAX_ROWS_LIMIT = 50_000
 INSERT_ALL_RECOMMENDED_ROWS = 500
 WRITE_METHODS = ("insertall", "storage_write", "file_loads")
+# BigQuery allows 1,500 load jobs per table per day: 86,400 s / 1,500 = 57.6 s is the shortest interval that
+# runs around the clock under it; a minute leaves 60 jobs a day for retries and replays.
+FILE_LOADS_TRIGGER_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,28 @@ class BigQueryConfig:
         "Storage Write API gRPC endpoint `host:port`; with SINK_BIGQUERY_API_ENDPOINT (the local emulator, e.g. "
         "`127.0.0.1:19060`) a plaintext channel, else a private endpoint; unset = real BigQuery.",
         None,
+    )
+    file_loads_trigger_ms: int = setting(
+        "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS",
+        "With `file_loads`: the micro-batch interval of a streaming run (instead of SPARK_TRIGGER_INTERVAL_MS), "
+        "so one load job per table per trigger. BigQuery allows 1,500 load jobs per table per day (failed "
+        "ones included): one a minute is 1,440, the shortest interval that runs all day under that quota.",
+        FILE_LOADS_TRIGGER_MS,
+        minimum=0,
+    )
+    file_loads_staging_uri: str = setting(
+        "SINK_BIGQUERY_FILE_LOADS_STAGING_URI",
+        "With `file_loads`: directory where tasks stage their rows as newline-delimited JSON until the "
+        "batch's load job ran; empty = `<SPARK_CHECKPOINT_LOCATION>/staging`. Must be a local path (or "
+        "`file://`) that the driver and every executor share; `gs://` is not supported yet.",
+        "",
+    )
+    file_loads_job_timeout_ms: int = setting(
+        "SINK_BIGQUERY_FILE_LOADS_JOB_TIMEOUT_MS",
+        "With `file_loads`: how long the driver waits for a batch's load job; past it the batch fails "
+        "(offsets not committed) and the replay finds the same job again instead of loading twice.",
+        600_000,
+        minimum=1000,
     )
     insert_all_batch_size: int = setting(
         "SINK_BIGQUERY_INSERT_ALL_BATCH_SIZE",
@@ -303,6 +328,8 @@ class Config:
                 and not self.bigquery.storage_api_endpoint):
             problems.append("SINK_BIGQUERY_STORAGE_API_ENDPOINT: required for storage_write when "
                             "SINK_BIGQUERY_API_ENDPOINT points at an emulator (its gRPC host:port)")
+        if self.bigquery.effective_write_method == "file_loads":
+            problems.extend(staging_problems(self.bigquery.file_loads_staging_uri, self.spark.checkpoint_location))
         if problems:
             raise ConfigError(problems)
 
@@ -372,6 +399,18 @@ def label_problems(labels: Mapping[str, str]) -> list[str]:
         if not LABEL_VALUE.fullmatch(value):
             problems.append(f"label {key}={value!r}: value must be lowercase letters, digits, _ or -, ≤ 63")
     return problems
+
+
+def staging_problems(staging_uri: str, checkpoint_location: str) -> list[str]:
+    """File loads stage through a directory the driver can read: a local (shared) path for now."""
+    if staging_uri:
+        if "://" in staging_uri and not staging_uri.startswith("file://"):
+            return [f"SINK_BIGQUERY_FILE_LOADS_STAGING_URI: {staging_uri!r} is not supported yet: use a local "
+                    "directory (on a cluster, one that the driver and every executor mount)"]
+    elif "://" in checkpoint_location and not checkpoint_location.startswith("file://"):
+        return [f"SINK_BIGQUERY_FILE_LOADS_STAGING_URI: required with SINK_BIGQUERY_WRITE_METHOD=file_loads when "
+                f"SPARK_CHECKPOINT_LOCATION ({checkpoint_location}) is not a local directory"]
+    return []
 
 
 def _sections() -> dict[str, type]:

@@ -22,6 +22,7 @@ import pyarrow as pa
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
+from firehose_bq.bigquery import file_loads
 from firehose_bq.bigquery.writers import RowWriter, open_writer
 from firehose_bq.config import Config
 from firehose_bq.convert import JSON, STORAGE, KafkaRecords, RowConverter
@@ -36,7 +37,8 @@ from firehose_bq.upsert.writer import ChangelogTask
 
 log = logging.getLogger(__name__)
 
-STATS_SCHEMA = "stats STRING, fatal STRING, held STRING"
+# `staged`: with file loads, the file a task staged for the driver's load job (file_loads.StagedFile JSON).
+STATS_SCHEMA = "stats STRING, fatal STRING, held STRING, staged STRING"
 # How often the run loop looks at the stop flag and the query's state.
 POLL_SECONDS = 0.5
 
@@ -58,7 +60,7 @@ def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch],
     wanted = set(spec.metadata.columns) if spec.metadata.enabled else set()
     writer: RowWriter | None = None
     stats = BatchStats()
-    fatal = held = None
+    fatal = held = staged = None
     letters: list[DeadLetter] = []
 
     def current_writer() -> RowWriter:
@@ -91,7 +93,9 @@ def write_partition(spec: SinkSpec, batches: Iterator[pa.RecordBatch],
     finally:
         if writer is not None:
             writer.close()  # Spark reuses Python workers: an unclosed client per task would pile up
-    yield pa.RecordBatch.from_pydict({"stats": [stats.to_json()], "fatal": [fatal], "held": [held]})
+            staged = file_loads.staged_json(writer)
+    yield pa.RecordBatch.from_pydict({"stats": [stats.to_json()], "fatal": [fatal], "held": [held],
+                                      "staged": [staged]})
 
 
 def kafka_records(batch: pa.RecordBatch, *, keys: bool, wanted: set[str], all_headers: bool = False) -> KafkaRecords:
@@ -182,8 +186,7 @@ class Pipeline:
         if available_now:
             writer = writer.trigger(availableNow=True)
         else:
-            interval = self.upsert.trigger_interval_ms if self.upsert else self.config.spark.trigger_interval_ms
-            writer = writer.trigger(processingTime=f"{interval} milliseconds")
+            writer = writer.trigger(processingTime=f"{self._trigger_interval_ms()} milliseconds")
         started = time.monotonic()
         query = writer.queryName(f"firehose-bq-{self.config.bigquery.table}").start()
         try:
@@ -202,9 +205,25 @@ class Pipeline:
             self.summary.seconds = time.monotonic() - started
         return self.summary
 
+    def _file_loads(self) -> bool:
+        # Upserts write through their own intermediate table and MERGE, whatever the write method.
+        return self._write_rows and not self.upsert and self.config.bigquery.effective_write_method == "file_loads"
+
+    def _trigger_interval_ms(self) -> int:
+        if self.upsert:
+            return self.upsert.trigger_interval_ms
+        # File loads: one load job per table per trigger, so the trigger is paced by the load-job quota.
+        if self._file_loads():
+            return self.config.bigquery.file_loads_trigger_ms
+        return self.config.spark.trigger_interval_ms
+
     def _spec(self, batch_id: int) -> SinkSpec:
         try:
-            return self.schema.current()
+            spec = self.schema.current()
+            if self._file_loads():  # tasks stage their rows in this batch's directory
+                spec = dataclasses.replace(spec, bigquery=file_loads.for_batch(
+                    spec.bigquery, file_loads.staging_root(self.config), batch_id))
+            return spec
         except FirehoseError as exc:
             # New descriptors the table cannot take (e.g. a type change): stop before writing.
             self._failure = FirehoseError(f"batch {batch_id} stopped, offsets not committed: {exc}")
@@ -254,12 +273,20 @@ class Pipeline:
             log.warning("batch %d: %d message(s) carry fields that no known descriptor version has; written "
                         "without them (publish the new proto to the registry, then replay to fill them)",
                         batch_id, stats.unknown_fields)
+        if self._file_loads() and (fatal or stats.failed):
+            file_loads.discard_batch(self.config, batch_id)  # the replay stages the rows again
         if fatal:
             self._failure = FirehoseError(f"batch {batch_id} stopped, offsets not committed: {fatal[0]}")
             raise self._failure
         if stats.failed:
             self._failure = BatchFailedError(batch_id, stats.sample_errors, stats.failed)
             raise self._failure
+        if self._file_loads():
+            try:
+                file_loads.load_batch(self.config, batch_id, [row.staged for row in results])
+            except SinkError as exc:
+                self._failure = FirehoseError(f"batch {batch_id} stopped, offsets not committed: {exc}")
+                raise self._failure from exc
         if self.upsert:
             # Before returning: Spark commits the batch's offsets only after its merge succeeded.
             try:

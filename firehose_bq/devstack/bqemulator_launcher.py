@@ -1494,6 +1494,107 @@ def patch_load_job_partitioning() -> list[str]:
     return [_replace(executor, "_maybe_create_load_destination", _maybe_create_load_destination)]
 
 
+def patch_upload_job_id() -> list[str]:
+    """Extra: a load job uploaded from a file keeps the client's job id; a taken id answers 409.
+
+    bqemulator names every uploaded load job ``bqemu_<random>`` and drops the
+    ``jobReference`` the client sent, so a load retried under the same id runs
+    again. BigQuery keeps the id and answers ``409 duplicate`` when it is taken,
+    which is what makes a replayed file load idempotent. The envelope's job id
+    is carried inside the upload session's configuration under a private key
+    until the load runs.
+    """
+    upload = _module("bqemulator.api.routes.upload")
+    errors = _module("bqemulator.domain.errors")
+    original_envelope = _require(upload, "_load_configuration_from_envelope")
+    original_run = _require(upload, "_run_load")
+    original_new_id = _require(upload, "_new_job_id")
+    already_exists = _require(errors, "AlreadyExistsError")
+    key = "_firehoseJobId"
+    wanted: list[str] = []  # the id _run_load is about to take; the event loop runs one load at a time
+
+    def _load_configuration_from_envelope(envelope: dict[str, Any]) -> dict[str, Any]:
+        configuration = original_envelope(envelope)
+        job_id = (envelope.get("jobReference") or {}).get("jobId")
+        return {**configuration, key: job_id} if job_id else configuration
+
+    def _new_job_id() -> str:
+        return wanted.pop() if wanted else original_new_id()
+
+    async def _run_load(*, project_id: str, configuration: dict[str, Any], media_path: str, ctx: Any) -> Any:
+        configuration = dict(configuration)
+        job_id = configuration.pop(key, None)
+        if job_id:
+            if ctx.catalog.get_job(project_id, job_id) is not None:
+                raise already_exists(f"Already Exists: Job {project_id}:US.{job_id}")
+            wanted[:] = [job_id]  # taken by _new_job_id before _run_load's first await
+        try:
+            return await original_run(project_id=project_id, configuration=configuration,
+                                      media_path=media_path, ctx=ctx)
+        finally:
+            wanted.clear()
+
+    return [
+        _replace(upload, "_load_configuration_from_envelope", _load_configuration_from_envelope),
+        _replace(upload, "_new_job_id", _new_job_id),
+        _replace(upload, "_run_load", _run_load),
+    ]
+
+
+def _base64_decoding(arrow_type: Any, expr: str, depth: int = 0) -> str | None:
+    """A DuckDB expression that decodes every BYTES value inside ``expr`` from base64; None if none."""
+    pa = _module("pyarrow")
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return f"from_base64({expr})"
+    if pa.types.is_struct(arrow_type):
+        parts = [(f, _base64_decoding(f.type, f"{expr}.{_quote_ident(f.name)}", depth))
+                 for f in arrow_type]
+        if all(decoded is None for _, decoded in parts):
+            return None
+        packed = ", ".join(f"{_quote_ident(f.name)} := {decoded or f'{expr}.{_quote_ident(f.name)}'}"
+                           for f, decoded in parts)
+        return f"CASE WHEN {expr} IS NULL THEN NULL ELSE struct_pack({packed}) END"
+    if pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type):
+        var = f"x{depth}"
+        inner = _base64_decoding(arrow_type.value_type, var, depth + 1)
+        return None if inner is None else f"list_transform({expr}, lambda {var}: {inner})"
+    return None
+
+
+def patch_json_load_bytes() -> list[str]:
+    """Extra: a newline-delimited JSON load decodes BYTES values from base64.
+
+    BigQuery reads a BYTES value in a JSON load as base64 text. bqemulator's
+    ``COPY ... (FORMAT JSON)`` stores the text's own bytes instead. For a table
+    with BYTES columns (at any depth), the rows are read as text and every BYTES
+    value goes through ``from_base64``; other tables load as before.
+    """
+    executor = _module("bqemulator.jobs.executor")
+    handlers = _require(executor, "_LOAD_FORMAT_HANDLERS")
+    original = _require(executor, "_load_json")
+    if handlers.get("NEWLINE_DELIMITED_JSON") is not original:
+        raise PatchTargetMissingError("bqemulator.jobs.executor._LOAD_FORMAT_HANDLERS no longer maps JSON to _load_json")
+
+    def _load_json(path: str, target_ref: str, ctx: Any) -> None:
+        schema = ctx.engine.fetch_arrow(f"SELECT * FROM {target_ref} LIMIT 0").schema
+        decoded = [_base64_decoding(f.type, _quote_ident(f.name)) for f in schema]
+        if all(d is None for d in decoded):
+            original(path, target_ref, ctx)
+            return
+        # Read BLOBs as the text they are in the file: DuckDB's type names with BLOB → VARCHAR.
+        described = ctx.engine.execute(f"DESCRIBE {target_ref}").fetchall()
+        columns = {row[0]: re.sub(r"\bBLOB\b", "VARCHAR", row[1]) for row in described}
+        select = ", ".join(d or _quote_ident(f.name) for f, d in zip(schema, decoded, strict=True))
+        ctx.engine.execute(
+            f"INSERT INTO {target_ref} SELECT {select} FROM read_json(?, columns=?, format='newline_delimited')",
+            [path, columns],
+        )
+
+    for name in [name for name, handler in handlers.items() if handler is original]:
+        handlers[name] = _load_json  # "JSON" is an alias of NEWLINE_DELIMITED_JSON
+    return [_replace(executor, "_load_json", _load_json) + " (+ _LOAD_FORMAT_HANDLERS)"]
+
+
 # =============================================================================
 # Entry point
 # =============================================================================
@@ -1524,6 +1625,8 @@ def apply_patches(args: argparse.Namespace) -> None:
         ("extra quote nested field names", patch_quote_nested_field_names),
         ("extra load job keeps partitioning", patch_load_job_partitioning),
         ("extra register after an abandoned result", patch_settle_abandoned_results),
+        ("extra uploaded load job keeps its job id", patch_upload_job_id),
+        ("extra JSON load decodes BYTES from base64", patch_json_load_bytes),
     ]
     for label, apply in patches:
         targets = apply()

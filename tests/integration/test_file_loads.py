@@ -1,0 +1,246 @@
+"""File loads end to end on the real local stack: staged NDJSON, one load job per micro-batch, replays.
+
+The emulator runs with the launcher's patches that make uploaded load jobs keep their job id (409 when
+taken) and decode BYTES from base64, as BigQuery does.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from google.api_core import exceptions
+from google.cloud import bigquery
+
+from firehose_bq import descriptors, sample
+from firehose_bq.bigquery import file_loads
+from firehose_bq.config import Config
+from firehose_bq.convert import KafkaRecords, RowConverter
+from firehose_bq.errors import BatchFailedError, FirehoseError
+from firehose_bq.pipeline import Pipeline
+from firehose_bq.schema import MetadataColumns, parse_metadata_columns
+from tests.integration.test_end_to_end import end_offsets, expected_row, produce_bookings, read_table
+
+pytestmark = pytest.mark.integration
+
+METADATA = ("message_topic", "message_partition", "message_offset", "message_timestamp", "load_time")
+
+
+@pytest.fixture
+def file_loads_env(job_env: dict[str, str]) -> dict[str, str]:
+    return {**job_env, "SINK_BIGQUERY_WRITE_METHOD": "file_loads"}
+
+
+@pytest.fixture
+def cleanup(bq_client: bigquery.Client):  # noqa: ANN201
+    configs: list[Config] = []
+    yield configs.append
+    for cfg in configs:
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def job_prefix(cfg: Config) -> str:
+    return f"firehose_bq_{cfg.bigquery.dataset}_{cfg.bigquery.table}_b"
+
+
+def load_jobs(client: bigquery.Client, cfg: Config) -> list[bigquery.LoadJob]:
+    """This table's load jobs, found by the prefix the sink gives their ids."""
+    return [j for j in client.list_jobs(max_results=1000) if j.job_id.startswith(job_prefix(cfg))]
+
+
+def staged_leftovers(cfg: Config) -> list[Path]:
+    root = file_loads.staging_root(cfg)
+    return sorted(root.rglob("*")) if root.exists() else []
+
+
+def test_rows_land_exactly_with_one_load_job_per_batch(spark, file_loads_env, bq_client, cleanup) -> None:
+    cfg = Config.from_env({**file_loads_env, "SPARK_MAX_OFFSETS_PER_TRIGGER": "200"})
+    cleanup(cfg)
+    count = 600
+    produce_bookings(cfg, count)
+
+    summary = Pipeline(cfg, spark).run(available_now=True)
+
+    assert (summary.totals.messages, summary.totals.rows_written, summary.totals.failed) == (count, count, 0)
+    rows = read_table(bq_client, cfg)
+    assert len(rows) == count
+    by_order = {r["order_number"]: dict(r) for r in rows}
+    for i in range(count):
+        row = by_order[f"ORD-{i:08d}"]
+        row["context"] = json.loads(row["context"])
+        metadata = {k: row.pop(k) for k in METADATA}
+        assert row == expected_row(i), f"booking {i}"
+        assert metadata["message_topic"] == cfg.source.topics[0]
+        assert isinstance(metadata["message_timestamp"], datetime)
+        assert metadata["load_time"] >= metadata["message_timestamp"]
+    ends = end_offsets(cfg.source.brokers, cfg.source.topics[0])
+    landed = sorted((r["message_partition"], r["message_offset"]) for r in rows)
+    assert landed == sorted((p, o) for p, end in ends.items() for o in range(end))
+    # One load job per micro-batch, each for its own batch id, none retried.
+    jobs = load_jobs(bq_client, cfg)
+    assert summary.batches >= 3
+    assert len(jobs) == summary.batches
+    batch_ids = sorted(int(j.job_id.removeprefix(job_prefix(cfg)).split("_")[0]) for j in jobs)
+    assert batch_ids == list(range(summary.batches))
+    assert all(j.state == "DONE" and j.error_result is None for j in jobs)
+    # (Each job's outputRows is not checked: the emulator reports the table's row count there.)
+    assert staged_leftovers(cfg) == [], "staged files are deleted once loaded"
+
+
+def test_headers_key_and_every_metadata_column(spark, file_loads_env, bq_client, cleanup) -> None:
+    from kafka import KafkaProducer
+
+    every = ("message_topic=string,message_partition=integer,message_offset=integer,message_timestamp=timestamp,"
+             "load_time=timestamp,message_headers=record,message_timestamp_type=string,message_leader_epoch=integer")
+    cfg = Config.from_env({**file_loads_env, "INPUT_SCHEMA_PROTO_KEY_CLASS": "firehose.example.v1.BookingKey",
+                           "SINK_BIGQUERY_METADATA_COLUMNS_TYPES": every, "SINK_BIGQUERY_METADATA_NAMESPACE": "kafka"})
+    cleanup(cfg)
+    produce_bookings(cfg, 20)
+    cls = descriptors.load(cfg.input_schema.stencil_urls).message_class(sample.EXAMPLE_MESSAGE)
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    producer.send(cfg.source.topics[0], key=None, value=sample.booking(20, cls).SerializeToString(),
+                  headers=[("trace", b"\x01\x02"), ("empty", b"")], partition=0).get(timeout=10)
+    producer.close()
+
+    summary = Pipeline(cfg, spark).run(available_now=True)
+
+    assert (summary.totals.rows_written, summary.totals.failed) == (21, 0)
+    rows = {r["order_number"]: dict(r.items()) for r in read_table(bq_client, cfg)}
+    assert rows["ORD-00000007"]["message_key"] == {"order_number": "ORD-00000007"}
+    assert rows["ORD-00000020"]["message_key"] is None
+    meta = rows["ORD-00000020"]["kafka"]
+    assert meta["message_headers"] == [{"key": "trace", "value": b"\x01\x02"}, {"key": "empty", "value": b""}]
+    assert meta["message_timestamp_type"] == "CreateTime"
+    assert meta["message_leader_epoch"] == 0
+    assert rows["ORD-00000007"]["kafka"]["message_headers"] == []
+    assert rows["ORD-00000007"]["signature"] == sample.booking_values(7)["signature"]
+
+
+def test_replayed_batch_is_not_loaded_twice(spark, file_loads_env, bq_client, cleanup, caplog) -> None:
+    cfg = Config.from_env({**file_loads_env, "SPARK_MAX_OFFSETS_PER_TRIGGER": "100"})
+    cleanup(cfg)
+    produce_bookings(cfg, 250)
+    first = Pipeline(cfg, spark).run(available_now=True)
+    assert first.totals.rows_written == 250
+    jobs_before = {j.job_id for j in load_jobs(bq_client, cfg)}
+    assert len(jobs_before) == first.batches
+    # A crash after the last batch's load job finished but before Spark committed its offsets: the
+    # offsets log still plans that batch, the commit log does not have it.
+    commits = Path(cfg.spark.checkpoint_location) / "commits"
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    (commits / str(last)).unlink()
+    (commits / f".{last}.crc").unlink(missing_ok=True)  # Hadoop's checksum beside it would block the rewrite
+
+    with caplog.at_level(logging.INFO, logger="firehose_bq.bigquery.file_loads"):
+        replay = Pipeline(cfg, spark).run(available_now=True)
+
+    assert replay.batches == 1 and replay.totals.messages > 0, "the last batch was replayed"
+    assert len(read_table(bq_client, cfg)) == 250
+    assert {j.job_id for j in load_jobs(bq_client, cfg)} == jobs_before
+    assert any("already loaded these rows" in r.getMessage() and f"batch {last}:" in r.getMessage()
+               for r in caplog.records)
+    assert staged_leftovers(cfg) == []
+
+
+def test_failed_load_job_stops_the_batch_with_its_errors(spark, file_loads_env, bq_client, cleanup) -> None:
+    cfg = Config.from_env(file_loads_env)
+    cleanup(cfg)
+    produce_bookings(cfg, 10)
+    pipeline = Pipeline(cfg, spark)
+    pipeline.prepare()
+    # The table changes under the running job so that no row fits: `order_number` becomes an INTEGER.
+    live = bq_client.get_table(cfg.bigquery.table_ref)
+    schema = [bigquery.SchemaField(f.name, "INTEGER", f.mode) if f.name == "order_number" else f for f in live.schema]
+    bq_client.delete_table(live)
+    bq_client.create_table(bigquery.Table(cfg.bigquery.table_ref, schema=schema))
+
+    with pytest.raises(FirehoseError) as failed:
+        pipeline.run(available_now=True)
+
+    text = str(failed.value)
+    assert text.startswith("batch 0 stopped, offsets not committed: SINK_4XX_ERROR: load job firehose_bq_"), text
+    assert "invalid" in text and "Traceback" not in text
+    assert [r.n for r in bq_client.query(f"SELECT COUNT(*) AS n FROM `{cfg.bigquery.table_ref}`").result()] == [0]
+    # Not committed: the replay plans batch 0 again; its first job id is taken by the failed job, so it
+    # runs under the next attempt id (and fails the same way).
+    with pytest.raises(FirehoseError) as again:
+        pipeline.run(available_now=True)
+    assert "batch 0 stopped" in str(again.value) and "_retry1" in str(again.value)
+
+
+def test_a_bad_message_stops_the_batch_before_any_load(spark, file_loads_env, bq_client, cleanup) -> None:
+    from kafka import KafkaProducer
+
+    cfg = Config.from_env(file_loads_env)
+    cleanup(cfg)
+    produce_bookings(cfg, 20)
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    producer.send(cfg.source.topics[0], key=b"bad", value=b"\x0a\x05ab", partition=1).get(timeout=10)
+    producer.close()
+
+    with pytest.raises(BatchFailedError, match="DESERIALIZATION_ERROR"):
+        Pipeline(cfg, spark).run(available_now=True)
+
+    assert load_jobs(bq_client, cfg) == []
+    assert [r.n for r in bq_client.query(f"SELECT COUNT(*) AS n FROM `{cfg.bigquery.table_ref}`").result()] == [0]
+    assert staged_leftovers(cfg) == [], "the replay stages the rows again; nothing is kept"
+
+
+def test_emulator_keeps_an_uploaded_load_jobs_id_and_decodes_bytes(bq_client, bq_dataset) -> None:
+    """The two launcher patches this path relies on, as BigQuery behaves: 409 for a taken job id, and
+    BYTES in a JSON load read as base64 (at the top level and inside repeated records)."""
+    schema = [bigquery.SchemaField("b", "BYTES"),
+              bigquery.SchemaField("h", "RECORD", "REPEATED", fields=[bigquery.SchemaField("v", "BYTES")])]
+    table = bq_client.create_table(bigquery.Table(f"{bq_client.project}.{bq_dataset}.t", schema=schema))
+    data = b'{"b":"AQI=","h":[{"v":"/w=="},{"v":""}]}\n{"b":null,"h":[]}\n'
+    config = bigquery.LoadJobConfig(source_format="NEWLINE_DELIMITED_JSON", schema=schema)
+    job_id = f"test_{bq_dataset}"
+
+    bq_client.load_table_from_file(io.BytesIO(data), table, job_id=job_id, job_config=config).result()
+    with pytest.raises(exceptions.Conflict):
+        bq_client.load_table_from_file(io.BytesIO(data), table, job_id=job_id, job_config=config)
+
+    assert bq_client.get_job(job_id).state == "DONE"
+    rows = sorted((dict(r) for r in bq_client.query(f"SELECT * FROM `{table.full_table_id.replace(':', '.')}`")
+                   .result()), key=lambda r: r["b"] is None)
+    assert rows == [{"b": b"\x01\x02", "h": [{"v": b"\xff"}, {"v": b""}]}, {"b": None, "h": []}]
+
+
+@pytest.mark.skipif(not os.environ.get("FIREHOSE_BQ_BENCH"), reason="a measurement: set FIREHOSE_BQ_BENCH=1")
+def test_throughput_against_a_direct_load(spark, file_loads_env, bq_client, cleanup, caplog) -> None:
+    count = 20_000
+    cfg = Config.from_env({**file_loads_env, "SPARK_MAX_OFFSETS_PER_TRIGGER": "-1"})
+    cleanup(cfg)
+    produce_bookings(cfg, count)
+
+    with caplog.at_level(logging.INFO, logger="firehose_bq"):
+        summary = Pipeline(cfg, spark).run(available_now=True)
+    assert summary.totals.rows_written == count
+    batch_lines = [r.getMessage() for r in caplog.records if r.name == "firehose_bq.pipeline"]
+
+    # The same rows as NDJSON, loaded straight into a twin table: what a load job costs by itself.
+    cls = descriptors.load(cfg.input_schema.stencil_urls).message_class(cfg.input_schema.proto_class)
+    converter = RowConverter(cls, MetadataColumns(True, "", parse_metadata_columns("")))
+    records = KafkaRecords(topics=["t"] * count, partitions=[0] * count, offsets=list(range(count)),
+                           timestamps_ms=[1_700_000_000_000] * count,
+                           values=[sample.booking(i, cls).SerializeToString() for i in range(count)])
+    ndjson = b"".join(file_loads.encode_row(r) for r in converter.convert(records, "2026-01-01T00:00:00Z").rows)
+    twin = bq_client.create_table(bigquery.Table(f"{cfg.bigquery.table_ref}_twin",
+                                                 schema=bq_client.get_table(cfg.bigquery.table_ref).schema))
+    started = time.monotonic()
+    job = bq_client.load_table_from_file(io.BytesIO(ndjson), twin, job_config=bigquery.LoadJobConfig(
+        source_format="NEWLINE_DELIMITED_JSON", schema=twin.schema))
+    job.result()
+    direct = time.monotonic() - started
+    assert job.output_rows == count
+
+    loads = [r for r in caplog.records if "loaded" in r.getMessage() and "rows from" in r.getMessage()]
+    print(f"\nfile loads, whole pipeline: {count} rows in {summary.seconds:.2f} s = {count / summary.seconds:,.0f} "
+          f"rows/s over {summary.batches} batch(es); batches: {batch_lines}; load step: {[r.getMessage() for r in loads]}\n"
+          f"direct load_table_from_file of {len(ndjson):,} bytes NDJSON: {direct:.2f} s = {count / direct:,.0f} rows/s")
