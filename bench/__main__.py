@@ -1,10 +1,14 @@
 """`make bench`: every benchmark, one after the other; the refresh latency last."""
 
-from bench import conversion, pipeline, refresh
+from bench import conversion, memory, pipeline, refresh, sink
 
 if __name__ == "__main__":
     conversion.run()
     print()
     pipeline.run()
+    print()
+    sink.run()
+    print()
+    memory.run()
     print()
     refresh.run()

@@ -35,6 +35,18 @@ def _read(pid: int) -> Proc | None:
     return Proc(pid, int(fields[1]), int(fields[2]), int(fields[21]) * PAGE_BYTES, name)
 
 
+def pss_bytes(pid: int) -> int:
+    """Proportional set size: shared pages (Spark's Python workers are forks of one daemon) are split
+    between the processes sharing them, so a sum over processes counts each page once, unlike RSS."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass  # exited meanwhile
+    return 0
+
+
 def processes() -> dict[int, Proc]:
     found = {}
     for entry in Path("/proc").iterdir():
