@@ -5,10 +5,13 @@ The job runs in a child process (a fresh JVM, nothing left over from other bench
 samples the RSS of the child's process tree from /proc once a second. The no-op writer is used, so the
 emulator's insert rate does not pace the drain; SPARK_MAX_OFFSETS_PER_TRIGGER paces it.
 
-`python -m bench.memory [MESSAGES]` runs P4 alone."""
+`python -m bench.memory [MESSAGES] [CLIENT]` runs P4 alone. The reader is kafka-python by default: with a
+1M-message topic on the local broker, the confluent-kafka reader fails its task on a client-level
+error ("FindCoordinator response error: Local: Bad message format") that it treats as fatal."""
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -21,9 +24,12 @@ import time
 from bench.localstack import REPO, local_stack, produce_fast
 from bench.proctree import Proc, pss_bytes, tree
 from firehose_bq.config import Config, SparkConfig
+from firehose_bq.source.kafka_client import KAFKA_PYTHON
 
 MESSAGES = 1_000_000
-PARTITIONS = 2
+# The local broker (noida-db) stalls serving a fetch from the start of a partition holding ~500k
+# messages; 8 partitions keep each under ~125k for the default million.
+PARTITIONS = 8
 PER_BATCH = 100_000
 TOPIC = "p4"
 GIB = 1024**3
@@ -46,22 +52,26 @@ def child(env: dict[str, str]) -> None:
     spark.stop()
 
 
-def run(messages: int = MESSAGES) -> dict[str, float]:
+def run(messages: int = MESSAGES, client: str = KAFKA_PYTHON) -> dict[str, float]:
     with local_stack() as (stack_env, state):
-        env = {**stack_env, "SOURCE_KAFKA_TOPIC": TOPIC, "SOURCE_KAFKA_CLIENT": "auto",
+        env = {**stack_env, "SOURCE_KAFKA_TOPIC": TOPIC, "SOURCE_KAFKA_CLIENT": client,
                "SPARK_MAX_OFFSETS_PER_TRIGGER": str(PER_BATCH), "SPARK_CHECKPOINT_LOCATION": f"{state}/ck-p4",
                "SOURCE_KAFKA_CONSUMER_GROUP_ID": "bench-p4"}
         started = time.perf_counter()
         produce_fast(Config.from_env(env), TOPIC, messages, PARTITIONS)
         print(f"P4 memory while draining a backlog of {messages:,} example bookings ({PARTITIONS} partitions, "
-              f"{PER_BATCH:,} per batch, local[2], no-op writer; produced in {time.perf_counter() - started:.0f} s)")
+              f"{PER_BATCH:,} per batch, local[2], {client} reader, no-op writer; produced in "
+              f"{time.perf_counter() - started:.0f} s)", flush=True)
         job = subprocess.Popen([sys.executable, "-m", "bench.memory", "--child", json.dumps(env)], cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         first_batch: list[float] = []  # when the first batch finished: samples before it are start-up
 
+        tail: collections.deque[str] = collections.deque(maxlen=40)  # shown if the job fails
+
         def relay() -> None:
             assert job.stdout is not None
             for line in job.stdout:
+                tail.append(line)
                 if " progress: " in line and not first_batch:
                     first_batch.append(time.monotonic())
                 if " progress: " in line or line.startswith("summary: "):  # not Spark's own chatter
@@ -79,7 +89,7 @@ def run(messages: int = MESSAGES) -> dict[str, float]:
             time.sleep(SAMPLE_SECONDS)
         reader.join(timeout=10)
     if job.returncode != 0:
-        raise RuntimeError(f"P4 job failed with exit code {job.returncode}")
+        raise RuntimeError(f"P4 job failed with exit code {job.returncode}:\n{''.join(tail)}")
     draining = [s for s in samples if first_batch and s[0] >= first_batch[0]] or samples
     quarter = max(1, len(draining) // 4)
     figures = {}
@@ -109,4 +119,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         child({**os.environ, **json.loads(sys.argv[2])})
     else:
-        run(int(sys.argv[1]) if len(sys.argv) > 1 else MESSAGES)
+        run(int(sys.argv[1]) if len(sys.argv) > 1 else MESSAGES, *sys.argv[2:3])

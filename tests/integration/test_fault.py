@@ -120,3 +120,7 @@ def test_kill_9_mid_batch_then_restart_loses_no_offset(job_env: dict[str, str], 
           f"missing {len(missing)}, duplicate rows {duplicates}")
     assert missing == [], f"{len(missing)} offsets never reached the table, e.g. {missing[:5]}"
     assert unexpected == []
+    # Pacing: SPARK_MAX_OFFSETS_PER_TRIGGER caps every micro-batch, and a backlog fills batches to the cap.
+    sizes = [int(n) for log in tmp_path.glob("*.log") for _, n in BATCH_DONE.findall(log.read_text())]
+    assert max(sizes) == PER_BATCH, sizes
+    assert f"largest batch      {PER_BATCH} messages" in final_log.read_text()
