@@ -32,7 +32,8 @@ pytestmark = pytest.mark.integration
 COUNT = 24_000
 PER_BATCH = 3_000  # several micro-batches per run, each long enough to be caught half-written
 KILLS = 3
-# A run needs ~15-30 s to start Spark on a busy 2-core machine; this bounds each wait.
+# A run needs ~20 s to start Spark and finish a batch on 2 quiet cores, 40-60 s on busy ones; this bounds
+# each wait. The whole test takes ~105 s on quiet cores (four Spark start-ups), ~215 s on busy ones.
 WAIT_S = 120
 BATCH_DONE = re.compile(r"batch (\d+): (\d+) messages")
 
