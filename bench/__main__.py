@@ -1,6 +1,6 @@
 """`make bench`: every benchmark, one after the other; the refresh latency last."""
 
-from bench import conversion, pipeline, refresh, storage_write
+from bench import conversion, memory, pipeline, refresh, sink, storage_write
 
 if __name__ == "__main__":
     conversion.run()
@@ -8,5 +8,9 @@ if __name__ == "__main__":
     pipeline.run()
     print()
     storage_write.run()
+    print()
+    sink.run()
+    print()
+    memory.run()
     print()
     refresh.run()

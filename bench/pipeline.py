@@ -4,18 +4,15 @@ least match one plain process. Runs on a local stack started for the run."""
 
 from __future__ import annotations
 
-import tempfile
 import time
-from pathlib import Path
 
+from bench.localstack import local_stack
 from firehose_bq import descriptors, sample
-from firehose_bq.config import Config, SparkConfig, StackConfig, read_env_file
-from firehose_bq.devstack.stack import Stack, isolated_env
+from firehose_bq.config import Config, SparkConfig
 from firehose_bq.pipeline import Pipeline
 from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, KAFKA_PYTHON, KafkaMetadataClient, read_range
 from firehose_bq.spark import spark_session
 
-REPO = Path(__file__).resolve().parents[1]
 MESSAGES = 100_000
 PARTITIONS = 2
 
@@ -42,31 +39,26 @@ def spark_rate(spark: object, env: dict[str, str], client: str, state: str) -> f
 
 
 def run() -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as state:
-        stack = Stack(StackConfig.from_env(isolated_env(state)))
-        stack.up(report=lambda line: None)
-        try:
-            env = {**read_env_file(REPO / "config" / "local.env"), **stack.env(), "SOURCE_KAFKA_TOPIC": "p2a"}
-            cfg = Config.from_env(env)
-            cls = descriptors.load(cfg.input_schema.stencil_urls).message_class(sample.EXAMPLE_MESSAGE)
-            sample.ensure_topic(cfg.source.brokers, "p2a", PARTITIONS)
-            sample.produce(cfg.source.brokers, "p2a", sample.booking_messages(cls), MESSAGES, progress=False)
-            spark = spark_session(SparkConfig(checkpoint_location="unused", master="local[2]"),
-                                  {"spark.ui.enabled": "false"})
-            # Warm-up: the first micro-batch of a session pays Spark's start-up costs, which are not throughput.
-            warm = Config.from_env({**env, "SPARK_MAX_OFFSETS_PER_TRIGGER": "1000",
-                                    "SPARK_CHECKPOINT_LOCATION": f"{state}/warm", "SOURCE_KAFKA_TOPIC": "p2a-warm"})
-            sample.produce(cfg.source.brokers, "p2a-warm", sample.booking_messages(cls), 1000, progress=False)
-            Pipeline(warm, spark, write=False).run(available_now=True)
-            results = {}
-            print(f"P2a pipeline without a sink ({MESSAGES} example bookings, {PARTITIONS} partitions, local[2])")
-            for client in (KAFKA_PYTHON, CONFLUENT_KAFKA):
-                plain = plain_rate(cfg.source.brokers, "p2a", client, cls.FromString)
-                spark_side = spark_rate(spark, env, client, state)
-                results[client] = spark_side / plain
-                print(f"  {client:<16} plain consume+parse {plain:>9,.0f} msg/s   Spark read+decode+convert "
-                      f"{spark_side:>9,.0f} msg/s   ratio {spark_side / plain:.2f}x (target ≥ 1.0x)")
-            spark.stop()  # type: ignore[attr-defined]
-        finally:
-            stack.down(report=lambda line: None)
+    with local_stack() as (stack_env, state):
+        env = {**stack_env, "SOURCE_KAFKA_TOPIC": "p2a"}
+        cfg = Config.from_env(env)
+        cls = descriptors.load(cfg.input_schema.stencil_urls).message_class(sample.EXAMPLE_MESSAGE)
+        sample.ensure_topic(cfg.source.brokers, "p2a", PARTITIONS)
+        sample.produce(cfg.source.brokers, "p2a", sample.booking_messages(cls), MESSAGES, progress=False)
+        spark = spark_session(SparkConfig(checkpoint_location="unused", master="local[2]"),
+                              {"spark.ui.enabled": "false"})
+        # Warm-up: the first micro-batch of a session pays Spark's start-up costs, which are not throughput.
+        warm = Config.from_env({**env, "SPARK_MAX_OFFSETS_PER_TRIGGER": "1000",
+                                "SPARK_CHECKPOINT_LOCATION": f"{state}/warm", "SOURCE_KAFKA_TOPIC": "p2a-warm"})
+        sample.produce(cfg.source.brokers, "p2a-warm", sample.booking_messages(cls), 1000, progress=False)
+        Pipeline(warm, spark, write=False).run(available_now=True)
+        results = {}
+        print(f"P2a pipeline without a sink ({MESSAGES} example bookings, {PARTITIONS} partitions, local[2])")
+        for client in (KAFKA_PYTHON, CONFLUENT_KAFKA):
+            plain = plain_rate(cfg.source.brokers, "p2a", client, cls.FromString)
+            spark_side = spark_rate(spark, env, client, state)
+            results[client] = spark_side / plain
+            print(f"  {client:<16} plain consume+parse {plain:>9,.0f} msg/s   Spark read+decode+convert "
+                  f"{spark_side:>9,.0f} msg/s   ratio {spark_side / plain:.2f}x (target ≥ 1.0x)")
+        spark.stop()  # type: ignore[attr-defined]
     return {f"p2a_{k}": v for k, v in results.items()}

@@ -96,6 +96,8 @@ class RunSummary:
     seconds: float = 0.0
     totals: BatchStats = field(default_factory=BatchStats)
     failure: str | None = None
+    largest_batch: int = 0  # messages in the biggest micro-batch: SPARK_MAX_OFFSETS_PER_TRIGGER at work
+    lag: int | None = None  # records the last batch left on the broker (None: not reported yet)
 
     def render(self) -> str:
         t = self.totals
@@ -114,6 +116,10 @@ class RunSummary:
         for error_type in ErrorType:
             lines.append(f"  {error_type.value:<22} {t.errors_by_type.get(error_type.value, 0)}")
         lines.append(f"elapsed            {self.seconds:.1f} s ({rate:,.0f} messages/s)")
+        if self.batches:
+            lines.append(f"largest batch      {self.largest_batch} messages")
+        if self.lag is not None:
+            lines.append(f"lag at the end     {self.lag} records")
         if self.failure:
             lines.append(f"stopped because    {self.failure}")
         return "\n".join(lines)

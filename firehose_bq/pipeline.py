@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import re
 import threading
@@ -189,8 +190,10 @@ class Pipeline:
             writer = writer.trigger(processingTime=f"{self._trigger_interval_ms()} milliseconds")
         started = time.monotonic()
         query = writer.queryName(f"firehose-bq-{self.config.bigquery.table}").start()
+        logged = -1
         try:
             while not query.awaitTermination(POLL_SECONDS):
+                logged = self._log_progress(query.recentProgress, logged)
                 if stop.is_set():
                     # Let the running micro-batch finish so its offsets are committed, then stop.
                     while query.isActive and query.status.get("isTriggerActive"):
@@ -203,6 +206,7 @@ class Pipeline:
             raise failure from None
         finally:
             self.summary.seconds = time.monotonic() - started
+            self._log_progress(query.recentProgress, logged)  # batches that ended with the query
         return self.summary
 
     def _file_loads(self) -> bool:
@@ -216,6 +220,20 @@ class Pipeline:
         if self._file_loads():
             return self.config.bigquery.file_loads_trigger_ms
         return self.config.spark.trigger_interval_ms
+
+    def _log_progress(self, progress: list[Any], logged: int) -> int:
+        """One line per micro-batch from Spark's progress reports newer than batch `logged`: rows/s and
+        the lag (records on the broker, as seen when the batch was planned, that it did not read)."""
+        for p in progress:
+            if p.batchId <= logged or not p.numInputRows:
+                continue  # seen already, or a no-data report (Spark emits those while idle)
+            logged = p.batchId
+            lag = source_lag(p.sources)
+            if lag is not None:
+                self.summary.lag = lag
+            log.info("batch %d progress: %d rows at %.0f rows/s, lag %s", p.batchId, p.numInputRows,
+                     p.processedRowsPerSecond, "unknown" if lag is None else f"{lag} records")
+        return logged
 
     def _spec(self, batch_id: int) -> SinkSpec:
         try:
@@ -265,6 +283,7 @@ class Pipeline:
                 fatal.append(row.fatal)
         elapsed = time.monotonic() - started
         self.summary.batches += 1
+        self.summary.largest_batch = max(self.summary.largest_batch, stats.messages)
         self.summary.totals.merge(stats)
         log.info("batch %d: %d messages, %d rows written, %d dead-lettered, %d failed, %d retried, %.1f s "
                  "(%.0f messages/s)", batch_id, stats.messages, stats.rows_written, stats.dead_lettered, stats.failed,
@@ -294,6 +313,18 @@ class Pipeline:
             except FirehoseError as exc:
                 self._failure = exc
                 raise
+
+
+def source_lag(sources: list[Any]) -> int | None:
+    """Records between each source's end offset and the broker's latest offset, summed; None when a
+    source does not report its latest offset. Offsets are the source's JSON `{topic: {partition: n}}`."""
+    total = 0
+    for source in sources:
+        if not source.latestOffset or source.latestOffset == "null":
+            return None
+        end, latest = json.loads(source.endOffset), json.loads(source.latestOffset)
+        total += sum(max(0, o - end.get(t, {}).get(p, 0)) for t, parts in latest.items() for p, o in parts.items())
+    return total
 
 
 _PYTHON_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.+)$")
