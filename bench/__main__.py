@@ -1,13 +1,11 @@
 """`make bench`: every benchmark, one after the other; the refresh latency last."""
 
-from bench import conversion, memory, pipeline, refresh, sink, storage_write
+from bench import conversion, memory, pipeline, refresh, sink
 
 if __name__ == "__main__":
     conversion.run()
     print()
     pipeline.run()
-    print()
-    storage_write.run()
     print()
     sink.run()
     print()

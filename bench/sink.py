@@ -2,20 +2,23 @@
 ingest rate for the same converted rows sent straight through that method's API from one process, in
 the same run. Target ≥ 0.7×: the pipeline should lose little to its own overhead.
 
-Table-driven: each write method names its direct baseline in DIRECT. A method whose writer is not
-built yet (open_writer raises NotImplementedError) prints "not available"."""
+Table-driven: each write method names its direct baseline in DIRECT."""
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable
+
+from google.cloud import bigquery
 
 from bench.localstack import local_stack, produce_fast
 from firehose_bq import descriptors, sample
 from firehose_bq.bigquery.client import call_options, make_client
-from firehose_bq.bigquery.writers import open_writer
+from firehose_bq.bigquery.file_loads import encode_row
+from firehose_bq.bigquery.storage_write import StorageWriteWriter, make_write_client
 from firehose_bq.config import WRITE_METHODS, BigQueryConfig, Config, SparkConfig
-from firehose_bq.convert import ConvertedBatch, RowConverter
+from firehose_bq.convert import JSON, STORAGE, ConvertedBatch, KafkaRecords, RowConverter, ValueEncoding
 from firehose_bq.pipeline import Pipeline, kafka_records
 from firehose_bq.sink_schema import SinkSpec
 from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, KafkaMetadataClient, read_range
@@ -43,19 +46,47 @@ def direct_insert_all(cfg: BigQueryConfig, batches: list[ConvertedBatch]) -> Non
         client.close()
 
 
-# Write method → its direct baseline (None: not written yet; the pipeline's rate is still printed).
-DIRECT: dict[str, Callable[[BigQueryConfig, list[ConvertedBatch]], None] | None] = {
-    "insertall": direct_insert_all,
-    "storage_write": None,
-    "file_loads": None,
+def direct_storage_write(cfg: BigQueryConfig, batches: list[ConvertedBatch]) -> None:
+    """AppendRows into the table's default stream: the rows as proto messages, in 9 MB requests."""
+    writer = StorageWriteWriter(make_client(cfg), make_write_client(cfg), cfg)
+    try:
+        for batch in batches:
+            rejected = writer.write(batch, EMPTY)
+            if rejected:
+                raise RuntimeError(f"Storage Write rejected rows: {rejected[:1]}")
+    finally:
+        writer.close()
+
+
+def direct_file_load(cfg: BigQueryConfig, batches: list[ConvertedBatch]) -> None:
+    """One load job of the rows as one newline-delimited JSON file, as the driver's load runs it."""
+    client = make_client(cfg)
+    data = io.BytesIO(b"".join(encode_row(row) for batch in batches for row in batch.rows))
+    try:
+        job = client.load_table_from_file(data, cfg.table_ref, job_config=bigquery.LoadJobConfig(
+            source_format=bigquery.SourceFormat.NEWLINE_DELIMITED_JSON,
+            write_disposition=bigquery.WriteDisposition.WRITE_APPEND,
+            schema=client.get_table(cfg.table_ref).schema))
+        job.result()
+    finally:
+        client.close()
+
+
+# Write method → its direct baseline and the value encoding its rows take.
+DIRECT: dict[str, tuple[Callable[[BigQueryConfig, list[ConvertedBatch]], None], ValueEncoding]] = {
+    "insertall": (direct_insert_all, JSON),
+    "storage_write": (direct_storage_write, STORAGE),
+    "file_loads": (direct_file_load, JSON),
 }
+# Rows that need no Kafka coordinates (the direct baselines write rows only).
+EMPTY = KafkaRecords([], [], [], [], [])
 
 
-def converted_topic(cfg: Config, spec: SinkSpec) -> list[ConvertedBatch]:
+def converted_topic(cfg: Config, spec: SinkSpec, encoding: ValueEncoding) -> list[ConvertedBatch]:
     """The topic as the pipeline's tasks convert it (same converter, same Arrow batches); not timed."""
     key_class = spec.descriptors.message_class(spec.key_class) if spec.key_class else None
     converter = RowConverter(spec.descriptors.message_class(spec.proto_class), spec.metadata, spec.options,
-                             key_class)
+                             key_class, encoding=encoding)
     wanted = set(spec.metadata.columns) if spec.metadata.enabled else set()
     ends = KafkaMetadataClient(cfg.source.brokers, "bench-p2b").end_offsets((TOPIC,))[TOPIC]
     batches = []
@@ -65,15 +96,6 @@ def converted_topic(cfg: Config, spec: SinkSpec) -> list[ConvertedBatch]:
             kafka = kafka_records(to_arrow(records), keys=key_class is not None, wanted=wanted)
             batches.append(converter.convert(kafka, load_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
     return batches
-
-
-def available(cfg: Config) -> bool:
-    """Whether SINK_BIGQUERY_WRITE_METHOD has a writer: open_writer raises NotImplementedError until then."""
-    try:
-        open_writer(cfg.bigquery).close()
-    except NotImplementedError:
-        return False
-    return True
 
 
 def run(messages: int = MESSAGES) -> dict[str, float]:
@@ -103,24 +125,15 @@ def run(messages: int = MESSAGES) -> dict[str, float]:
               "local[2]; direct = one process sending the same converted rows)")
         for method in WRITE_METHODS:
             pipeline = Pipeline(config(method, method), spark)
-            pipeline.prepare()  # the table exists before a writer is opened on it
-            if not available(pipeline.config):
-                print(f"  {method:<14} not available (no writer yet)")
-                continue
-            direct = DIRECT.get(method)
-            direct_rate = None
-            if direct is not None:
-                direct_cfg = config(method, f"{method}_direct")
-                batches = converted_topic(direct_cfg, Pipeline(direct_cfg, spark).prepare())  # creates the table
-                started = time.perf_counter()
-                direct(direct_cfg.bigquery, batches)
-                direct_rate = messages / (time.perf_counter() - started)
+            direct, encoding = DIRECT[method]
+            direct_cfg = config(method, f"{method}_direct")
+            batches = converted_topic(direct_cfg, Pipeline(direct_cfg, spark).prepare(), encoding)  # creates the table
+            started = time.perf_counter()
+            direct(direct_cfg.bigquery, batches)
+            direct_rate = messages / (time.perf_counter() - started)
             summary = pipeline.run(available_now=True)
             assert summary.totals.rows_written == messages, summary.render()
             pipeline_rate = messages / summary.seconds
-            if direct_rate is None:
-                print(f"  {method:<14} pipeline {pipeline_rate:>9,.0f} rows/s   direct: no baseline yet")
-                continue
             results[f"p2b_{method}"] = pipeline_rate / direct_rate
             print(f"  {method:<14} pipeline {pipeline_rate:>9,.0f} rows/s   direct API {direct_rate:>9,.0f} rows/s   "
                   f"ratio {pipeline_rate / direct_rate:.2f}x (target ≥ 0.7x)")

@@ -33,9 +33,8 @@ def open_writer(cfg: BigQueryConfig) -> RowWriter:
         from firehose_bq.bigquery.storage_write import StorageWriteWriter, make_write_client
 
         return StorageWriteWriter(make_client(cfg), make_write_client(cfg), cfg)
-    if method == "file_loads":
-        from firehose_bq.bigquery.file_loads import StagingWriter
+    from firehose_bq.bigquery.file_loads import StagingWriter
 
-        # Stages rows in the batch's directory (set by the driver); the driver loads them in one job.
-        return StagingWriter(cfg)
-    raise NotImplementedError(f"SINK_BIGQUERY_WRITE_METHOD={method} is not available yet")
+    assert method == "file_loads", method  # config allows only WRITE_METHODS
+    # Stages rows in the batch's directory (set by the driver); the driver loads them in one job.
+    return StagingWriter(cfg)
