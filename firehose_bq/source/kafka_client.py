@@ -238,6 +238,12 @@ def _read_range_confluent(brokers: str, topic: str, partition: int, start: int, 
                         continue
                     if error.code() in (ck.KafkaError._AUTO_OFFSET_RESET, ck.KafkaError.OFFSET_OUT_OF_RANGE):
                         raise progress.deleted(start, error.str())
+                    if not error.fatal() and m.topic() != topic:
+                        # librdkafka reports background trouble (e.g. the group-coordinator lookup that
+                        # `group.id` triggers) through consume(); it retries that itself and it does not
+                        # concern this partition's fetches. A real stall still ends in the stall timeout.
+                        log.warning("%s/%d: Kafka client reported %s; continuing", topic, partition, error.str())
+                        continue
                     raise SourceError(f"{topic}/{partition}: {error.str()}")
                 offset = m.offset()
                 last = offset

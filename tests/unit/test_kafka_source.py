@@ -76,3 +76,93 @@ def test_client_choice() -> None:
     assert resolve_client("auto") == "confluent-kafka"  # installed as a dependency
     reader = KafkaStreamReader({"brokers": "b:1", "topics": "t", "group_id": "g", "client": "confluent-kafka"})
     assert reader.client == "confluent-kafka"
+
+
+class _Error:
+    def __init__(self, code: int, text: str, fatal: bool = False) -> None:
+        self._code, self._text, self._fatal = code, text, fatal
+
+    def code(self) -> int:
+        return self._code
+
+    def str(self) -> str:
+        return self._text
+
+    def fatal(self) -> bool:
+        return self._fatal
+
+
+class _Message:
+    def __init__(self, offset: int, error: _Error | None = None, topic: str | None = "t") -> None:
+        self._offset, self._error, self._topic = offset, error, topic
+
+    def error(self) -> _Error | None:
+        return self._error
+
+    def topic(self) -> str | None:
+        return self._topic
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def value(self) -> bytes:
+        return b"v"
+
+    def timestamp(self) -> tuple[int, int]:
+        import confluent_kafka as ck
+
+        return ck.TIMESTAMP_CREATE_TIME, 1000
+
+    def leader_epoch(self) -> int:
+        return 0
+
+    def headers(self) -> None:
+        return None
+
+
+def _fake_consumer(batches: list[list[_Message]]):  # noqa: ANN202
+    import confluent_kafka as ck
+
+    class Consumer:
+        def __init__(self, conf: dict) -> None:
+            self.position_offset = 0
+
+        def assign(self, partitions: list) -> None:
+            pass
+
+        def consume(self, num_messages: int, timeout: float) -> list[_Message]:
+            got = batches.pop(0) if batches else []
+            offsets = [m.offset() for m in got if m.error() is None]
+            if offsets:
+                self.position_offset = max(offsets) + 1
+            return got
+
+        def position(self, partitions: list) -> list:
+            return [ck.TopicPartition("t", 0, self.position_offset)]
+
+        def close(self) -> None:
+            pass
+
+    return Consumer
+
+
+def test_confluent_reader_skips_background_client_errors_but_not_its_partitions(monkeypatch) -> None:
+    import confluent_kafka as ck
+    import pytest
+
+    from firehose_bq.errors import SourceError
+    from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, read_range
+
+    coordinator = _Error(ck.KafkaError._BAD_MSG, "FindCoordinator response error: Local: Bad message format")
+    monkeypatch.setattr(ck, "Consumer", _fake_consumer([[_Message(0, coordinator, topic=None), _Message(0)],
+                                                        [_Message(1)]]))
+    read = list(read_range("b", "t", 0, 0, 2, stall_timeout_ms=1000, batch_size=10, client=CONFLUENT_KAFKA))
+    assert [r.offset for batch in read for r in batch] == [0, 1]
+
+    broken = _Error(ck.KafkaError._TRANSPORT, "broker down")
+    monkeypatch.setattr(ck, "Consumer", _fake_consumer([[_Message(0, broken)]]))
+    with pytest.raises(SourceError, match="t/0: broker down"):
+        list(read_range("b", "t", 0, 0, 2, stall_timeout_ms=1000, batch_size=10, client=CONFLUENT_KAFKA))
