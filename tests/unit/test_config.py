@@ -122,3 +122,11 @@ def test_example_env_file_is_a_valid_config() -> None:
     local = config.read_env_file(README.parent / "config" / "local.env")
     assert Config.from_env(local).source.topics == ("bookings",)
     assert config.unknown_variables(local) == []
+
+
+@pytest.mark.parametrize("layer", ["upsert.env", "dlq.env", "storage-write.env", "file-loads.env"])
+def test_example_layers_over_local_env_are_valid_configs(layer: str) -> None:
+    env = {**config.read_env_file(README.parent / "config" / "local.env"),
+           **config.read_env_file(README.parent / "config" / layer)}
+    assert config.unknown_variables(env) == []
+    Config.from_env(env)
