@@ -1,6 +1,6 @@
 """`make bench`: every benchmark, one after the other; the refresh latency last."""
 
-from bench import conversion, memory, pipeline, refresh, sink
+from bench import conversion, memory, merge, pipeline, refresh, sink
 
 if __name__ == "__main__":
     conversion.run()
@@ -10,5 +10,7 @@ if __name__ == "__main__":
     sink.run()
     print()
     memory.run()
+    print()
+    merge.run()
     print()
     refresh.run()
