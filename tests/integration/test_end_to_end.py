@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 from google.cloud import bigquery
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from firehose_bq import descriptors, sample
-from firehose_bq.config import Config
+from firehose_bq.config import WRITE_METHODS, Config
 from firehose_bq.errors import BatchFailedError
 from firehose_bq.pipeline import Pipeline
 
@@ -162,33 +162,53 @@ def test_failed_write_stops_the_job_with_a_classified_reason(spark, job_config: 
     assert pipeline.summary.failure == text.splitlines()[0]
 
 
-def test_key_column_and_every_metadata_column(spark, job_env: dict[str, str], bq_client) -> None:
-    from kafka import KafkaProducer
-
-    every = ("message_topic=string,message_partition=integer,message_offset=integer,message_timestamp=timestamp,"
-             "load_time=timestamp,message_headers=record,message_timestamp_type=string,message_leader_epoch=integer")
-    cfg = Config.from_env({**job_env, "INPUT_SCHEMA_PROTO_KEY_CLASS": "firehose.example.v1.BookingKey",
+@pytest.mark.parametrize("method", WRITE_METHODS)
+def test_key_and_every_metadata_column_per_write_method(spark, method: str, job_env: dict[str, str],
+                                                         bq_client: bigquery.Client) -> None:
+    every = ",".join(f"{name}={type_}" for name, type_ in (
+        ("message_topic", "string"), ("message_partition", "integer"), ("message_offset", "integer"),
+        ("message_timestamp", "timestamp"), ("load_time", "timestamp"), ("message_headers", "record"),
+        ("message_timestamp_type", "string"), ("message_leader_epoch", "integer")))
+    cfg = Config.from_env({**job_env, "SINK_BIGQUERY_WRITE_METHOD": method,
+                           "INPUT_SCHEMA_PROTO_KEY_CLASS": "firehose.example.v1.BookingKey",
                            "SINK_BIGQUERY_METADATA_COLUMNS_TYPES": every, "SINK_BIGQUERY_METADATA_NAMESPACE": "kafka"})
+    topic = cfg.source.topics[0]
+    produce_bookings(cfg, 20)
+    headers = [("trace", b"\x01\x02"), ("empty", b"")]
+    cls = descriptors.load(cfg.input_schema.stencil_urls).message_class(cfg.input_schema.proto_class)
+    unkeyed = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    sent = unkeyed.send(topic, value=sample.booking(20, cls).SerializeToString(), headers=headers,
+                        partition=0).get(timeout=10)
+    unkeyed.close()
+
+    summary = Pipeline(cfg, spark).run(available_now=True)
+
+    assert (summary.totals.rows_written, summary.totals.failed) == (21, 0)
+    rows = {r["order_number"]: dict(r.items()) for r in read_table(bq_client, cfg)}
+    stamps = kafka_timestamps(cfg.source.brokers, topic)
+    for i in range(21):
+        row = rows[f"ORD-{i:08d}"]
+        row["context"] = json.loads(row["context"])
+        key, meta = row.pop("message_key"), row.pop("kafka")
+        assert row == expected_row(i), f"booking {i}"
+        assert key == (None if i == 20 else {"order_number": f"ORD-{i:08d}"})
+        where = (meta["message_partition"], meta["message_offset"])
+        assert meta == {
+            "message_topic": topic, "message_partition": where[0], "message_offset": where[1],
+            "message_timestamp": stamps[where], "load_time": meta["load_time"],
+            "message_headers": [{"key": k, "value": v} for k, v in headers] if i == 20 else [],
+            "message_timestamp_type": "CreateTime", "message_leader_epoch": 0,
+        }, f"booking {i}"
+        if i == 20:
+            assert where == (sent.partition, sent.offset)
+    bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def kafka_timestamps(brokers: str, topic: str) -> dict[tuple[int, int], datetime]:
+    """(partition, offset) → the record's timestamp, as Kafka has it."""
+    consumer = KafkaConsumer(topic, bootstrap_servers=brokers, auto_offset_reset="earliest",
+                             consumer_timeout_ms=3000, enable_auto_commit=False)
     try:
-        produce_bookings(cfg, 20)
-        cls = descriptors.load(cfg.input_schema.stencil_urls).message_class(sample.EXAMPLE_MESSAGE)
-        producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
-        producer.send(cfg.source.topics[0], key=None, value=sample.booking(20, cls).SerializeToString(),
-                      headers=[("trace", b"\x01\x02"), ("empty", b"")], partition=0).get(timeout=10)
-        producer.close()
-
-        summary = Pipeline(cfg, spark).run(available_now=True)
-
-        assert (summary.totals.rows_written, summary.totals.failed) == (21, 0)
-        rows = {r["order_number"]: dict(r.items()) for r in read_table(bq_client, cfg)}
-        assert rows["ORD-00000007"]["message_key"] == {"order_number": "ORD-00000007"}
-        assert rows["ORD-00000020"]["message_key"] is None
-        meta = rows["ORD-00000020"]["kafka"]
-        assert meta["message_headers"] == [{"key": "trace", "value": b"\x01\x02"}, {"key": "empty", "value": b""}]
-        assert meta["message_timestamp_type"] == "CreateTime"
-        assert meta["message_leader_epoch"] == 0
-        assert rows["ORD-00000007"]["kafka"]["message_headers"] == []
-        assert list(meta) == ["message_topic", "message_partition", "message_offset", "message_timestamp",
-                              "load_time", "message_headers", "message_timestamp_type", "message_leader_epoch"]
+        return {(r.partition, r.offset): datetime.fromtimestamp(r.timestamp / 1000, UTC) for r in consumer}
     finally:
-        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+        consumer.close()

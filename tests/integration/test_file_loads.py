@@ -93,35 +93,6 @@ def test_rows_land_exactly_with_one_load_job_per_batch(spark, file_loads_env, bq
     assert staged_leftovers(cfg) == [], "staged files are deleted once loaded"
 
 
-def test_headers_key_and_every_metadata_column(spark, file_loads_env, bq_client, cleanup) -> None:
-    from kafka import KafkaProducer
-
-    every = ("message_topic=string,message_partition=integer,message_offset=integer,message_timestamp=timestamp,"
-             "load_time=timestamp,message_headers=record,message_timestamp_type=string,message_leader_epoch=integer")
-    cfg = Config.from_env({**file_loads_env, "INPUT_SCHEMA_PROTO_KEY_CLASS": "firehose.example.v1.BookingKey",
-                           "SINK_BIGQUERY_METADATA_COLUMNS_TYPES": every, "SINK_BIGQUERY_METADATA_NAMESPACE": "kafka"})
-    cleanup(cfg)
-    produce_bookings(cfg, 20)
-    cls = descriptors.load(cfg.input_schema.stencil_urls).message_class(sample.EXAMPLE_MESSAGE)
-    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
-    producer.send(cfg.source.topics[0], key=None, value=sample.booking(20, cls).SerializeToString(),
-                  headers=[("trace", b"\x01\x02"), ("empty", b"")], partition=0).get(timeout=10)
-    producer.close()
-
-    summary = Pipeline(cfg, spark).run(available_now=True)
-
-    assert (summary.totals.rows_written, summary.totals.failed) == (21, 0)
-    rows = {r["order_number"]: dict(r.items()) for r in read_table(bq_client, cfg)}
-    assert rows["ORD-00000007"]["message_key"] == {"order_number": "ORD-00000007"}
-    assert rows["ORD-00000020"]["message_key"] is None
-    meta = rows["ORD-00000020"]["kafka"]
-    assert meta["message_headers"] == [{"key": "trace", "value": b"\x01\x02"}, {"key": "empty", "value": b""}]
-    assert meta["message_timestamp_type"] == "CreateTime"
-    assert meta["message_leader_epoch"] == 0
-    assert rows["ORD-00000007"]["kafka"]["message_headers"] == []
-    assert rows["ORD-00000007"]["signature"] == sample.booking_values(7)["signature"]
-
-
 def test_replayed_batch_is_not_loaded_twice(spark, file_loads_env, bq_client, cleanup, caplog) -> None:
     cfg = Config.from_env({**file_loads_env, "SPARK_MAX_OFFSETS_PER_TRIGGER": "100"})
     cleanup(cfg)

@@ -9,13 +9,14 @@ from datetime import UTC, datetime
 
 import pytest
 from google.cloud import bigquery
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 
 from firehose_bq import descriptors, sample
 from firehose_bq.config import Config
 from firehose_bq.errors import BatchFailedError, FirehoseError
 from firehose_bq.pipeline import Pipeline
-from tests.integration.test_end_to_end import end_offsets, expected_row, produce_bookings, read_table
+from tests.integration.test_end_to_end import (end_offsets, expected_row, kafka_timestamps, produce_bookings,
+                                               read_table)
 
 pytestmark = pytest.mark.integration
 
@@ -28,16 +29,6 @@ def storage_env(job_env: dict[str, str], bq_client: bigquery.Client) -> Iterator
     env = {**job_env, "SINK_BIGQUERY_WRITE_METHOD": "storage_write"}
     yield env
     bq_client.delete_dataset(env["SINK_BIGQUERY_DATASET_NAME"], delete_contents=True, not_found_ok=True)
-
-
-def kafka_timestamps(brokers: str, topic: str) -> dict[tuple[int, int], datetime]:
-    """(partition, offset) → the record's timestamp, as Kafka has it."""
-    consumer = KafkaConsumer(topic, bootstrap_servers=brokers, auto_offset_reset="earliest",
-                             consumer_timeout_ms=3000, enable_auto_commit=False)
-    try:
-        return {(r.partition, r.offset): datetime.fromtimestamp(r.timestamp / 1000, UTC) for r in consumer}
-    finally:
-        consumer.close()
 
 
 def booking_class(cfg: Config):  # noqa: ANN201
@@ -70,44 +61,6 @@ def test_sample_stream_lands_exactly_through_storage_write(spark, storage_env: d
     ends = end_offsets(cfg.source.brokers, cfg.source.topics[0])
     landed = sorted((r["message_partition"], r["message_offset"]) for r in rows)
     assert landed == sorted((p, o) for p, end in ends.items() for o in range(end))
-
-
-def test_key_and_every_metadata_column_through_storage_write(spark, storage_env: dict[str, str],
-                                                             bq_client: bigquery.Client) -> None:
-    every = ",".join(f"{name}={type_}" for name, type_ in (
-        ("message_topic", "string"), ("message_partition", "integer"), ("message_offset", "integer"),
-        ("message_timestamp", "timestamp"), ("load_time", "timestamp"), ("message_headers", "record"),
-        ("message_timestamp_type", "string"), ("message_leader_epoch", "integer")))
-    cfg = Config.from_env({**storage_env, "INPUT_SCHEMA_PROTO_KEY_CLASS": "firehose.example.v1.BookingKey",
-                           "SINK_BIGQUERY_METADATA_COLUMNS_TYPES": every, "SINK_BIGQUERY_METADATA_NAMESPACE": "kafka"})
-    topic = cfg.source.topics[0]
-    produce_bookings(cfg, 20)
-    headers = [("trace", b"\x01\x02"), ("empty", b"")]
-    unkeyed = KafkaProducer(bootstrap_servers=cfg.source.brokers)
-    sent = unkeyed.send(topic, value=sample.booking(20, booking_class(cfg)).SerializeToString(), headers=headers,
-                        partition=0).get(timeout=10)
-    unkeyed.close()
-
-    summary = Pipeline(cfg, spark).run(available_now=True)
-
-    assert (summary.totals.rows_written, summary.totals.failed) == (21, 0)
-    rows = {r["order_number"]: dict(r.items()) for r in read_table(bq_client, cfg)}
-    stamps = kafka_timestamps(cfg.source.brokers, topic)
-    for i in range(21):
-        row = rows[f"ORD-{i:08d}"]
-        row["context"] = json.loads(row["context"])
-        key, meta = row.pop("message_key"), row.pop("kafka")
-        assert row == expected_row(i), f"booking {i}"
-        assert key == (None if i == 20 else {"order_number": f"ORD-{i:08d}"})
-        where = (meta["message_partition"], meta["message_offset"])
-        assert meta == {
-            "message_topic": topic, "message_partition": where[0], "message_offset": where[1],
-            "message_timestamp": stamps[where], "load_time": meta["load_time"],
-            "message_headers": [{"key": k, "value": v} for k, v in headers] if i == 20 else [],
-            "message_timestamp_type": "CreateTime", "message_leader_epoch": 0,
-        }, f"booking {i}"
-        if i == 20:
-            assert where == (sent.partition, sent.offset)
 
 
 def test_a_row_bigquery_rejects_fails_alone_and_the_rest_of_its_request_lands(
