@@ -76,31 +76,13 @@ def client_config(request: pytest.FixtureRequest, job_env: dict[str, str], bq_cl
 
 
 def test_sample_stream_lands_exactly(spark, client_config: Config, bq_client: bigquery.Client) -> None:
-    job_config = client_config
-    produce_bookings(job_config, COUNT)
+    produce_bookings(client_config, COUNT)
+    started = datetime.now(UTC)
 
-    summary = Pipeline(job_config, spark).run(available_now=True)
+    summary = Pipeline(client_config, spark).run(available_now=True)
 
-    assert summary.totals.messages == COUNT
-    assert summary.totals.rows_written == COUNT
-    assert summary.totals.failed == 0
-    rows = read_table(bq_client, job_config)
-    assert len(rows) == COUNT
-    by_order = {r["order_number"]: r for r in rows}
-    assert len(by_order) == COUNT
-    for i in range(COUNT):
-        row = dict(by_order[f"ORD-{i:08d}"])
-        row["context"] = json.loads(row["context"])
-        metadata = {k: row.pop(k) for k in ("message_topic", "message_partition", "message_offset",
-                                             "message_timestamp", "load_time")}
-        assert row == expected_row(i), f"booking {i}"
-        assert metadata["message_topic"] == job_config.source.topics[0]
-        assert isinstance(metadata["message_timestamp"], datetime)
-        assert metadata["load_time"] >= metadata["message_timestamp"]
-    # Every produced offset is in the table exactly once.
-    ends = end_offsets(job_config.source.brokers, job_config.source.topics[0])
-    landed = sorted((r["message_partition"], r["message_offset"]) for r in rows)
-    assert landed == sorted((p, o) for p, end in ends.items() for o in range(end))
+    assert (summary.totals.messages, summary.totals.rows_written, summary.totals.failed) == (COUNT, COUNT, 0)
+    assert_sample_landed(bq_client, client_config, COUNT, started, datetime.now(UTC))
 
 
 def test_second_run_resumes_from_checkpoint(spark, job_config: Config, bq_client: bigquery.Client) -> None:
@@ -212,3 +194,28 @@ def kafka_timestamps(brokers: str, topic: str) -> dict[tuple[int, int], datetime
         return {(r.partition, r.offset): datetime.fromtimestamp(r.timestamp / 1000, UTC) for r in consumer}
     finally:
         consumer.close()
+
+
+def assert_sample_landed(client: bigquery.Client, cfg: Config, count: int, started: datetime,
+                         finished: datetime) -> None:
+    """Bookings 0..count-1 are in the table exactly once each, field by field, with metadata that matches
+    Kafka's own records and a load time inside the run [started, finished]."""
+    rows = read_table(client, cfg)
+    assert len(rows) == count
+    topic = cfg.source.topics[0]
+    stamps = kafka_timestamps(cfg.source.brokers, topic)
+    by_order = {r["order_number"]: r for r in rows}
+    assert len(by_order) == count
+    for i in range(count):
+        row = dict(by_order[f"ORD-{i:08d}"])
+        row["context"] = json.loads(row["context"])
+        metadata = {k: row.pop(k) for k in ("message_topic", "message_partition", "message_offset",
+                                             "message_timestamp", "load_time")}
+        assert row == expected_row(i), f"booking {i}"
+        assert metadata["message_topic"] == topic
+        assert metadata["message_timestamp"] == stamps[(metadata["message_partition"], metadata["message_offset"])]
+        assert started.replace(microsecond=0) <= metadata["load_time"] <= finished
+    # Every produced offset is in the table exactly once.
+    ends = end_offsets(cfg.source.brokers, topic)
+    landed = sorted((r["message_partition"], r["message_offset"]) for r in rows)
+    assert landed == sorted((p, o) for p, end in ends.items() for o in range(end))

@@ -7,11 +7,10 @@ taken) and decode BYTES from base64, as BigQuery does.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -25,11 +24,10 @@ from firehose_bq.convert import KafkaRecords, RowConverter
 from firehose_bq.errors import BatchFailedError, FirehoseError
 from firehose_bq.pipeline import Pipeline
 from firehose_bq.schema import MetadataColumns, parse_metadata_columns
-from tests.integration.test_end_to_end import end_offsets, expected_row, produce_bookings, read_table
+from tests.integration.test_end_to_end import assert_sample_landed, produce_bookings, read_table
 
 pytestmark = pytest.mark.integration
 
-METADATA = ("message_topic", "message_partition", "message_offset", "message_timestamp", "load_time")
 
 
 @pytest.fixture
@@ -65,23 +63,12 @@ def test_rows_land_exactly_with_one_load_job_per_batch(spark, file_loads_env, bq
     count = 600
     produce_bookings(cfg, count)
 
+    started = datetime.now(UTC)
+
     summary = Pipeline(cfg, spark).run(available_now=True)
 
     assert (summary.totals.messages, summary.totals.rows_written, summary.totals.failed) == (count, count, 0)
-    rows = read_table(bq_client, cfg)
-    assert len(rows) == count
-    by_order = {r["order_number"]: dict(r) for r in rows}
-    for i in range(count):
-        row = by_order[f"ORD-{i:08d}"]
-        row["context"] = json.loads(row["context"])
-        metadata = {k: row.pop(k) for k in METADATA}
-        assert row == expected_row(i), f"booking {i}"
-        assert metadata["message_topic"] == cfg.source.topics[0]
-        assert isinstance(metadata["message_timestamp"], datetime)
-        assert metadata["load_time"] >= metadata["message_timestamp"]
-    ends = end_offsets(cfg.source.brokers, cfg.source.topics[0])
-    landed = sorted((r["message_partition"], r["message_offset"]) for r in rows)
-    assert landed == sorted((p, o) for p, end in ends.items() for o in range(end))
+    assert_sample_landed(bq_client, cfg, count, started, datetime.now(UTC))
     # One load job per micro-batch, each for its own batch id, none retried.
     jobs = load_jobs(bq_client, cfg)
     assert summary.batches >= 3

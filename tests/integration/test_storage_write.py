@@ -3,7 +3,6 @@ on the real local stack: rows read back through google-cloud-bigquery, compared 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -15,13 +14,11 @@ from firehose_bq import descriptors, sample
 from firehose_bq.config import Config
 from firehose_bq.errors import BatchFailedError, FirehoseError
 from firehose_bq.pipeline import Pipeline
-from tests.integration.test_end_to_end import (end_offsets, expected_row, kafka_timestamps, produce_bookings,
-                                               read_table)
+from tests.integration.test_end_to_end import assert_sample_landed, produce_bookings, read_table
 
 pytestmark = pytest.mark.integration
 
 COUNT = 300
-METADATA = ("message_topic", "message_partition", "message_offset", "message_timestamp", "load_time")
 
 
 @pytest.fixture
@@ -44,23 +41,8 @@ def test_sample_stream_lands_exactly_through_storage_write(spark, storage_env: d
 
     summary = Pipeline(cfg, spark).run(available_now=True)
 
-    finished = datetime.now(UTC)
     assert (summary.totals.messages, summary.totals.rows_written, summary.totals.failed) == (COUNT, COUNT, 0)
-    rows = read_table(bq_client, cfg)
-    assert len(rows) == COUNT
-    stamps = kafka_timestamps(cfg.source.brokers, cfg.source.topics[0])
-    by_order = {r["order_number"]: r for r in rows}
-    for i in range(COUNT):
-        row = dict(by_order[f"ORD-{i:08d}"])
-        row["context"] = json.loads(row["context"])
-        metadata = {k: row.pop(k) for k in METADATA}
-        assert row == expected_row(i), f"booking {i}"
-        assert metadata["message_topic"] == cfg.source.topics[0]
-        assert metadata["message_timestamp"] == stamps[(metadata["message_partition"], metadata["message_offset"])]
-        assert started.replace(microsecond=0) <= metadata["load_time"] <= finished
-    ends = end_offsets(cfg.source.brokers, cfg.source.topics[0])
-    landed = sorted((r["message_partition"], r["message_offset"]) for r in rows)
-    assert landed == sorted((p, o) for p, end in ends.items() for o in range(end))
+    assert_sample_landed(bq_client, cfg, COUNT, started, datetime.now(UTC))
 
 
 def test_a_row_bigquery_rejects_fails_alone_and_the_rest_of_its_request_lands(
