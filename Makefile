@@ -13,7 +13,7 @@ DESCRIPTORS := descriptors/example.desc
 N ?= 10000
 LOCAL := --env-file config/local.env --stack
 
-.PHONY: help venv descriptors run test test-unit test-integration bench up down status clean
+.PHONY: help venv descriptors run test test-unit test-integration bench up down status clean readme
 
 help:
 	@echo "make run     local broker + BigQuery emulator + $(N) sample messages → Spark job → summary"
@@ -67,3 +67,10 @@ status: $(STAMP)
 
 clean: down
 	rm -rf .stack $(DESCRIPTORS) .pytest_cache
+
+# README's configuration tables are generated from the settings' declarations (a unit test checks them).
+readme: $(STAMP)
+	$(PY) -c 'import re, pathlib; from firehose_bq import config as c; p = pathlib.Path("README.md"); t = p.read_text(); \
+	t = re.sub(r"(<!-- config-reference:start -->\n).*?(\n<!-- config-reference:end -->)", lambda m: m[1] + c.reference_markdown() + m[2], t, flags=re.S); \
+	t = re.sub(r"(<!-- stack-reference:start -->\n).*?(\n<!-- stack-reference:end -->)", lambda m: m[1] + c.reference_markdown((c.StackConfig,)) + m[2], t, flags=re.S); \
+	p.write_text(t)'

@@ -91,6 +91,13 @@ class InputSchemaConfig:
         "`message_key`.",
         None,
     )
+    decoder: str = setting(
+        "INPUT_SCHEMA_PROTO_DECODER",
+        "How values are decoded: `native` (the C decoder straight into Arrow), `python` (the reference "
+        "decoder, slow), `auto` = native when it was built and supports the message, else python.",
+        "auto",
+        choices=("auto", "native", "python"),
+    )
 
 
 @dataclass(frozen=True)

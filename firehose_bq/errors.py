@@ -38,6 +38,17 @@ class MessageError:
         return f"{self.error_type.value} at {self.topic}/{self.partition}@{self.offset}: {self.message}"
 
 
+@dataclass(frozen=True)
+class RowError:
+    """Row `index` of the batch a step was given failed. Each step (decode, write) reports its failures
+    by index into its own input; the batch core maps them to the record's index in the source batch,
+    which identifies a record up to the policy (Kafka coordinates are looked up only for the report)."""
+
+    index: int
+    error_type: ErrorType
+    message: str
+
+
 class FirehoseError(Exception):
     """Base of this package's exceptions."""
 

@@ -18,14 +18,16 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from firehose_bq.convert import ConvertedBatch, KafkaRecords
-from firehose_bq.dlq.config import LOG, DlqConfig
-from firehose_bq.dlq.letters import DeadLetter
-from firehose_bq.errors import ConfigError, ErrorType, MessageError, SinkError
-from firehose_bq.metrics import BatchStats
+from firehose_bq.errors import RowError
+from firehose_bq.dlq.config import DlqConfig
+from firehose_bq.errors import ConfigError, ErrorType, SinkError
 from firehose_bq.settings import setting
+
+if TYPE_CHECKING:  # the policy is configuration too (config.py imports it): no Arrow at import time
+    from firehose_bq.batch.rows import Writable
+    from firehose_bq.bigquery.writers import RowWriter
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +148,6 @@ class ErrorHandling:
     policy: ErrorPolicyConfig = field(default_factory=ErrorPolicyConfig)
     dlq: DlqConfig = field(default_factory=DlqConfig)
 
-    @property
-    def keeps_records(self) -> bool:
-        """Dead letters carry the original key and headers: the tasks must load them."""
-        return self.dlq.enabled and self.dlq.writer_type != LOG
-
     def final_outcome(self, error_type: ErrorType, retried: bool) -> str:
         """`dlq` or `failed` for a message whose error (after any retries) is `error_type`."""
         if error_type in self.policy.failing_types:
@@ -167,73 +164,42 @@ WRITTEN, RETRIED, DLQ, FAILED = "written", "retried", "dlq", "failed"
 
 @dataclass
 class Handled:
-    """What became of one converted batch's messages (each in exactly one of written/dlq/failed)."""
+    """What became of one batch's records (each in exactly one of written/dead/failed), by source index."""
 
     written: int = 0
-    retried: int = 0  # messages sent again at least once (they also count in one of the others)
-    errors: list[MessageError] = field(default_factory=list)  # every message that did not get written
-    dead: list[MessageError] = field(default_factory=list)
-    failed: list[MessageError] = field(default_factory=list)
+    retried: int = 0  # records sent again at least once (they also count in one of the others)
+    dead: list[RowError] = field(default_factory=list)
+    failed: list[RowError] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[RowError]:
+        """Every record that did not get written."""
+        return sorted(self.dead + self.failed, key=lambda f: f.index)
 
 
-def reject_unknown_fields(converted: ConvertedBatch, records: KafkaRecords) -> tuple[ConvertedBatch, list[MessageError]]:
-    """The batch without the rows of messages that carry unknown fields, and those as UNKNOWN_FIELDS_ERRORs."""
-    unknown = set(converted.unknown_fields)
-    if not unknown:
-        return converted, []
-    keep = [p for p, i in enumerate(converted.sources) if i not in unknown]
-    errors = [MessageError(ErrorType.UNKNOWN_FIELDS_ERROR, records.topics[i], records.partitions[i],
-                           records.offsets[i], "fields that no known descriptor version has "
-                           "(INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE=false)")
-              for i in sorted(unknown)]
-    return subset(converted, keep), errors
+def write_with_policy(handling: ErrorHandling, pending: Writable, failures: Sequence[RowError],
+                      writer: Callable[[], RowWriter] | None, sleep: Callable[[float], None] = time.sleep) -> Handled:
+    """Write `pending`, retry what the policy retries, and sort every record into written/dead/failed.
 
-
-def subset(batch: ConvertedBatch, positions: Sequence[int]) -> ConvertedBatch:
-    """The rows of `batch` at `positions` (in `rows`), as a batch of their own; no conversion errors."""
-    deletes = set(batch.deletes)
-    return ConvertedBatch(
-        rows=[batch.rows[p] for p in positions],
-        insert_ids=[batch.insert_ids[p] for p in positions],
-        sources=[batch.sources[p] for p in positions],
-        deletes=[n for n, p in enumerate(positions) if p in deletes],
-    )
-
-
-class Writer(Protocol):
-    """The part of bigquery.writers.RowWriter the policy uses (imported from there it would be a cycle)."""
-
-    def write(self, batch: ConvertedBatch, records: KafkaRecords) -> list[MessageError]: ...
-
-
-def write_with_policy(handling: ErrorHandling, converted: ConvertedBatch, records: KafkaRecords,
-                      writer: Callable[[], Writer] | None, sleep: Callable[[float], None] = time.sleep) -> Handled:
-    """Write `converted`, retry what the policy retries, and sort every message into written/dlq/failed.
-
-    `writer()` opens (or returns the open) writer; None = convert only (no row counts as written).
+    `failures`: the records that never became rows (decoding, the mode's own checks); they take no retry.
+    `writer()` opens (or returns the open) writer; None = decode only (no row counts as written).
     Raises SinkError when a whole request still fails after its retries."""
-    batch, unknown_errors = (reject_unknown_fields(converted, records)
-                             if not handling.policy.allow_unknown_fields else (converted, []))
+    final: list[tuple[RowError, bool]] = [(f, False) for f in failures]
     done = Handled()
-    final: list[tuple[MessageError, bool]] = [(e, False) for e in converted.errors + unknown_errors]
-    if writer is None or not batch.rows:
-        pass  # convert only (benchmarks): nothing was written
-    else:
-        position = {(records.topics[i], records.partitions[i], records.offsets[i]): p
-                    for p, i in enumerate(batch.sources)}
+    if writer is not None and len(pending):
+        retry_types = handling.policy.retry_types
         retried: set[int] = set()
-        pending = batch
-        attempt = 1
+        batch, attempt = pending, 1
         while True:
             try:
-                failures = writer().write(pending, records)
+                rejected = [_at_source(batch, f) for f in writer().write(batch.rows, batch.insert_ids)]
                 request_error = None
             except SinkError as exc:
-                failures, request_error = [], exc
-            again = [f for f in failures if f.error_type in handling.policy.retry_types]
+                rejected, request_error = [], exc
+            again = [f for f in rejected if f.error_type in retry_types]
             if request_error is None and not again:
                 break
-            if request_error is not None and request_error.error_type not in handling.policy.retry_types:
+            if request_error is not None and request_error.error_type not in retry_types:
                 raise request_error
             if attempt >= handling.policy.max_attempts:
                 if request_error is not None:
@@ -242,44 +208,27 @@ def write_with_policy(handling: ErrorHandling, converted: ConvertedBatch, record
                 break
             wait = handling.policy.backoff_ms(attempt) / 1000
             log.warning("attempt %d of %d: %s; retrying %s in %.2f s", attempt, handling.policy.max_attempts,
-                        request_error or f"{len(again)} row(s) failed, first {again[0].describe()}",
+                        request_error or f"{len(again)} row(s) failed, first: {again[0].message}",
                         "the request" if request_error else "those rows", wait)
             sleep(wait)
             attempt += 1
             if request_error is None:
                 # Rows that failed for good stay failed; only the retryable ones go out again.
-                final.extend((f, False) for f in failures if f.error_type not in handling.policy.retry_types)
-                again_positions = [position[(f.topic, f.partition, f.offset)] for f in again]
-                retried.update(again_positions)
-                pending = subset(batch, sorted(again_positions))
+                final.extend((f, False) for f in rejected if f.error_type not in retry_types)
+                retried.update(f.index for f in again)
+                batch = pending.of_sources([f.index for f in again])
             else:
-                retried.update(position[_coordinates(pending, records, n)] for n in range(len(pending.rows)))
+                retried.update(int(i) for i in batch.sources)
         # A retryable type still here means its attempts ran out.
-        final.extend((f, f.error_type in handling.policy.retry_types) for f in failures)
+        final.extend((f, f.error_type in retry_types) for f in rejected)
         done.retried = len(retried)
-        done.written = len(batch.rows) - sum(1 for f, _ in final if (f.topic, f.partition, f.offset) in position)
-    for error, was_retried in final:
-        done.errors.append(error)
-        (done.dead if handling.final_outcome(error.error_type, was_retried) == DLQ else done.failed).append(error)
+        done.written = len(pending) - len({f.index for f, _ in final} & set(pending.sources.tolist()))
+    for failure, was_retried in final:
+        outcome = handling.final_outcome(failure.error_type, was_retried)
+        (done.dead if outcome == DLQ else done.failed).append(failure)
     return done
 
 
-def _coordinates(batch: ConvertedBatch, records: KafkaRecords, n: int) -> tuple[str, int, int]:
-    i = batch.sources[n]
-    return records.topics[i], records.partitions[i], records.offsets[i]
-
-
-def apply_policy(handling: ErrorHandling, converted: ConvertedBatch, records: KafkaRecords,
-                 writer: Callable[[], Writer] | None, stats: BatchStats,
-                 sleep: Callable[[float], None] = time.sleep) -> list[DeadLetter]:
-    """`write_with_policy`, counted into `stats`; returns the dead letters to store before the task ends."""
-    done = write_with_policy(handling, converted, records, writer, sleep)
-    stats.rows_written += done.written
-    stats.add_errors(done.errors)
-    stats.add_outcome(RETRIED, done.retried)
-    stats.add_outcome(DLQ, done.dead)
-    stats.add_outcome(FAILED, done.failed)
-    if not done.dead:
-        return []
-    index = {(records.topics[i], records.partitions[i], records.offsets[i]): i for i in range(len(records))}
-    return [DeadLetter.of(e, records, index[(e.topic, e.partition, e.offset)]) for e in done.dead]
+def _at_source(batch: Writable, failure: RowError) -> RowError:
+    """A writer's failure (by position in what it was given) as the failure of its source record."""
+    return RowError(int(batch.sources[failure.index]), failure.error_type, failure.message)

@@ -16,7 +16,7 @@ from google.cloud import bigquery
 
 from firehose_bq.bigquery.client import call_options, make_client
 from firehose_bq.bigquery.tables import ensure_dataset, ensure_table, table_definition
-from firehose_bq.config import BigQueryConfig, Config
+from firehose_bq.config import Config
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import FirehoseError
 from firehose_bq.registry.cache import DescriptorCache
@@ -29,19 +29,20 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SinkSpec:
-    """Everything a Spark task needs to decode and write; pickled to the Python workers."""
+    """Everything a task needs to decode records into table rows; pickled to the Python workers.
+    (Where the rows go is the write mode's TaskPlan.)"""
 
     descriptors: Descriptors
     proto_class: str
     metadata: MetadataColumns
-    bigquery: BigQueryConfig
     options: SchemaOptions = SchemaOptions()
     key_class: str | None = None
     # Stop before writing a batch holding fields the descriptors lack, so the driver can refresh them.
     hold_on_unknown_fields: bool = False
     confluent_framed: bool = False
-    # False = decode and convert only, write nothing (benchmarks measure the pipeline without a sink).
+    # False = decode only, write nothing (benchmarks measure the pipeline without a sink).
     write: bool = True
+    decoder: str = "auto"  # INPUT_SCHEMA_PROTO_DECODER: auto | native | python
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,13 @@ def apply_plan(client: bigquery.Client, cfg: Config, plan: TablePlan) -> bigquer
     ensure_dataset(client, cfg.bigquery.project_id, cfg.bigquery.dataset, cfg.bigquery.dataset_location,
                    cfg.table.dataset_labels, **call)
     return ensure_table(client, plan.table, **call)
+
+
+def spec_of(cfg: Config, plan: TablePlan) -> SinkSpec:
+    """What tasks decode with, for the descriptors of `plan`."""
+    return SinkSpec(plan.descriptors, plan.message_name, plan.metadata, plan.options, plan.key_name,
+                    confluent_framed=bool(cfg.registry.confluent_url),
+                    decoder=cfg.input_schema.decoder)
 
 
 DescriptorSource = Callable[[], Descriptors]
@@ -121,8 +129,7 @@ class SinkSchema:
         previous = self._spec.descriptors.fingerprint if self._spec else None
         log.info("descriptors %s%s (%s) → %s, %d columns", f"{previous} → " if previous else "",
                  loaded.fingerprint, plan.message_name, cfg.bigquery.table_ref, len(plan.table.schema))
-        return SinkSpec(plan.descriptors, plan.message_name, plan.metadata, cfg.bigquery, plan.options, plan.key_name,
-                        confluent_framed=bool(cfg.registry.confluent_url))
+        return spec_of(cfg, plan)
 
 
 def load_descriptors(config: Config) -> Descriptors:

@@ -31,7 +31,7 @@ from google.cloud import bigquery
 from requests import exceptions as http_exceptions
 
 from firehose_bq.bigquery.classify import REASON_TYPES, classify_exception, classify_row_errors, describe_row_errors
-from firehose_bq.bigquery.client import call_options, make_client
+from firehose_bq.bigquery.client import call_options
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.convert import ConvertedBatch, KafkaRecords
 from firehose_bq.errors import ErrorType, MessageError, SinkError
@@ -227,7 +227,7 @@ class FileLoader:
 
     def discard(self, batch_id: int) -> None:
         """Delete the batch's staging directory: its files and any a failed attempt left behind."""
-        shutil.rmtree(batch_dir(self._root, batch_id), ignore_errors=True)
+        discard_batch_dir(self._root, batch_id)
 
     def _existing(self, job_id: str) -> bigquery.LoadJob | None:
         try:
@@ -313,14 +313,6 @@ def parse_staged(values: Iterable[str | None]) -> list[StagedFile]:
     return [StagedFile.from_json(v) for v in values if v]
 
 
-def load_batch(config: Config, batch_id: int, staged: Iterable[str | None]) -> LoadOutcome | None:
-    """The driver's step after every task of a batch succeeded: its one load job (or none if empty)."""
-    checkpoint = checkpoint_identity(config.spark.checkpoint_location)
-    with make_client(config.bigquery) as client:
-        loader = FileLoader(client, config.bigquery, staging_root(config), checkpoint)
-        return loader.load(batch_id, parse_staged(staged))
-
-
-def discard_batch(config: Config, batch_id: int) -> None:
-    """Drop what a failed batch staged: its replay converts and stages the rows again."""
-    shutil.rmtree(batch_dir(staging_root(config), batch_id), ignore_errors=True)
+def discard_batch_dir(root: Path, batch_id: int) -> None:
+    """Drop what a batch staged: after its load, or when it failed (its replay stages the rows again)."""
+    shutil.rmtree(batch_dir(root, batch_id), ignore_errors=True)

@@ -4,6 +4,18 @@
 converter of `convert.py`), kept as the reference and the fallback.
 """
 
-from firehose_bq.decode.values import DecodedValues, DecodeFailure, ValueDecoder
+from __future__ import annotations
 
-__all__ = ["DecodeFailure", "DecodedValues", "ValueDecoder"]
+from google.protobuf.message import Message
+
+from firehose_bq.decode.values import DecodedValues, DecodeFailure, ValueDecoder
+from firehose_bq.schema import SchemaOptions
+
+__all__ = ["DecodeFailure", "DecodedValues", "ValueDecoder", "make_value_decoder"]
+
+
+def make_value_decoder(message_class: type[Message], depth: int, options: SchemaOptions, *,
+                       confluent_framed: bool, detect_unknown_fields: bool, prefer: str = "auto") -> ValueDecoder:
+    from firehose_bq.decode.reference import ReferenceDecoder
+
+    return ReferenceDecoder(message_class, depth, options, confluent_framed, detect_unknown_fields)

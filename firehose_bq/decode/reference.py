@@ -15,8 +15,8 @@ from google.protobuf.message import Message
 from firehose_bq.arrow_schema import arrow_struct
 from firehose_bq.convert import _MESSAGE_FAULTS, _UNDECODABLE, STORAGE, _collector_paused, _has_unknown_fields, \
     _parser, compile_message
-from firehose_bq.decode.values import DecodedValues, DecodeFailure
-from firehose_bq.errors import ErrorType
+from firehose_bq.decode.values import DecodedValues
+from firehose_bq.errors import ErrorType, RowError
 from firehose_bq.schema import SchemaOptions, bigquery_fields
 
 
@@ -52,7 +52,7 @@ class ReferenceDecoder:
                 except _MESSAGE_FAULTS as exc:
                     kind = ErrorType.DESERIALIZATION_ERROR if isinstance(exc, _UNDECODABLE) else \
                         ErrorType.INVALID_MESSAGE_ERROR
-                    out.failures.append(DecodeFailure(i, kind, str(exc) or type(exc).__name__))
+                    out.failures.append(RowError(i, kind, str(exc) or type(exc).__name__))
                     rows.append(None)
             out.values = self._arrow(rows, out)
         return out
@@ -71,7 +71,7 @@ class ReferenceDecoder:
             try:
                 pa.array([row], type=self._arrow_type)
             except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
-                out.failures.append(DecodeFailure(i, ErrorType.INVALID_MESSAGE_ERROR,
+                out.failures.append(RowError(i, ErrorType.INVALID_MESSAGE_ERROR,
                                                   f"a value does not fit its column: {exc}"))
                 rows[i] = None
         out.failures.sort(key=lambda f: f.index)

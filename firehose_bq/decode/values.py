@@ -7,18 +7,13 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from firehose_bq.errors import ErrorType
+from firehose_bq.errors import RowError
 
 
-@dataclass(frozen=True)
-class DecodeFailure:
-    """Input `index` could not be decoded: DESERIALIZATION_ERROR (not the message's wire format) or
-    INVALID_MESSAGE_ERROR (parses, but a value has no BigQuery form: a missing proto2 `required`, a
-    Timestamp out of range, a uint64 past INTEGER's range, ...)."""
-
-    index: int
-    error_type: ErrorType
-    message: str
+# Input `index` could not be decoded: DESERIALIZATION_ERROR (not the message's wire format) or
+# INVALID_MESSAGE_ERROR (parses, but a value has no BigQuery form: a missing proto2 `required`, a
+# Timestamp out of range, a uint64 past INTEGER's range, ...).
+DecodeFailure = RowError
 
 
 @dataclass

@@ -1,11 +1,12 @@
-"""`firehose-bq replay-dlq`: send dead letters through conversion, writing and the policy again.
+"""`firehose-bq replay-dlq`: send dead letters through the job's write mode and batch core again.
 
 A plain Python loop, not a Spark job: a DLQ holds few messages (the failures of a stream), it needs
 no checkpoint beyond its own consumer group (or, for blob files, a rename), and a replay should start
-in a second, not after a JVM. It reuses the job's pieces unchanged: RowConverter with descriptors
-loaded fresh at start (and the table evolved to them), the configured RowWriter, and the same error
-policy. Each record is rebuilt with its ORIGINAL topic/partition/offset from the dead letter, so its
-insertId is the one the stream would have used: replaying twice does not duplicate rows.
+in a second, not after a JVM. It is the streaming job without Spark: the same write mode (chosen from
+the same settings), `process_batch` on each batch of letters, and `settle` (the mode's load job or
+MERGE) before the batch is committed. Each record is rebuilt with its ORIGINAL topic/partition/offset
+from the dead letter, so its insertId and metadata are the ones the stream would have used: replaying
+twice does not duplicate rows.
 
 What still fails is dead-lettered again (attempt count + 1) before the DLQ position is committed;
 a message that fails the policy stops the replay without committing, like the streaming job.
@@ -13,22 +14,26 @@ a message that fails the policy stops the replay without committing, like the st
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+import shutil
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+import pyarrow as pa
+
+from firehose_bq.batch.core import ATTEMPT_COLUMN, process_batch
+from firehose_bq.bigquery.file_loads import staging_root
 from firehose_bq.config import Config
-from firehose_bq.convert import KafkaRecords, RowConverter
 from firehose_bq.dlq.letters import DeadLetter
-from firehose_bq.dlq.writers import dead_letter
-from firehose_bq.errors import BatchFailedError, FirehoseError
+from firehose_bq.errors import FirehoseError
 from firehose_bq.metrics import BatchStats
-from firehose_bq.policy import ErrorHandling, apply_policy
+from firehose_bq.modes import batch_stats, settle, write_mode
+from firehose_bq.policy import ErrorHandling
+from firehose_bq.source.kafka_source import ARROW_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +46,9 @@ EMPTY_POLLS_BEFORE_STALL = 30
 
 
 class DlqSource(Protocol):
+    def identity(self) -> str:
+        """What this DLQ is (topic and group, or directory): the same for every replay of it."""
+
     def total(self) -> int:
         """Letters this replay will read at most (for the progress bar)."""
 
@@ -74,6 +82,10 @@ class KafkaDlqSource:
             self._start[tp] = committed if committed is not None and committed >= 0 else begin[tp]
             self._consumer.seek(tp, self._start[tp])
         self._limit = max_messages
+        self._identity = f"{topic}@{group_id}"
+
+    def identity(self) -> str:
+        return self._identity
 
     def total(self) -> int:
         available = sum(max(0, self._end[tp] - self._start[tp]) for tp in self._end)
@@ -121,8 +133,12 @@ class BlobDlqSource:
     """`*.jsonl` files under a directory, one batch per file; a handled file is renamed `*.replayed`."""
 
     def __init__(self, root: str | Path, max_messages: int | None) -> None:
-        self._files = sorted(p for p in Path(root).rglob("*.jsonl") if p.is_file())
+        self._root = Path(root).resolve()
+        self._files = sorted(p for p in self._root.rglob("*.jsonl") if p.is_file())
         self._limit = max_messages
+
+    def identity(self) -> str:
+        return str(self._root)
 
     def total(self) -> int:
         lines = sum(1 for f in self._files for line in f.read_text().splitlines() if line.strip())
@@ -157,61 +173,54 @@ class ReplaySummary:
         return "\n".join(lines)
 
 
-def records_of(letters: list[DeadLetter]) -> KafkaRecords:
-    """The original records, at their original coordinates (so insertIds and metadata are the stream's)."""
-    return KafkaRecords(
-        topics=[x.error.topic for x in letters], partitions=[x.error.partition for x in letters],
-        offsets=[x.error.offset for x in letters], timestamps_ms=[x.timestamp_ms for x in letters],
-        values=[x.value for x in letters], keys=[x.key for x in letters],
-        headers=[list(x.headers) for x in letters],
-    )
+def letters_batch(letters: list[DeadLetter]) -> pa.RecordBatch:
+    """The original records as a source batch, at their original coordinates (so insertIds and metadata
+    are the stream's), with how often each was dead-lettered (`dlq_attempt`)."""
+    columns = {
+        "key": [x.key for x in letters], "value": [x.value for x in letters],
+        "topic": [x.error.topic for x in letters], "partition": [x.error.partition for x in letters],
+        "offset": [x.error.offset for x in letters],
+        "timestamp": [x.timestamp_ms * 1000 if x.timestamp_ms is not None else None for x in letters],
+        "timestamp_type": [None] * len(letters),
+        "headers": [[{"key": k, "value": v} for k, v in x.headers] for x in letters],
+        "leader_epoch": [None] * len(letters),
+    }
+    arrays = [pa.array(columns[f.name], type=f.type) for f in ARROW_SCHEMA]
+    arrays.append(pa.array([x.attempt for x in letters], pa.int32()))
+    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA.append(pa.field(ATTEMPT_COLUMN, pa.int32())))
 
 
 def replay(cfg: Config, source: DlqSource, progress: bool = False) -> ReplaySummary:
-    """Replay every letter `source` yields; raise BatchFailedError when the policy fails one."""
+    """Replay every letter `source` yields through the job's write mode and batch core; raise
+    BatchFailedError when the policy fails one (that batch is not committed)."""
     from tqdm import tqdm
 
-    from firehose_bq.bigquery.writers import RowWriter, open_writer
-    from firehose_bq.sink_schema import SinkSchema
-
     started = time.monotonic()
-    spec = SinkSchema(cfg).current()  # fresh descriptors; the table evolved to them
-    key_class = spec.descriptors.message_class(spec.key_class) if spec.key_class else None
-    converter = RowConverter(spec.descriptors.message_class(spec.proto_class), spec.metadata, spec.options, key_class,
-                             detect_unknown_fields=True, confluent_framed=spec.confluent_framed)
+    # File loads stage in a directory of this replay's own and load once per replayed batch; the job id
+    # is derived from the DLQ source and the letters' coordinates, so a replay that is run again after
+    # a crash between load and commit finds the job done.
+    staging = staging_root(cfg) / f"dlq-replay-{uuid.uuid4().hex}"
+    mode = write_mode(cfg, staging_root=staging, identity=lambda: f"dlq-replay:{source.identity()}")
     handling = ErrorHandling(cfg.errors, cfg.dlq.with_brokers(cfg.source.brokers))
     summary = ReplaySummary()
-    writer: RowWriter | None = None
-
-    def current_writer() -> RowWriter:
-        nonlocal writer
-        writer = writer or open_writer(spec.bigquery)
-        return writer
-
     bar = tqdm(total=source.total(), unit="msg", desc="replay-dlq", disable=not progress)
     try:
+        spec = mode.schema.current()  # fresh descriptors; the table evolved to them
         for number, (read, commit) in enumerate(source.batches()):
             # The same message dead-lettered twice (a batch replayed after a crash) is one message.
             letters = list({_coords(x): x for x in read}.values())
             if len(letters) < len(read):
                 log.info("%d duplicate dead letter(s) in this batch replayed once", len(read) - len(letters))
-            records = records_of(letters)
-            stats = BatchStats(messages=len(records))
-            converted = converter.convert(records, load_time=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
-            if handling.policy.allow_unknown_fields:
-                stats.unknown_fields = len(converted.unknown_fields)
-            again = apply_policy(handling, converted, records, current_writer, stats)
+            results = [process_batch([letters_batch(letters)], spec, mode.task(number), handling)]
+            stats = batch_stats(results)
             summary.stats.merge(stats)
-            if stats.failed:
-                raise BatchFailedError(number, stats.sample_errors, stats.failed)
-            attempts = {(x.error.topic, x.error.partition, x.error.offset): x.attempt for x in letters}
-            dead_letter(handling.dlq, [dataclasses.replace(x, attempt=attempts[_coords(x)] + 1) for x in again])
+            settle(mode, number, results, stats)
             commit()  # only now: every letter of the batch is in the table or the DLQ again
             bar.update(len(read))
     finally:
         bar.close()
-        if writer is not None:
-            writer.close()
+        mode.close()
+        shutil.rmtree(staging, ignore_errors=True)
         summary.seconds = time.monotonic() - started
     return summary
 

@@ -34,7 +34,7 @@ from firehose_bq.bigquery.tables import ensure_dataset, ensure_table
 from firehose_bq.config import Config
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import FirehoseError, SchemaEvolutionError
-from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec, plan_table
+from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec, plan_table, spec_of
 from firehose_bq.upsert import tables
 from firehose_bq.upsert.sql import MergePlan, TableRef, key_leaves
 from firehose_bq.upsert.writer import ChangelogTask
@@ -84,8 +84,7 @@ class UpsertSinkSchema(SinkSchema):
                                     cfg.upsert.delete_enabled, ingestion)
         log.info("descriptors %s (%s) → %s via %s, key %s", loaded.fingerprint, plan.message_name,
                  self.destination.api, self.intermediate.table, self.key_column)
-        return SinkSpec(plan.descriptors, plan.message_name, plan.metadata, cfg.bigquery, plan.options, plan.key_name,
-                        confluent_framed=bool(cfg.registry.confluent_url))
+        return spec_of(cfg, plan)
 
     def _check_key(self, client: bigquery.Client, new_key: bigquery.SchemaField) -> None:
         from google.api_core.exceptions import NotFound
@@ -126,7 +125,8 @@ class UpsertSession:
 
     def task(self, batch_id: int) -> ChangelogTask:
         """What the pipeline's tasks need to stage batch `batch_id` in this run's intermediate table."""
-        return ChangelogTask(self.schema.intermediate.table, batch_id, self.config.upsert.delete_enabled)
+        return ChangelogTask(self.config.bigquery, self.schema.intermediate.table, batch_id,
+                             self.config.upsert.delete_enabled)
 
     def flush(self, batch_id: int) -> None:
         """Merge the batch's rows into the destination, then clear them from the intermediate table."""

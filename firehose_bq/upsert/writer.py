@@ -1,7 +1,8 @@
-"""The executor side of upsert/delete: changelog records → rows of this run's intermediate table.
+"""The executor side of upsert/delete: changelog rows → rows of this run's intermediate table.
 
-Runs inside the pipeline's Spark tasks (`write_partition` with a ChangelogTask), so staged rows get
-the same error policy, retries and dead-lettering as the plain path.
+A ChangelogTask is the upsert mode's TaskPlan: the batch core decodes the records as a changelog
+(tombstones kept as deletes) and this reshapes them, in Arrow, into the intermediate table's columns,
+so staged rows get the same error policy, retries and dead-lettering as every other mode.
 
 `i`, the order MERGE keeps the latest row of a key by, is the record's Kafka offset. All records of
 one key live in one partition (the changelog contract, seed 002), where offsets grow strictly and keep
@@ -15,12 +16,16 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from firehose_bq.arrow_schema import TIMESTAMP
+from firehose_bq.batch.rows import Rows, Writable
 from firehose_bq.bigquery.client import make_client
 from firehose_bq.bigquery.insert_all import InsertAllWriter
 from firehose_bq.config import BigQueryConfig
-from firehose_bq.convert import ConvertedBatch, KafkaRecords, millis_to_rfc3339
-from firehose_bq.errors import ErrorType, MessageError
-from firehose_bq.schema import KEY_COLUMN
+from firehose_bq.errors import ErrorType, RowError
 from firehose_bq.upsert.sql import BATCH, KEY, ORDER, PARTITION_TIME, VALUE
 
 DELETES_OFF = "null value (a tombstone), but SINK_BIGQUERY_DELETE_ENABLED is false: the delete cannot be applied"
@@ -30,46 +35,43 @@ DELETES_OFF = "null value (a tombstone), but SINK_BIGQUERY_DELETE_ENABLED is fal
 class ChangelogTask:
     """How a task stages a changelog batch: pickled to the Python workers with each micro-batch."""
 
+    bigquery: BigQueryConfig
     intermediate_table: str  # table name in the destination's dataset
     batch: int
     deletes: bool
+    changelog: bool = True
 
-    def stage(self, converted: ConvertedBatch, records: KafkaRecords, load_time: str) -> ConvertedBatch:
-        """The converted rows as intermediate-table rows; refused tombstones join the batch's errors."""
-        staged, refused = to_intermediate(converted, records, self.batch, load_time, self.deletes)
-        staged.errors = converted.errors + refused
-        return staged
-
-    def open_writer(self, cfg: BigQueryConfig) -> InsertAllWriter:
+    def open_writer(self) -> InsertAllWriter:
         # Always insertAll, whatever SINK_BIGQUERY_WRITE_METHOD says: rows must be queryable by the
         # MERGE right after the task ends.
-        target = dataclasses.replace(cfg, table=self.intermediate_table)
+        target = dataclasses.replace(self.bigquery, table=self.intermediate_table)
         return InsertAllWriter(make_client(target), target)
 
+    def shape(self, rows: Rows, source: pa.RecordBatch, ids: pa.Array) -> tuple[Writable, list[RowError]]:
+        """The rows as intermediate-table rows; tombstones without deletes enabled are refused."""
+        refused: list[RowError] = []
+        if not self.deletes and rows.deletes.any():
+            refused = [RowError(int(i), ErrorType.INVALID_MESSAGE_ERROR, DELETES_OFF) for i in rows.sources[rows.deletes]]
+            rows = rows.take(np.flatnonzero(~rows.deletes))
+        return Writable(intermediate_rows(rows, source, self.batch), ids.take(pa.array(rows.sources)),
+                        rows.sources), refused
 
-def to_intermediate(converted: ConvertedBatch, records: KafkaRecords, batch: int, load_time: str,
-                    deletes: bool) -> tuple[ConvertedBatch, list[MessageError]]:
-    """Reshape converted rows to the intermediate schema; tombstones without deletes become errors."""
-    out = ConvertedBatch()
-    errors = []
-    tombstones = set(converted.deletes)
-    for position, row in enumerate(converted.rows):
-        source = converted.sources[position]
-        if position in tombstones and not deletes:
-            errors.append(MessageError(ErrorType.INVALID_MESSAGE_ERROR, records.topics[source],
-                                       records.partitions[source], records.offsets[source], DELETES_OFF))
-            continue
-        value = dict(row)
-        key = value.pop(KEY_COLUMN)
-        millis = records.timestamps_ms[source]
-        out.rows.append({
-            KEY: key,
-            VALUE: None if position in tombstones else value,
-            # The record's time picks the destination partition; Kafka's "no timestamp" (-1) takes the load time.
-            PARTITION_TIME: millis_to_rfc3339(millis) if millis is not None and millis >= 0 else load_time,
-            ORDER: records.offsets[source],
-            BATCH: batch,
-        })
-        out.insert_ids.append(converted.insert_ids[position])
-        out.sources.append(source)
-    return out, errors
+    def report(self, writer: object) -> str | None:
+        return None
+
+
+def intermediate_rows(rows: Rows, source: pa.RecordBatch, batch: int) -> pa.RecordBatch:
+    """key, value (the row without its key; NULL for a delete), partitionTime, i, batchNumber."""
+    take = pa.array(rows.sources)
+    columns = list(zip(rows.values.type.names, rows.values.flatten(), strict=True)) + rows.metadata_columns()
+    value = pa.StructArray.from_arrays([c for _, c in columns], [n for n, _ in columns],
+                                       mask=pa.array(rows.deletes))
+    # The record's time picks the destination partition; Kafka's "no timestamp" (-1) takes the load time.
+    stamps = source["timestamp"].take(take)
+    partition_time = pc.if_else(pc.fill_null(pc.less(stamps.cast(pa.int64()), 0), True),
+                                pa.scalar(rows.load_time_us, TIMESTAMP), stamps.cast(TIMESTAMP))
+    n = len(rows)
+    return pa.RecordBatch.from_arrays(
+        [rows.key, value, partition_time, source["offset"].take(take).cast(pa.int64()),
+         pa.array(np.full(n, batch, dtype=np.int64))],
+        names=[KEY, VALUE, PARTITION_TIME, ORDER, BATCH])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -60,27 +61,48 @@ def read_blobs(root: Path, pattern: str = "*.jsonl") -> list[DeadLetter]:
 def table_ids(client: bigquery.Client, cfg: Config) -> Counter[str]:
     return Counter(r["id"] for r in client.query(f"SELECT id FROM `{cfg.bigquery.table_ref}`").result())
 
+@dataclass
+class DlqJob:
+    """A job on the dead-letter tests' schema (dlq_v1, served by the fake registry; dlq_v2 is the fix)
+    with unknown fields not allowed and a DLQ topic of its own; its topic and the DLQ topic exist."""
+
+    paths: dict[str, Path]
+    env: dict[str, str]
+    cfg: Config
+    topic: str
+    dlq_topic: str
+    v1: type
+    v2: type
+
+    @classmethod
+    def start(cls, fake: FakeRegistry, job_env: dict[str, str], tmp_path: Path, **settings: str) -> DlqJob:
+        paths = {v: compile_protos(tmp_path / f"{v}.desc", PROTOS / f"dlq_{v}") for v in ("v1", "v2")}
+        fake.routes["/dlq.desc"] = paths["v1"].read_bytes()
+        dlq_topic = f"dlq-{uuid.uuid4().hex[:8]}"
+        env = {**job_env, "INPUT_SCHEMA_PROTO_CLASS": "dlq.Event", "SINK_BIGQUERY_TABLE_NAME": "events",
+               "SCHEMA_REGISTRY_STENCIL_URLS": f"{fake.url}/dlq.desc",
+               "SCHEMA_REGISTRY_STENCIL_CACHE_TTL_MS": "600000",
+               "SCHEMA_REGISTRY_UNKNOWN_FIELDS_REFRESH_MIN_INTERVAL_MS": "0",
+               "INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE": "false",
+               "DLQ_SINK_ENABLE": "true", "DLQ_WRITER_TYPE": "KAFKA", "DLQ_KAFKA_TOPIC": dlq_topic, **settings}
+        cfg = Config.from_env(env)
+        ensure_topic(cfg.source.brokers, cfg.source.topics[0], 2)
+        ensure_topic(cfg.source.brokers, dlq_topic, 1)
+        v1 = descriptors.load([str(paths["v1"])]).message_class("dlq.Event")
+        v2 = descriptors.load([str(paths["v2"])]).message_class("dlq.Event")
+        return cls(paths, env, cfg, cfg.source.topics[0], dlq_topic, v1, v2)
+
+
 
 @pytest.mark.parametrize("writer_type", ["KAFKA", "BLOB"])
 def test_mixed_stream_ends_in_table_or_dlq_and_replay_lands_the_fixed_ones(
         writer_type: str, spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object],
         bq_client: bigquery.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake, _server = registry
-    paths = {v: compile_protos(tmp_path / f"{v}.desc", PROTOS / f"dlq_{v}") for v in ("v1", "v2")}
-    fake.routes["/dlq.desc"] = paths["v1"].read_bytes()
-    dlq_topic = f"dlq-{uuid.uuid4().hex[:8]}"
-    env = {**job_env, "INPUT_SCHEMA_PROTO_CLASS": "dlq.Event", "SINK_BIGQUERY_TABLE_NAME": "events",
-           "SCHEMA_REGISTRY_STENCIL_URLS": f"{fake.url}/dlq.desc", "SCHEMA_REGISTRY_STENCIL_CACHE_TTL_MS": "600000",
-           "SCHEMA_REGISTRY_UNKNOWN_FIELDS_REFRESH_MIN_INTERVAL_MS": "0",
-           "INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE": "false",
-           "DLQ_SINK_ENABLE": "true", "DLQ_WRITER_TYPE": writer_type, "DLQ_KAFKA_TOPIC": dlq_topic,
-           "DLQ_BLOB_LOCAL_DIRECTORY": str(tmp_path / "dlq")}
-    cfg = Config.from_env(env)
-    topic = cfg.source.topics[0]
-    ensure_topic(cfg.source.brokers, topic, 2)
-    ensure_topic(cfg.source.brokers, dlq_topic, 1)
-    v1 = descriptors.load([str(paths["v1"])]).message_class("dlq.Event")
-    v2 = descriptors.load([str(paths["v2"])]).message_class("dlq.Event")
+    job = DlqJob.start(fake, job_env, tmp_path, DLQ_WRITER_TYPE=writer_type,
+                       DLQ_BLOB_LOCAL_DIRECTORY=str(tmp_path / "dlq"))
+    paths, env, cfg, topic, dlq_topic, v1, v2 = (job.paths, job.env, job.cfg, job.topic, job.dlq_topic, job.v1,
+                                                 job.v2)
     whole = v1(id="truncated-in-its-id", amount=5).SerializeToString()
     # (value, ErrorType or None = lands) — one partition each, so offsets are known.
     bad: list[tuple[bytes, ErrorType]] = [

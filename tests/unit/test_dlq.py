@@ -71,9 +71,12 @@ def test_replay_needs_a_bound(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_replayed_records_keep_their_original_coordinates() -> None:
-    from firehose_bq.dlq.replay import records_of
+    from firehose_bq.batch.rows import insert_ids
+    from firehose_bq.dlq.replay import letters_batch
 
-    records = records_of([LETTER])
-    assert (records.topics[0], records.partitions[0], records.offsets[0]) == ("orders", 2, 41)
-    assert records.insert_id(0) == "orders_2_41"
-    assert (records.keys, records.values, records.timestamps_ms) == ([b"key"], [b"\x00\xffvalue"], [1_700_000_000_000])
+    batch = letters_batch([LETTER])
+    row = batch.to_pylist()[0]
+    assert (row["topic"], row["partition"], row["offset"]) == ("orders", 2, 41)
+    assert insert_ids(batch).to_pylist() == ["orders_2_41"]
+    assert (row["key"], row["value"], row["dlq_attempt"]) == (b"key", b"\x00\xffvalue", LETTER.attempt)
+    assert row["timestamp"].timestamp() == 1_700_000_000

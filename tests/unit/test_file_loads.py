@@ -322,7 +322,8 @@ def test_a_streaming_run_with_file_loads_triggers_at_the_file_loads_interval() -
     from firehose_bq.pipeline import Pipeline
 
     env = {**MINIMAL, "SPARK_TRIGGER_INTERVAL_MS": "5000", "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS": "90000"}
-    assert Pipeline(Config.from_env(env), None)._trigger_interval_ms() == 5000  # type: ignore[arg-type]
+    assert Pipeline(Config.from_env(env), None).mode.trigger_interval_ms() == 5000  # type: ignore[arg-type]
     loads = Config.from_env({**env, "SINK_BIGQUERY_WRITE_METHOD": "file_loads"})
-    assert Pipeline(loads, None)._trigger_interval_ms() == 90_000  # type: ignore[arg-type]
-    assert Pipeline(loads, None, write=False)._trigger_interval_ms() == 5000  # type: ignore[arg-type]
+    assert Pipeline(loads, None).mode.trigger_interval_ms() == 90_000  # type: ignore[arg-type]
+    # Decoding only (benchmarks): nothing is loaded, so nothing paces the trigger but Spark's interval.
+    assert Pipeline(loads, None, write=False).mode.trigger_interval_ms() == 5000  # type: ignore[arg-type]

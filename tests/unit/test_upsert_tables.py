@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 from google.cloud.bigquery import SchemaField as F
 
-from firehose_bq.config import Config
-from firehose_bq.convert import ConvertedBatch, KafkaRecords
-from firehose_bq.errors import ConfigError, ErrorType, SchemaEvolutionError
+from firehose_bq.batch.rows import RowBuilder, insert_ids
+from firehose_bq.config import BigQueryConfig, Config
+from firehose_bq.decode.reference import ReferenceDecoder
+from firehose_bq.descriptors import Descriptors
+from firehose_bq.errors import ConfigError, SchemaEvolutionError
+from firehose_bq.schema import MetadataColumns
 from firehose_bq.upsert import tables
-from firehose_bq.upsert.writer import to_intermediate
+from firehose_bq.upsert.writer import DELETES_OFF, ChangelogTask
+from tests.unit.batch.sources import source_batch
 from tests.unit.test_config import MINIMAL
 
 KEY = F("message_key", "RECORD", fields=[F("order_number", "STRING")])
@@ -65,39 +71,6 @@ def test_incompatible_key_changes_are_named() -> None:
     ]
 
 
-def records(n: int) -> KafkaRecords:
-    return KafkaRecords(topics=["t"] * n, partitions=[1] * n, offsets=[10 + j for j in range(n)],
-                        timestamps_ms=[1_767_225_600_000, -1, None][:n], values=[b""] * n)
-
-
-def converted() -> ConvertedBatch:
-    return ConvertedBatch(
-        rows=[{"order_number": "a", "message_key": {"order_number": "K1"}},
-              {"message_key": {"order_number": "K2"}, "message_offset": 11},
-              {"order_number": "c", "message_key": {"order_number": "K1"}}],
-        insert_ids=["t_1_10", "t_1_11", "t_1_12"], sources=[0, 1, 2], deletes=[1])
-
-
-def test_rows_are_reshaped_with_offset_order_and_batch() -> None:
-    out, errors = to_intermediate(converted(), records(3), 5, "2026-11-23T00:00:00.000000Z", deletes=True)
-    assert errors == []
-    assert out.rows == [
-        {"key": {"order_number": "K1"}, "value": {"order_number": "a"}, "partitionTime": "2026-01-01T00:00:00.000000Z",
-         "i": 10, "batchNumber": 5},
-        {"key": {"order_number": "K2"}, "value": None, "partitionTime": "2026-11-23T00:00:00.000000Z",
-         "i": 11, "batchNumber": 5},
-        {"key": {"order_number": "K1"}, "value": {"order_number": "c"}, "partitionTime": "2026-11-23T00:00:00.000000Z",
-         "i": 12, "batchNumber": 5},
-    ]
-    assert out.insert_ids == ["t_1_10", "t_1_11", "t_1_12"] and out.sources == [0, 1, 2]
-
-
-def test_tombstones_without_deletes_are_errors_not_silently_dropped() -> None:
-    out, errors = to_intermediate(converted(), records(3), 5, "2026-11-23T00:00:00Z", deletes=False)
-    assert [r["i"] for r in out.rows] == [10, 12]
-    assert [(e.error_type, e.offset) for e in errors] == [(ErrorType.INVALID_MESSAGE_ERROR, 11)]
-
-
 UPSERT = {**MINIMAL, "SINK_BIGQUERY_UPSERT_ENABLED": "true"}
 
 
@@ -126,3 +99,26 @@ def test_upsert_settings_parse_and_bad_names_are_refused() -> None:
 
 def test_upsert_off_needs_nothing() -> None:
     assert not Config.from_env(MINIMAL).upsert.enabled
+
+
+def test_changelog_rows_become_intermediate_rows(test_descriptors: Descriptors) -> None:
+    inner, key = test_descriptors.message_class("testdata.Inner"), test_descriptors.message_class("testdata.Key")
+    source = source_batch([inner(label="v").SerializeToString(), None], keys=[key(id="a").SerializeToString()] * 2,
+                          offsets=[40, 41], timestamps_ms=[2_000, -1])
+    builder = RowBuilder(ReferenceDecoder(inner), MetadataColumns(columns=("message_offset",)),
+                         ReferenceDecoder(key, depth=2, detect_unknown_fields=False), changelog=True)
+    rows = builder.build(source, 5_000_000)
+    task = ChangelogTask(BigQueryConfig(project_id="p", dataset="d", table="t"), "t_tmp", batch=9, deletes=True)
+    pending, refused = task.shape(rows, source, insert_ids(source))
+    assert not refused and pending.sources.tolist() == [0, 1]
+    upsert, delete = pending.rows.to_pylist()
+    assert upsert["key"] == {"id": "a", "day": None}
+    assert upsert["value"] == {"label": "v", "counts": [], "message_offset": 40} and delete["value"] is None
+    assert upsert["partitionTime"] == datetime(1970, 1, 1, 0, 0, 2, tzinfo=UTC)
+    assert delete["partitionTime"] == datetime(1970, 1, 1, 0, 0, 5, tzinfo=UTC)  # no Kafka timestamp: load time
+    assert (upsert["i"], delete["i"], upsert["batchNumber"]) == (40, 41, 9)
+    assert pending.insert_ids.to_pylist() == ["t_0_40", "t_0_41"]
+
+    no_deletes = ChangelogTask(BigQueryConfig(project_id="p", dataset="d", table="t"), "t_tmp", batch=9, deletes=False)
+    pending, refused = no_deletes.shape(rows, source, insert_ids(source))
+    assert pending.sources.tolist() == [0] and [(f.index, f.message) for f in refused] == [(1, DELETES_OFF)]

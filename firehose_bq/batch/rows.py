@@ -1,0 +1,191 @@
+"""Kafka records (the source's Arrow batch) → table rows (Arrow), with failures by record index.
+
+The value decoder turns the `value` column into one struct slot per record; this module adds what
+the table holds besides the message: the Kafka key as the RECORD `message_key` (decoded the same way)
+and the Kafka metadata columns, all built column-wise in Arrow from the source's own columns. Records
+that failed are left out of `Rows`; each becomes a `RowError` naming its index in the source batch,
+which is how a row is identified from here to the policy (`Rows.sources`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from firehose_bq.arrow_schema import TIMESTAMP, arrow_field
+from firehose_bq.decode import ValueDecoder
+from firehose_bq.errors import ErrorType, RowError
+from firehose_bq.schema import KEY_COLUMN, METADATA_COLUMNS, MetadataColumns
+
+TOMBSTONE = "null value (a tombstone); only an upsert/delete sink can apply it"
+NULL_KEY = "null key; a changelog (upsert/delete) needs a key per record"
+
+# Kafka's TimestampType ids (0 CreateTime, 1 LogAppendTime); anything else is NoTimestampType.
+TIMESTAMP_TYPE_NAMES = pa.array(["CreateTime", "LogAppendTime", "NoTimestampType"])
+
+
+def insert_ids(source: pa.RecordBatch) -> pa.Array:
+    """`topic_partition_offset` of every record: the insertId BigQuery drops replayed duplicates by."""
+    return pc.binary_join_element_wise(source["topic"], pc.cast(source["partition"], pa.string()),
+                                       pc.cast(source["offset"], pa.string()), "_")
+
+
+def _non_negative(column: pa.Array) -> pa.Array:
+    """Kafka says "none" with -1: such values (and NULLs) become NULL."""
+    return pc.if_else(pc.less(column, 0), pa.scalar(None, column.type), column)
+
+
+def _timestamps(source: pa.RecordBatch, load_time_us: int) -> pa.Array:
+    raw = source["timestamp"]
+    return pc.if_else(pc.less(raw.cast(pa.int64()), 0), pa.scalar(None, TIMESTAMP), raw.cast(TIMESTAMP))
+
+
+def _timestamp_types(source: pa.RecordBatch, load_time_us: int) -> pa.Array:
+    kinds = source["timestamp_type"].cast(pa.int64())
+    known = pc.and_kleene(pc.greater_equal(kinds, 0), pc.less_equal(kinds, 1))
+    return TIMESTAMP_TYPE_NAMES.take(pc.if_else(pc.fill_null(known, False), kinds, 2))
+
+
+def _headers(source: pa.RecordBatch, load_time_us: int) -> pa.Array:
+    headers = source["headers"]
+    # REPEATED: a record without headers has the empty list, never NULL.
+    filled = pc.fill_null(headers, pa.scalar([], headers.type)) if headers.null_count else headers
+    return filled.cast(arrow_field(METADATA_COLUMNS["message_headers"]).type)
+
+
+# Each metadata column from the source batch and the batch's load time (µs since the epoch). The keys
+# are schema.METADATA_COLUMNS'.
+METADATA_VALUES: dict[str, Callable[[pa.RecordBatch, int], pa.Array]] = {
+    "message_topic": lambda s, now: s["topic"],
+    "message_partition": lambda s, now: s["partition"].cast(pa.int64()),
+    "message_offset": lambda s, now: s["offset"].cast(pa.int64()),
+    "message_timestamp": _timestamps,
+    "load_time": lambda s, now: pa.array(np.full(s.num_rows, now, dtype=np.int64), TIMESTAMP),
+    "message_headers": _headers,
+    "message_timestamp_type": _timestamp_types,
+    "message_leader_epoch": lambda s, now: _non_negative(s["leader_epoch"].cast(pa.int64())),
+}
+
+
+@dataclass
+class Rows:
+    """The records of one source batch that decoded, as table columns, and what became of the others.
+
+    `values` is the message's struct (one slot per row; NULL for a changelog's tombstone), `key` the
+    Kafka key's (when the table has a key column), `metadata` the metadata columns in their order.
+    `sources[n]` is the index in the source batch of row n."""
+
+    values: pa.StructArray
+    key: pa.StructArray | None
+    metadata: list[tuple[str, pa.Array]]
+    metadata_namespace: str
+    sources: np.ndarray
+    load_time_us: int  # when the batch was decoded: its `load_time`
+    failures: list[RowError] = field(default_factory=list)
+    unknown_fields: list[int] = field(default_factory=list)  # source indices, rows or not
+    deletes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # per row: a tombstone
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def metadata_columns(self) -> list[tuple[str, pa.Array]]:
+        """The metadata as the table holds it: top-level columns, or one RECORD named by the namespace."""
+        if not self.metadata or not self.metadata_namespace:
+            return self.metadata
+        names, arrays = zip(*self.metadata, strict=True)
+        return [(self.metadata_namespace, pa.StructArray.from_arrays(list(arrays), list(names)))]
+
+    def table(self) -> pa.RecordBatch:
+        """The rows in the table's columns: message fields, `message_key`, metadata."""
+        columns = list(zip(self.values.type.names, self.values.flatten(), strict=True))
+        if self.key is not None:
+            columns.append((KEY_COLUMN, self.key))
+        columns += self.metadata_columns()
+        return pa.RecordBatch.from_arrays([c for _, c in columns], names=[n for n, _ in columns])
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> Rows:
+        """The rows at `positions`, as Rows of their own (no failures)."""
+        index = pa.array(np.asarray(positions, dtype=np.int64))
+        return Rows(self.values.take(index), self.key.take(index) if self.key is not None else None,
+                    [(n, a.take(index)) for n, a in self.metadata], self.metadata_namespace,
+                    self.sources[np.asarray(positions, dtype=np.int64)], self.load_time_us,
+                    deletes=self.deletes[np.asarray(positions, dtype=np.int64)])
+
+
+class RowBuilder:
+    """Decodes a source batch into table rows for one message type, key type and metadata layout.
+
+    `changelog` (upsert/delete): every record needs a key, and a NULL value is a tombstone row (its
+    message columns NULL) marked in `Rows.deletes`; otherwise a NULL value is an INVALID_MESSAGE_ERROR."""
+
+    def __init__(self, values: ValueDecoder, metadata: MetadataColumns, key: ValueDecoder | None = None,
+                 changelog: bool = False) -> None:
+        if changelog and key is None:
+            raise ValueError("a changelog needs the key's decoder")
+        self._values = values
+        self._key = key
+        self._metadata = metadata
+        self._changelog = changelog
+
+    def build(self, source: pa.RecordBatch, load_time_us: int) -> Rows:
+        decoded = self._values.decode(source["value"])
+        failures = list(decoded.failures)
+        failed = np.zeros(source.num_rows, dtype=bool)
+        for f in failures:
+            failed[f.index] = True
+        null_values = source["value"].is_null().to_numpy(zero_copy_only=False)
+        if not self._changelog:
+            for i in np.flatnonzero(null_values & ~failed):
+                failures.append(RowError(int(i), ErrorType.INVALID_MESSAGE_ERROR, TOMBSTONE))
+            failed |= null_values
+        key = None
+        if self._key is not None:
+            keys = self._key.decode(source["key"])
+            null_keys = source["key"].is_null().to_numpy(zero_copy_only=False)
+            for f in keys.failures:
+                if not failed[f.index]:
+                    failures.append(RowError(f.index, f.error_type, f"key: {f.message}"))
+                    failed[f.index] = True
+            if self._changelog:
+                for i in np.flatnonzero(null_keys & ~failed):
+                    failures.append(RowError(int(i), ErrorType.INVALID_MESSAGE_ERROR, NULL_KEY))
+                failed |= null_keys
+            key = keys.values
+        failures.sort(key=lambda f: f.index)
+        metadata = [(name, METADATA_VALUES[name](source, load_time_us)) for name in self._metadata.columns] \
+            if self._metadata.enabled else []
+        sources = np.flatnonzero(~failed)
+        if failed.any():
+            keep = pa.array(sources)
+            values = decoded.values.take(keep)
+            key = key.take(keep) if key is not None else None
+            metadata = [(n, a.take(keep)) for n, a in metadata]
+        else:
+            values = decoded.values
+        return Rows(values, key, metadata, self._metadata.namespace, sources, load_time_us, failures,
+                    decoded.unknown_fields,
+                    deletes=null_values[sources] if self._changelog else np.zeros(len(sources), dtype=bool))
+
+
+@dataclass(frozen=True)
+class Writable:
+    """Rows as a writer takes them (the table's columns, or a mode's own shape of them), with their
+    insertIds and, for each row, the index of its record in the source batch (ascending)."""
+
+    rows: pa.RecordBatch
+    insert_ids: pa.Array | None
+    sources: np.ndarray
+
+    def __len__(self) -> int:
+        return self.rows.num_rows
+
+    def of_sources(self, indices: Sequence[int]) -> Writable:
+        """The rows of the records at source `indices`, in source order."""
+        positions = np.searchsorted(self.sources, np.sort(np.asarray(indices, dtype=np.int64)))
+        take = pa.array(positions)
+        return Writable(self.rows.take(take), self.insert_ids.take(take) if self.insert_ids is not None else None,
+                        self.sources[positions])

@@ -1,0 +1,130 @@
+"""Source batch → table rows in Arrow: metadata and key columns, tombstones, failures by record index."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pytest
+
+from firehose_bq.batch.rows import NULL_KEY, TOMBSTONE, RowBuilder, insert_ids
+from firehose_bq.decode.reference import ReferenceDecoder
+from firehose_bq.descriptors import Descriptors
+from firehose_bq.errors import ErrorType
+from firehose_bq.schema import KEY_COLUMN, METADATA_COLUMNS, MetadataColumns, SchemaOptions, table_schema
+from firehose_bq.arrow_schema import arrow_schema
+from tests.unit.batch.sources import source_batch
+
+LOAD_US = 1_763_891_000_250_000  # 2025-11-23T09:43:20.25Z
+
+
+def builder(descriptors: Descriptors, message: str, metadata: MetadataColumns = MetadataColumns(), key: str | None = None,
+            changelog: bool = False) -> RowBuilder:
+    values = ReferenceDecoder(descriptors.message_class(message))
+    keys = ReferenceDecoder(descriptors.message_class(key), depth=2, detect_unknown_fields=False) if key else None
+    return RowBuilder(values, metadata, keys, changelog=changelog)
+
+
+def test_rows_carry_the_table_schema_metadata_and_load_time(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Inner")
+    source = source_batch([cls(label="a").SerializeToString(), cls(label="b", counts=[1, 2]).SerializeToString()],
+                          offsets=[10, 11], timestamps_ms=[1_000, -1])
+    rows = builder(test_descriptors, "testdata.Inner").build(source, LOAD_US)
+    table = rows.table()
+    expected = arrow_schema(table_schema(cls.DESCRIPTOR, MetadataColumns()))
+    assert table.schema.names == expected.names
+    assert [f.type for f in table.schema] == [f.type for f in expected]
+    first, second = table.to_pylist()
+    assert first["label"] == "a" and second["counts"] == [1, 2]
+    assert (first["message_topic"], first["message_partition"], first["message_offset"]) == ("t", 0, 10)
+    assert first["message_timestamp"] == datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC)
+    assert second["message_timestamp"] is None  # Kafka's -1: no timestamp
+    assert first["load_time"] == second["load_time"] == datetime(2025, 11, 23, 9, 43, 20, 250000, tzinfo=UTC)
+    assert insert_ids(source).to_pylist() == ["t_0_10", "t_0_11"]
+
+
+def test_every_metadata_column_and_the_namespace(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Inner")
+    value = cls(label="x").SerializeToString()
+    source = source_batch([value] * 3, headers=[[("h", b"\x01"), ("n", None)], [], None],
+                          timestamp_types=[0, 1, -1], leader_epochs=[5, -1, None])
+    metadata = MetadataColumns(columns=tuple(METADATA_COLUMNS))
+    table = builder(test_descriptors, "testdata.Inner", metadata).build(source, LOAD_US).table()
+    rows = table.to_pylist()
+    assert [r["message_headers"] for r in rows] == [[{"key": "h", "value": b"\x01"}, {"key": "n", "value": None}], [], []]
+    assert [r["message_timestamp_type"] for r in rows] == ["CreateTime", "LogAppendTime", "NoTimestampType"]
+    assert [r["message_leader_epoch"] for r in rows] == [5, None, None]
+    assert table.schema.field("message_headers").type == arrow_schema(metadata.fields()).field("message_headers").type
+
+    nested = builder(test_descriptors, "testdata.Inner", MetadataColumns(namespace="kafka")).build(source, LOAD_US)
+    row = nested.table().to_pylist()[0]
+    assert set(row["kafka"]) == set(MetadataColumns.NAMES) and "message_offset" not in row
+    assert "message_topic" not in builder(test_descriptors, "testdata.Inner", MetadataColumns(enabled=False)).build(
+        source, LOAD_US).table().schema.names
+
+
+def test_failures_name_their_record_and_leave_the_rows(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Legacy")
+    values = [cls(id="ok").SerializeToString(), b"\xff\xff", None, cls(count=1).SerializePartialToString(),
+              cls(id="fine").SerializeToString()]
+    rows = builder(test_descriptors, "testdata.Legacy").build(source_batch(values), LOAD_US)
+    assert rows.sources.tolist() == [0, 4] and [r["id"] for r in rows.table().to_pylist()] == ["ok", "fine"]
+    kinds = [(f.index, f.error_type) for f in rows.failures]
+    assert kinds == [(1, ErrorType.DESERIALIZATION_ERROR), (2, ErrorType.INVALID_MESSAGE_ERROR),
+                     (3, ErrorType.INVALID_MESSAGE_ERROR)]
+    assert rows.failures[1].message == TOMBSTONE and "id" in rows.failures[2].message
+
+
+def test_key_column_and_its_failures(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Inner")
+    key_cls = test_descriptors.message_class("testdata.Key")
+    key = key_cls(id="k1")
+    key.day.year, key.day.month, key.day.day = 2026, 11, 23
+    value = cls(label="v").SerializeToString()
+    source = source_batch([value] * 3, keys=[key.SerializeToString(), None, b"\xff"])
+    rows = builder(test_descriptors, "testdata.Inner", MetadataColumns(enabled=False), key="testdata.Key").build(
+        source, LOAD_US)
+    table = rows.table()
+    assert table.schema.names == ["label", "counts", KEY_COLUMN]
+    assert [r[KEY_COLUMN] for r in table.to_pylist()] == [{"id": "k1", "day": datetime(2026, 11, 23).date()}, None]
+    assert [(f.index, f.error_type) for f in rows.failures] == [(2, ErrorType.DESERIALIZATION_ERROR)]
+    assert rows.failures[0].message.startswith("key: ")
+
+
+def test_changelog_keeps_tombstones_as_deletes_and_needs_keys(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Inner")
+    key = test_descriptors.message_class("testdata.Key")(id="k").SerializeToString()
+    source = source_batch([cls(label="v").SerializeToString(), None, None], keys=[key, key, None])
+    rows = builder(test_descriptors, "testdata.Inner", key="testdata.Key", changelog=True).build(source, LOAD_US)
+    assert rows.sources.tolist() == [0, 1] and rows.deletes.tolist() == [False, True]
+    assert rows.values.to_pylist()[1] is None and rows.key.to_pylist()[1] == {"id": "k", "day": None}
+    assert [(f.index, f.message) for f in rows.failures] == [(2, NULL_KEY)]
+    with pytest.raises(ValueError):
+        builder(test_descriptors, "testdata.Inner", changelog=True)
+
+
+def test_unknown_fields_are_reported_by_record(test_descriptors: Descriptors) -> None:
+    inner = test_descriptors.message_class("testdata.Inner")
+    newer = inner(label="x").SerializeToString() + b"\xa0\x06\x01"  # field 100, varint 1
+    rows = builder(test_descriptors, "testdata.Inner").build(source_batch([inner().SerializeToString(), newer]),
+                                                             LOAD_US)
+    assert rows.unknown_fields == [1] and rows.sources.tolist() == [0, 1]
+
+
+def test_take_keeps_rows_and_their_sources_together(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Inner")
+    source = source_batch([cls(label=str(i)).SerializeToString() for i in range(4)], offsets=[5, 6, 7, 8])
+    rows = builder(test_descriptors, "testdata.Inner").build(source, LOAD_US).take([1, 3])
+    assert rows.sources.tolist() == [1, 3]
+    assert [(r["label"], r["message_offset"]) for r in rows.table().to_pylist()] == [("1", 6), ("3", 8)]
+
+
+def test_schema_options_reach_the_decoder(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Node")
+    msg = cls(name="a")
+    msg.child.name = "b"
+    msg.child.child.name = "c"
+    decoder = ReferenceDecoder(cls, options=SchemaOptions(max_depth=2))
+    rows = RowBuilder(decoder, MetadataColumns(enabled=False)).build(source_batch([msg.SerializeToString()]), LOAD_US)
+    assert rows.table().to_pylist()[0]["child"] == {"name": "b", "child": '{"name": "c"}'}
+    assert pa.types.is_string(rows.table().schema.field("child").type.field("child").type)

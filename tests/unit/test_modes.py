@@ -1,0 +1,95 @@
+"""Write modes: chosen once from config, each owning its task plan, driver step and trigger."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from firehose_bq.batch.core import TaskResult
+from firehose_bq.config import Config
+from firehose_bq.errors import BatchFailedError, ErrorType, FirehoseError, MessageError
+from firehose_bq.metrics import BatchStats
+from firehose_bq.modes import (
+    FileLoadsMode,
+    StagingTask,
+    StorageWriteMode,
+    StreamingTask,
+    UpsertMode,
+    WriteMode,
+    batch_stats,
+    settle,
+    write_mode,
+)
+from firehose_bq.upsert.writer import ChangelogTask
+
+BASE = {"SOURCE_KAFKA_BROKERS": "b", "SOURCE_KAFKA_TOPIC": "t", "SOURCE_KAFKA_CONSUMER_GROUP_ID": "g",
+        "INPUT_SCHEMA_PROTO_CLASS": "x.Y", "SCHEMA_REGISTRY_STENCIL_URLS": "/d",
+        "SINK_BIGQUERY_GOOGLE_CLOUD_PROJECT_ID": "my-project", "SINK_BIGQUERY_DATASET_NAME": "d",
+        "SINK_BIGQUERY_TABLE_NAME": "t", "SPARK_CHECKPOINT_LOCATION": "/c"}
+
+
+def config(**env: str) -> Config:
+    return Config.from_env({**BASE, **env})
+
+
+@pytest.mark.parametrize(("env", "kind", "trigger"), [
+    ({}, WriteMode, 5000),
+    ({"SINK_BIGQUERY_WRITE_METHOD": "storage_write", "SINK_BIGQUERY_STORAGE_API_ENDPOINT": "h:1"}, StorageWriteMode,
+     5000),
+    ({"SINK_BIGQUERY_STORAGE_API_ENABLE": "true"}, StorageWriteMode, 5000),
+    ({"SINK_BIGQUERY_WRITE_METHOD": "file_loads", "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS": "60000"}, FileLoadsMode,
+     60000),
+    ({"SINK_BIGQUERY_UPSERT_ENABLED": "true", "INPUT_SCHEMA_PROTO_KEY_CLASS": "x.K",
+      "SINK_BIGQUERY_KAFKA_KEY_FIELD_NAME": "key", "SINK_BIGQUERY_WRITE_METHOD": "file_loads",
+      "SINK_BIGQUERY_MERGE_INTERVAL_MS": "30000"}, UpsertMode, 30000),
+])
+def test_the_mode_is_chosen_once_from_config(env: dict[str, str], kind: type, trigger: int) -> None:
+    mode = write_mode(config(**env))
+    assert type(mode) is kind and mode.trigger_interval_ms() == trigger
+
+
+def test_each_mode_plans_its_tasks(tmp_path: Path) -> None:
+    assert write_mode(config()).task(3) == StreamingTask(config().bigquery, "insertall")
+    loads = write_mode(config(SINK_BIGQUERY_WRITE_METHOD="file_loads"), staging_root=tmp_path, identity=lambda: "q")
+    task = loads.task(7)
+    assert isinstance(task, StagingTask) and task.directory == str(tmp_path / "batch-7")
+    upsert = write_mode(config(SINK_BIGQUERY_UPSERT_ENABLED="true", INPUT_SCHEMA_PROTO_KEY_CLASS="x.K",
+                               SINK_BIGQUERY_KAFKA_KEY_FIELD_NAME="key"))
+    plan = upsert.task(4)
+    assert isinstance(plan, ChangelogTask) and plan.changelog and plan.batch == 4
+
+
+class Recording(WriteMode):
+    def __init__(self) -> None:
+        super().__init__(config(), None)  # type: ignore[arg-type]
+        self.calls: list[tuple[str, int]] = []
+
+    def finish(self, batch: int, results: object) -> None:
+        self.calls.append(("finish", batch))
+
+    def abort(self, batch: int) -> None:
+        self.calls.append(("abort", batch))
+
+
+def result(messages: int, written: int, failed: list[MessageError] = (), fatal: str | None = None) -> TaskResult:
+    stats = BatchStats(messages=messages, rows_written=written)
+    stats.add_outcome("failed", list(failed))
+    return TaskResult(stats, fatal)
+
+
+def test_settle_runs_the_driver_step_only_when_every_record_landed() -> None:
+    mode = Recording()
+    results = [result(2, 2), result(1, 1)]
+    settle(mode, 5, results, batch_stats(results))
+    assert mode.calls == [("finish", 5)] and batch_stats(results).messages == 3
+
+    failed = [result(2, 1, [MessageError(ErrorType.SINK_4XX_ERROR, "t", 0, 9, "bad")])]
+    with pytest.raises(BatchFailedError) as stopped:
+        settle(mode, 6, failed, batch_stats(failed))
+    assert mode.calls[-1] == ("abort", 6) and "t/0@9" in str(stopped.value)
+
+    fatal = [result(1, 1), result(1, 0, fatal="SINK_5XX_ERROR: backend down")]
+    with pytest.raises(FirehoseError, match="batch 7 stopped, offsets not committed: SINK_5XX_ERROR"):
+        settle(mode, 7, fatal, batch_stats(fatal))
+    assert mode.calls[-1] == ("abort", 7)
