@@ -18,6 +18,7 @@ from firehose_bq.dlq.config import DlqConfig
 from firehose_bq.errors import ConfigError
 from firehose_bq.policy import ErrorPolicyConfig
 from firehose_bq.registry.config import RegistryConfig
+from firehose_bq.routing import PLACEHOLDER, NameTemplate, Router, TemplateError, parse_class_routes
 from firehose_bq.schema import parse_metadata_columns
 from firehose_bq.settings import SettingDoc, load_section, read_env_file, setting
 from firehose_bq.settings import reference as _reference
@@ -35,7 +36,7 @@ OWNED_PREFIXES = ("SOURCE_KAFKA_", "SINK_BIGQUERY_", "INPUT_SCHEMA_", "SCHEMA_RE
 # per request as the latency/throughput sweet spot, which is the default batch size.
 INSERT_ALL_MAX_ROWS_LIMIT = 50_000
 INSERT_ALL_RECOMMENDED_ROWS = 500
-WRITE_METHODS = ("insertall", "storage_write", "file_loads")
+WRITE_METHODS = ("insertall", "storage_write", "file_loads", "mixed")
 # BigQuery allows 1,500 load jobs per table per day: 86,400 s / 1,500 = 57.6 s is the shortest interval that
 # runs around the clock under it; a minute leaves 60 jobs a day for retries and replays.
 FILE_LOADS_TRIGGER_MS = 60_000
@@ -77,7 +78,23 @@ class SourceConfig:
 @dataclass(frozen=True)
 class InputSchemaConfig:
     proto_class: str = setting(
-        "INPUT_SCHEMA_PROTO_CLASS", "Full name of the protobuf message in the topic, e.g. `pkg.Message`."
+        "INPUT_SCHEMA_PROTO_CLASS",
+        "Full name of the protobuf message in the topic, e.g. `pkg.Message`; with "
+        "INPUT_SCHEMA_PROTO_CLASS_ROUTES, the class of records whose header the map does not name (unset: "
+        "such records are unrouted). Required otherwise.",
+        "",
+    )
+    class_header: str = setting(
+        "INPUT_SCHEMA_PROTO_CLASS_HEADER",
+        "Kafka header whose value picks each record's message class from INPUT_SCHEMA_PROTO_CLASS_ROUTES (a "
+        "topic carrying several event types, e.g. CloudEvents' `ce_type`); each class lands in its own table, "
+        "named by SINK_BIGQUERY_TABLE_NAME's template.",
+        "",
+    )
+    class_routes: str = setting(
+        "INPUT_SCHEMA_PROTO_CLASS_ROUTES",
+        "`header-value=pkg.Message,...`: the message class per value of INPUT_SCHEMA_PROTO_CLASS_HEADER.",
+        "",
     )
     stencil_urls: tuple[str, ...] = setting(
         "SCHEMA_REGISTRY_STENCIL_URLS",
@@ -103,8 +120,17 @@ class InputSchemaConfig:
 @dataclass(frozen=True)
 class BigQueryConfig:
     project_id: str = setting("SINK_BIGQUERY_GOOGLE_CLOUD_PROJECT_ID", "Google Cloud project of the table.")
-    dataset: str = setting("SINK_BIGQUERY_DATASET_NAME", "Dataset; created when missing.")
-    table: str = setting("SINK_BIGQUERY_TABLE_NAME", "Table; created when missing, evolved as the proto grows.")
+    dataset: str = setting(
+        "SINK_BIGQUERY_DATASET_NAME",
+        "Dataset; created when missing. May be a template over each record's attributes: `${header.NAME}`, "
+        "`${topic}`, `${partition}`, `${key}` (e.g. `${header.document_namespace}_live`).",
+    )
+    table: str = setting(
+        "SINK_BIGQUERY_TABLE_NAME",
+        "Table; created when missing, evolved as the proto grows. May be a template like the dataset's (e.g. "
+        "`${header.document_type}_v${header.document_version}`): each resolved name is sanitized like a "
+        "column name and validated.",
+    )
     dataset_location: str = setting(
         "SINK_BIGQUERY_DATASET_LOCATION", "Location used when the dataset is created.", "US"
     )
@@ -153,10 +179,33 @@ class BigQueryConfig:
     )
     write_method: str = setting(
         "SINK_BIGQUERY_WRITE_METHOD",
-        "How rows reach the table: `insertall` (streaming inserts), `storage_write` (Storage Write API) or "
-        "`file_loads` (staged files, one load job per table per trigger).",
+        "How rows reach the table: `insertall` (streaming inserts), `storage_write` (Storage Write API), "
+        "`file_loads` (staged files, one load job per table per trigger) or `mixed` (the tables in "
+        "SINK_BIGQUERY_MIXED_STREAMING_TABLES by Storage Write, the others by file loads).",
         "insertall",
         choices=WRITE_METHODS,
+    )
+    mixed_streaming_tables: tuple[str, ...] = setting(
+        "SINK_BIGQUERY_MIXED_STREAMING_TABLES",
+        "With `mixed`: the table names (templates allowed, e.g. `${header.document_type}_v1`) streamed with "
+        "Storage Write; every other table is loaded from files once per SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS.",
+        (),
+    )
+    route_fallback_topic: str = setting(
+        "SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC",
+        "Kafka topic (on SOURCE_KAFKA_BROKERS) for records with no route: a routing attribute is missing, or "
+        "the class header names no class. The original record plus `firehose-dlq-*` headers saying why; "
+        "`replay-dlq --topic` feeds them back once routes exist. Unset: unrouted records are ROUTING_ERRORs "
+        "for the error policy.",
+        "",
+    )
+    max_destinations: int = setting(
+        "SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK",
+        "Most destination tables one task writes to in a micro-batch (each holds a writer, and with file "
+        "loads a staged file); past it the batch stops with an error naming the tables, rather than exhaust "
+        "connections or the load-job quota.",
+        100,
+        minimum=1,
     )
     storage_api_enable: bool = setting(
         "SINK_BIGQUERY_STORAGE_API_ENABLE",
@@ -304,10 +353,7 @@ class Config:
         ns = self.bigquery.metadata_namespace
         if ns and not BQ_NAME.fullmatch(ns):
             problems.append(f"SINK_BIGQUERY_METADATA_NAMESPACE: {ns!r} is not a valid BigQuery column name")
-        for env, value in (("SINK_BIGQUERY_DATASET_NAME", self.bigquery.dataset),
-                           ("SINK_BIGQUERY_TABLE_NAME", self.bigquery.table)):
-            if not BQ_NAME.fullmatch(value):
-                problems.append(f"{env}: {value!r} is not a valid BigQuery name (letters, digits, _)")
+        problems.extend(self._routing_problems())
         if bool(self.input_schema.stencil_urls) == bool(self.registry.confluent_url):
             problems.append("SCHEMA_REGISTRY_STENCIL_URLS / SCHEMA_REGISTRY_CONFLUENT_URL: set exactly one: "
                             "Stencil URLs for plain protobuf values, or a Confluent registry for framed ones")
@@ -327,18 +373,66 @@ class Config:
         if len(self.table.clustering_keys) > MAX_CLUSTERING_KEYS:
             problems.append(f"SINK_BIGQUERY_TABLE_CLUSTERING_KEYS: BigQuery allows at most {MAX_CLUSTERING_KEYS} "
                             f"clustering columns, got {len(self.table.clustering_keys)}")
-        if self.bigquery.storage_api_enable and self.bigquery.write_method == "file_loads":
-            problems.append("SINK_BIGQUERY_STORAGE_API_ENABLE=true contradicts SINK_BIGQUERY_WRITE_METHOD=file_loads: "
-                            "choose one write method")
+        if self.bigquery.storage_api_enable and self.bigquery.write_method in ("file_loads", "mixed"):
+            problems.append("SINK_BIGQUERY_STORAGE_API_ENABLE=true contradicts SINK_BIGQUERY_WRITE_METHOD="
+                            f"{self.bigquery.write_method}: choose one write method")
         problems.extend(self.upsert.problems(self.input_schema.key_class))
-        if (self.bigquery.effective_write_method == "storage_write" and self.bigquery.api_endpoint
+        if (self.bigquery.effective_write_method in ("storage_write", "mixed") and self.bigquery.api_endpoint
                 and not self.bigquery.storage_api_endpoint):
             problems.append("SINK_BIGQUERY_STORAGE_API_ENDPOINT: required for storage_write when "
                             "SINK_BIGQUERY_API_ENDPOINT points at an emulator (its gRPC host:port)")
-        if self.bigquery.effective_write_method == "file_loads":
+        if self.bigquery.effective_write_method in ("file_loads", "mixed"):
             problems.extend(staging_problems(self.bigquery.file_loads_staging_uri, self.spark.checkpoint_location))
         if problems:
             raise ConfigError(problems)
+
+    def _routing_problems(self) -> list[str]:
+        problems = []
+        for env, value in (("SINK_BIGQUERY_DATASET_NAME", self.bigquery.dataset),
+                           ("SINK_BIGQUERY_TABLE_NAME", self.bigquery.table)):
+            try:
+                template = NameTemplate(value)
+            except TemplateError as exc:
+                problems.append(f"{env}: {exc}")
+                continue
+            # The text around the placeholders must be valid on its own (the values are sanitized).
+            if not BQ_NAME.fullmatch(PLACEHOLDER.sub("x", value)):
+                problems.append(f"{env}: {value!r} is not a valid BigQuery name (letters, digits, _)")
+            elif template.is_template and self.upsert.enabled:
+                problems.append(f"{env}: a template routes records to several tables, which upsert/delete "
+                                "(one destination and its intermediate table) does not support")
+        try:
+            routes = parse_class_routes(self.input_schema.class_routes)
+        except ValueError as exc:
+            problems.append(f"INPUT_SCHEMA_PROTO_CLASS_ROUTES: {exc}")
+            routes = ()
+        ins = self.input_schema
+        if bool(routes) != bool(ins.class_header):
+            problems.append("INPUT_SCHEMA_PROTO_CLASS_HEADER / INPUT_SCHEMA_PROTO_CLASS_ROUTES: set both or neither")
+        elif routes and not PLACEHOLDER.search(self.bigquery.table) and len({m for _, m in routes}) > 1:
+            problems.append("SINK_BIGQUERY_TABLE_NAME: several message classes need a table each: make it a template "
+                            f"(e.g. `${{header.{ins.class_header}}}`)")
+        if not ins.proto_class and not routes:
+            problems.append("INPUT_SCHEMA_PROTO_CLASS: required (the message class of the topic's values)")
+        if routes and self.upsert.enabled:
+            problems.append("INPUT_SCHEMA_PROTO_CLASS_ROUTES: class routing is not supported with upsert/delete")
+        if self.bigquery.mixed_streaming_tables and self.bigquery.write_method != "mixed":
+            problems.append("SINK_BIGQUERY_MIXED_STREAMING_TABLES: only used with SINK_BIGQUERY_WRITE_METHOD=mixed")
+        for entry in self.bigquery.mixed_streaming_tables:
+            try:
+                NameTemplate(entry)
+            except TemplateError as exc:
+                problems.append(f"SINK_BIGQUERY_MIXED_STREAMING_TABLES: {exc}")
+        return problems
+
+    @property
+    def router(self) -> Router:
+        """Where each record goes: the dataset/table templates and the class route map."""
+        bq, ins = self.bigquery, self.input_schema
+        return Router(NameTemplate(bq.dataset), NameTemplate(bq.table), ins.proto_class or None, ins.class_header or None,
+                      parse_class_routes(ins.class_routes),
+                      tuple(NameTemplate(t) for t in bq.mixed_streaming_tables) if bq.write_method == "mixed" else None,
+                      bq.max_destinations)
 
     @property
     def confluent_subject(self) -> str:

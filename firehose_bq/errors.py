@@ -22,6 +22,8 @@ class ErrorType(str, enum.Enum):
     SINK_RETRYABLE_ERROR = "SINK_RETRYABLE_ERROR"  # quota, rate limit, timeout, connection
     SINK_UNKNOWN_ERROR = "SINK_UNKNOWN_ERROR"  # anything the classifier cannot name
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"  # one row over BigQuery's request size limit
+    # No destination: a routing attribute is missing, or names no message class (and no fallback topic).
+    ROUTING_ERROR = "ROUTING_ERROR"
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ class BatchStats:
     # Per policy outcome: `dlq`, `failed`, and `retried` (sent again at least once, whatever came after).
     outcomes: Counter[str] = field(default_factory=Counter)
     sample_errors: list[MessageError] = field(default_factory=list)  # of the failed messages
+    # Per destination table (`dataset.table`): messages, written, retried, dlq, failed.
+    tables: dict[str, Counter[str]] = field(default_factory=dict)
 
     @property
     def failed(self) -> int:
@@ -35,6 +37,14 @@ class BatchStats:
     @property
     def retried(self) -> int:
         return self.outcomes["retried"]
+
+    @property
+    def fallback(self) -> int:
+        """Unrouted messages sent to the fallback output."""
+        return self.outcomes["fallback"]
+
+    def add_table(self, table: str, **counts: int) -> None:
+        self.tables.setdefault(table, Counter()).update(counts)
 
     def add_errors(self, errors: list[MessageError]) -> None:
         """Count `errors` by type (their outcome is counted with `add_outcome`)."""
@@ -55,6 +65,8 @@ class BatchStats:
         self.errors_by_type.update(other.errors_by_type)
         self.outcomes.update(other.outcomes)
         self._keep_sample(other.sample_errors)
+        for table, counts in other.tables.items():
+            self.add_table(table, **counts)
 
     def _keep_sample(self, errors: list[MessageError]) -> None:
         room = SAMPLE_ERRORS - len(self.sample_errors)
@@ -72,6 +84,7 @@ class BatchStats:
                 "sample_errors": [
                     [e.error_type.value, e.topic, e.partition, e.offset, e.message] for e in self.sample_errors
                 ],
+                "tables": {t: dict(c) for t, c in self.tables.items()},
             }
         )
 
@@ -85,6 +98,7 @@ class BatchStats:
             errors_by_type=Counter(data["errors_by_type"]),
             outcomes=Counter(data.get("outcomes", {})),
             sample_errors=[MessageError(ErrorType(t), topic, p, o, m) for t, topic, p, o, m in data["sample_errors"]],
+            tables={t: Counter(c) for t, c in data.get("tables", {}).items()},
         )
 
 
@@ -108,6 +122,7 @@ class RunSummary:
             f"rows written       {t.rows_written}",
             f"retried            {t.retried}",
             f"dead-lettered      {t.dead_lettered}",
+            *([f"sent to fallback   {t.fallback}"] if t.fallback else []),
             f"messages failed    {t.failed}",
             f"errors by type     {sum(t.errors_by_type.values())}",
         ]
@@ -116,6 +131,10 @@ class RunSummary:
         for error_type in ErrorType:
             lines.append(f"  {error_type.value:<22} {t.errors_by_type.get(error_type.value, 0)}")
         lines.append(f"elapsed            {self.seconds:.1f} s ({rate:,.0f} messages/s)")
+        if len(t.tables) > 1:
+            lines.append(f"tables             {len(t.tables)}")
+            lines += [f"  {name:<40} {c['written']} written, {c['dlq']} dead-lettered, {c['failed']} failed"
+                      for name, c in sorted(t.tables.items())[:20]]
         if self.batches:
             lines.append(f"largest batch      {self.largest_batch} messages")
         if self.lag is not None:

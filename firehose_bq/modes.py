@@ -7,13 +7,15 @@ its trigger, and the schema object that keeps its tables in step with the descri
 pipeline and `replay-dlq` both drive a mode the same way, through `settle`.
 
 - insertall / storage_write: streaming; rows are in the table when the task ends.
-- file_loads: tasks stage files, the driver loads them in one job per batch (bigquery/file_loads.py).
+- file_loads: tasks stage files, the driver loads them in one job per table per batch (bigquery/file_loads.py).
+- mixed: the tables listed for streaming by Storage Write, the others by file loads.
 - upsert: tasks stage a changelog in an intermediate table, the driver MERGEs it (upsert/).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,13 +29,16 @@ from firehose_bq.bigquery import file_loads
 from firehose_bq.bigquery.client import make_client
 from firehose_bq.bigquery.writers import RowWriter
 from firehose_bq.config import BigQueryConfig, Config
+from firehose_bq.dlq.config import KAFKA
 from firehose_bq.errors import BatchFailedError, FirehoseError, RowError, SinkError
 from firehose_bq.metrics import BatchStats
+from firehose_bq.policy import ErrorHandling
+from firehose_bq.routing import Destination
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema
 
 log = logging.getLogger(__name__)
 
-INSERT_ALL, STORAGE_WRITE, FILE_LOADS, UPSERT = "insertall", "storage_write", "file_loads", "upsert"
+INSERT_ALL, STORAGE_WRITE, FILE_LOADS, MIXED, UPSERT = "insertall", "storage_write", "file_loads", "mixed", "upsert"
 
 
 def table_rows(rows: Rows, ids: pa.Array) -> Writable:
@@ -41,47 +46,73 @@ def table_rows(rows: Rows, ids: pa.Array) -> Writable:
     return Writable(rows.table(), ids.take(pa.array(rows.sources)), rows.sources)
 
 
+def destination_config(cfg: BigQueryConfig, destination: Destination | None) -> BigQueryConfig:
+    """The BigQuery settings of `destination`'s table (None: the configured one)."""
+    if destination is None:
+        return cfg
+    return dataclasses.replace(cfg, dataset=destination.dataset, table=destination.table)
+
+
 class _DestinationTask:
-    """Tasks that write the destination table's own rows (not a changelog's intermediate shape)."""
+    """Tasks that write the destination tables' own rows (not a changelog's intermediate shape)."""
 
     changelog = False
 
     def shape(self, rows: Rows, source: pa.RecordBatch, ids: pa.Array) -> tuple[Writable, list[RowError]]:
         return table_rows(rows, ids), []
 
-    def report(self, writer: RowWriter) -> str | None:
+    def report(self, destination: Destination | None, writer: RowWriter) -> str | None:
         return None
+
+
+def _streaming_writer(cfg: BigQueryConfig, method: str) -> RowWriter:
+    if method == INSERT_ALL:
+        from firehose_bq.bigquery.insert_all import InsertAllWriter
+
+        return InsertAllWriter(make_client(cfg), cfg)
+    from firehose_bq.bigquery.storage_write import StorageWriteWriter, make_write_client
+
+    return StorageWriteWriter(make_client(cfg), make_write_client(cfg), cfg)
 
 
 @dataclass(frozen=True)
 class StreamingTask(_DestinationTask):
-    """insertAll or Storage Write into the destination table, from the task itself."""
+    """insertAll or Storage Write into each destination table, from the task itself."""
 
     bigquery: BigQueryConfig
     method: str
 
-    def open_writer(self) -> RowWriter:
-        if self.method == INSERT_ALL:
-            from firehose_bq.bigquery.insert_all import InsertAllWriter
-
-            return InsertAllWriter(make_client(self.bigquery), self.bigquery)
-        from firehose_bq.bigquery.storage_write import StorageWriteWriter, make_write_client
-
-        return StorageWriteWriter(make_client(self.bigquery), make_write_client(self.bigquery), self.bigquery)
+    def open_writer(self, destination: Destination | None) -> RowWriter:
+        return _streaming_writer(destination_config(self.bigquery, destination), self.method)
 
 
 @dataclass(frozen=True)
 class StagingTask(_DestinationTask):
-    """Stage the rows in the batch's directory, for the driver's one load job."""
+    """Stage each destination's rows in the batch's directory, for the driver's load job per table."""
 
     bigquery: BigQueryConfig
     directory: str
 
-    def open_writer(self) -> RowWriter:
-        return file_loads.StagingWriter(dataclasses.replace(self.bigquery, file_loads_staging_uri=self.directory))
+    def open_writer(self, destination: Destination | None) -> RowWriter:
+        table = destination_config(self.bigquery, destination)
+        directory = Path(self.directory) / (f"{table.dataset}.{table.table}" if destination is not None else "")
+        return file_loads.StagingWriter(dataclasses.replace(table, file_loads_staging_uri=str(directory)))
 
-    def report(self, writer: RowWriter) -> str | None:
-        return file_loads.staged_json(writer)
+    def report(self, destination: Destination | None, writer: RowWriter) -> str | None:
+        staged = file_loads.staged_json(writer)  # None for a mixed task's streaming writers
+        if staged is None:
+            return None
+        return json.dumps({"table": destination.name if destination else "", "staged": json.loads(staged)})
+
+
+@dataclass(frozen=True)
+class MixedTask(StagingTask):
+    """`mixed`: the destinations marked streaming go by Storage Write, the others are staged."""
+
+    def open_writer(self, destination: Destination | None) -> RowWriter:
+        if destination is not None and destination.streaming:
+            return _streaming_writer(destination_config(self.bigquery, destination), STORAGE_WRITE)
+        return super().open_writer(destination)
 
 
 class WriteMode:
@@ -118,9 +149,9 @@ class StorageWriteMode(WriteMode):
 
 
 class FileLoadsMode(WriteMode):
-    """Tasks stage files in the batch's directory; the driver loads them in one job per batch, its id
-    derived from `identity()` (what makes a replay of the same batch find its job), the batch and the
-    Kafka offsets staged."""
+    """Tasks stage files in the batch's directory; the driver loads each table's files in one job per
+    batch, its id derived from `identity()` (what makes a replay of the same batch find its job), the
+    batch and the Kafka offsets staged."""
 
     name = FILE_LOADS
 
@@ -133,16 +164,38 @@ class FileLoadsMode(WriteMode):
         # One load job per table per trigger: the trigger is paced by the load-job quota.
         return self.config.bigquery.file_loads_trigger_ms
 
-    def task(self, batch: int) -> StagingTask:
+    def task(self, batch: int) -> TaskPlan:
         return StagingTask(self.config.bigquery, str(file_loads.batch_dir(self.staging_root, batch)))
 
     def finish(self, batch: int, results: Sequence[TaskResult]) -> None:
+        by_table: dict[str, list[str]] = {}
+        for report in (json.loads(r) for result in results for r in result.reports):
+            by_table.setdefault(report["table"], []).append(json.dumps(report["staged"]))
+        identity = self._identity()
         with make_client(self.config.bigquery) as client:
-            loader = file_loads.FileLoader(client, self.config.bigquery, self.staging_root, self._identity())
-            loader.load(batch, file_loads.parse_staged(r.report for r in results))
+            for table, staged in sorted(by_table.items()):
+                cfg = self.config.bigquery
+                if table:
+                    dataset, name = table.split(".", 1)
+                    cfg = dataclasses.replace(cfg, dataset=dataset, table=name)
+                loader = file_loads.FileLoader(client, cfg, self.staging_root, identity)
+                loader.load(batch, file_loads.parse_staged(staged))
+        # Only when every table's rows are in: a failure above leaves the files for the batch's replay.
+        file_loads.discard_batch_dir(self.staging_root, batch)
 
     def abort(self, batch: int) -> None:
         file_loads.discard_batch_dir(self.staging_root, batch)
+
+
+class MixedMode(FileLoadsMode):
+    """`mixed` (seed 004): the tables in SINK_BIGQUERY_MIXED_STREAMING_TABLES are streamed by Storage Write
+    from the tasks, the others loaded from files by the driver. A batch is committed only after both are
+    done, so its trigger is the file loads' (the load-job quota paces the batch)."""
+
+    name = MIXED
+
+    def task(self, batch: int) -> TaskPlan:
+        return MixedTask(self.config.bigquery, str(file_loads.batch_dir(self.staging_root, batch)))
 
 
 class UpsertMode(WriteMode):
@@ -180,11 +233,23 @@ def write_mode(config: Config, descriptor_source: DescriptorSource | None = None
         return UpsertMode(config, descriptor_source)
     schema = SinkSchema(config, descriptor_source)
     method = config.bigquery.effective_write_method
-    if method == FILE_LOADS:
+    if method in (FILE_LOADS, MIXED):
         checkpoint = config.spark.checkpoint_location
-        return FileLoadsMode(config, schema, staging_root or file_loads.staging_root(config),
-                             identity or (lambda: file_loads.checkpoint_identity(checkpoint)))
+        kind = MixedMode if method == MIXED else FileLoadsMode
+        return kind(config, schema, staging_root or file_loads.staging_root(config),
+                    identity or (lambda: file_loads.checkpoint_identity(checkpoint)))
     return StorageWriteMode(config, schema) if method == STORAGE_WRITE else WriteMode(config, schema)
+
+
+def handling_of(config: Config) -> ErrorHandling:
+    """The error policy, DLQ and fallback output of a job (or replay), as its tasks apply them."""
+    dlq = config.dlq.with_brokers(config.source.brokers)
+    fallback = None
+    if config.bigquery.route_fallback_topic:
+        # Written like dead letters (the original record plus why), with the DLQ's retry settings.
+        fallback = dataclasses.replace(dlq, enabled=True, writer_type=KAFKA, kafka_brokers=config.source.brokers,
+                                       kafka_topic=config.bigquery.route_fallback_topic)
+    return ErrorHandling(config.errors, dlq, fallback)
 
 
 def batch_stats(results: Sequence[TaskResult]) -> BatchStats:

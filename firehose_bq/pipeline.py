@@ -27,7 +27,7 @@ from firehose_bq.batch.core import TaskPlan, TaskResult, process_batch
 from firehose_bq.config import Config
 from firehose_bq.errors import FirehoseError
 from firehose_bq.metrics import BatchStats, RunSummary
-from firehose_bq.modes import WriteMode, batch_stats, settle, write_mode
+from firehose_bq.modes import WriteMode, batch_stats, handling_of, settle, write_mode
 from firehose_bq.policy import ErrorHandling
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
 from firehose_bq.source.kafka_source import FORMAT_NAME
@@ -66,7 +66,7 @@ class Pipeline:
         # until this moment: a producer ahead of its registry must not cost a re-run per batch.
         self._accept_unknown_until = 0.0
         self._failure: Exception | None = None
-        self._handling = ErrorHandling(config.errors, config.dlq.with_brokers(config.source.brokers))
+        self._handling = handling_of(config)
 
     def prepare(self) -> SinkSpec:
         return self.schema.current()

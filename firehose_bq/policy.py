@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 ALL_OTHER_TYPES = "*"
 # Conversion is deterministic: sending the same bytes through the same descriptors again cannot help.
 NOT_RETRYABLE = frozenset({ErrorType.DESERIALIZATION_ERROR, ErrorType.INVALID_MESSAGE_ERROR,
-                           ErrorType.UNKNOWN_FIELDS_ERROR, ErrorType.PAYLOAD_TOO_LARGE})
+                           ErrorType.UNKNOWN_FIELDS_ERROR, ErrorType.PAYLOAD_TOO_LARGE, ErrorType.ROUTING_ERROR})
 TRANSIENT = (ErrorType.SINK_5XX_ERROR, ErrorType.SINK_RETRYABLE_ERROR)
 # With the backoff defaults (10 ms doubling up to 60 s), 15 attempts wait 10 ms, 20 ms, ... 41 s, 60 s:
 # about 142 s in all, so a BigQuery outage of a minute or two is ridden out without dead-lettering.
@@ -147,6 +147,9 @@ class ErrorHandling:
 
     policy: ErrorPolicyConfig = field(default_factory=ErrorPolicyConfig)
     dlq: DlqConfig = field(default_factory=DlqConfig)
+    # Where unrouted records go (SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC, written like dead letters);
+    # None: they are ROUTING_ERRORs for the policy.
+    fallback: DlqConfig | None = None
 
     def final_outcome(self, error_type: ErrorType, retried: bool) -> str:
         """`dlq` or `failed` for a message whose error (after any retries) is `error_type`."""
@@ -159,7 +162,8 @@ class ErrorHandling:
         return FAILED
 
 
-WRITTEN, RETRIED, DLQ, FAILED = "written", "retried", "dlq", "failed"
+# `fallback`: unrouted records sent to the fallback output (not errors: they had no table to go to).
+WRITTEN, RETRIED, DLQ, FAILED, FALLBACK = "written", "retried", "dlq", "failed", "fallback"
 
 
 @dataclass

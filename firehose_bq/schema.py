@@ -78,6 +78,7 @@ MAX_COLUMNS = 10_000  # BigQuery's limit per table, nested columns included
 DESCRIPTION_LIMIT = 1024  # characters
 
 KEY_COLUMN = "message_key"
+MAX_COLUMN_NAME = 300  # characters
 
 _VALID_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,299}")
 _INVALID_CHAR = re.compile(r"[^A-Za-z0-9_]")
@@ -142,13 +143,14 @@ def column_name(fd: FieldDescriptor, sanitize: bool = False) -> str:
     return sanitize_name(fd.name)
 
 
-def sanitize_name(name: str) -> str:
+def sanitize_name(name: str, limit: int | None = MAX_COLUMN_NAME) -> str:
     """Invalid characters → `_`; a leading digit or a reserved prefix gets a `_` in front (`_PARTITIONTIME`
-    → `__PARTITIONTIME`: no reserved prefix starts with `_` + another one); at most 300 characters."""
+    → `__PARTITIONTIME`: no reserved prefix starts with `_` + another one); at most `limit` characters
+    (a column name's; None: not cut, for names that must be refused rather than merged when too long)."""
     name = _INVALID_CHAR.sub("_", name)
     if name[:1].isdigit() or name.upper().startswith(RESERVED_PREFIXES):
         name = f"_{name}"
-    return name[:300]
+    return name if limit is None else name[:limit]
 
 
 def bigquery_fields(message: Descriptor, depth: int = 1, options: SchemaOptions = SchemaOptions(),

@@ -22,6 +22,7 @@ from firehose_bq.errors import FirehoseError
 from firehose_bq.registry.cache import DescriptorCache
 from firehose_bq.registry.confluent import ConfluentRegistry
 from firehose_bq.registry.stencil import StencilFetcher
+from firehose_bq.routing import Destination, Router
 from firehose_bq.schema import MetadataColumns, SchemaOptions, parse_metadata_columns, table_schema
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,8 @@ class SinkSpec:
     # False = decode only, write nothing (benchmarks measure the pipeline without a sink).
     write: bool = True
     decoder: str = "auto"  # INPUT_SCHEMA_PROTO_DECODER: auto | native | python
+    router: Router | None = None  # None: every record to the one table the driver keeps
+    tables: TableKeeper | None = None  # routed jobs: what creates and evolves the tables the records name
 
 
 @dataclass(frozen=True)
@@ -57,33 +60,59 @@ class TablePlan:
     table: bigquery.Table
 
 
-def plan_table(cfg: Config, loaded: Descriptors) -> TablePlan:
+def metadata_of(cfg: Config) -> MetadataColumns:
     bq = cfg.bigquery
-    message = loaded.find_message(cfg.input_schema.proto_class)
+    return MetadataColumns(bq.add_metadata, bq.metadata_namespace, parse_metadata_columns(bq.metadata_columns_types))
+
+
+def options_of(cfg: Config) -> SchemaOptions:
+    return SchemaOptions(cfg.bigquery.record_max_depth, cfg.bigquery.sanitize_field_names)
+
+
+def plan_table(cfg: Config, loaded: Descriptors, destination: Destination | None = None) -> TablePlan:
+    """The table for `destination` (default: the job's one table) and the descriptors `loaded`."""
+    destination = destination or cfg.router.static_destination()
+    bq = cfg.bigquery
+    assert destination.proto_class, "a protobuf destination names its message class"
+    message = loaded.find_message(destination.proto_class)
     key = loaded.find_message(cfg.input_schema.key_class) if cfg.input_schema.key_class else None
-    metadata = MetadataColumns(bq.add_metadata, bq.metadata_namespace,
-                               parse_metadata_columns(bq.metadata_columns_types))
-    options = SchemaOptions(bq.record_max_depth, bq.sanitize_field_names)
+    metadata, options = metadata_of(cfg), options_of(cfg)
     schema = table_schema(message, metadata, options, key, descriptor_sets=loaded.sets)
     description = (f"Written by firehose-bq from {message.full_name} messages of Kafka topic(s) "
                    f"{', '.join(cfg.source.topics)}.")
-    table = table_definition(bq.table_ref, schema, cfg.table, description)
+    table = table_definition(f"{bq.project_id}.{destination.dataset}.{destination.table}", schema, cfg.table,
+                             description)
     return TablePlan(loaded, message.full_name, metadata, options, key.full_name if key else None, table)
 
 
 def apply_plan(client: bigquery.Client, cfg: Config, plan: TablePlan) -> bigquery.Table:
     """Create or evolve the dataset and table so that rows of `plan` fit."""
     call = call_options(cfg.bigquery)
-    ensure_dataset(client, cfg.bigquery.project_id, cfg.bigquery.dataset, cfg.bigquery.dataset_location,
+    ensure_dataset(client, cfg.bigquery.project_id, plan.table.dataset_id, cfg.bigquery.dataset_location,
                    cfg.table.dataset_labels, **call)
     return ensure_table(client, plan.table, **call)
 
 
-def spec_of(cfg: Config, plan: TablePlan) -> SinkSpec:
-    """What tasks decode with, for the descriptors of `plan`."""
-    return SinkSpec(plan.descriptors, plan.message_name, plan.metadata, plan.options, plan.key_name,
-                    confluent_framed=bool(cfg.registry.confluent_url),
-                    decoder=cfg.input_schema.decoder)
+def spec_of(cfg: Config, loaded: Descriptors, proto_class: str) -> SinkSpec:
+    """What tasks decode with, for the descriptors `loaded`; routed jobs also get what creates and
+    evolves their tables (which only the records name)."""
+    router = cfg.router
+    return SinkSpec(loaded, proto_class, metadata_of(cfg), options_of(cfg), cfg.input_schema.key_class,
+                    confluent_framed=bool(cfg.registry.confluent_url), decoder=cfg.input_schema.decoder,
+                    router=router, tables=None if router.is_static else TableKeeper(cfg))
+
+
+@dataclass(frozen=True)
+class TableKeeper:
+    """Creates and evolves a routed job's tables from inside its tasks: only the records name them.
+    A task calls `ensure` once per destination it writes, with the descriptors it decodes with."""
+
+    config: Config
+
+    def ensure(self, loaded: Descriptors, destination: Destination) -> None:
+        plan = plan_table(self.config, loaded, destination)
+        with make_client(self.config.bigquery) as client:
+            apply_plan(client, self.config, plan)
 
 
 DescriptorSource = Callable[[], Descriptors]
@@ -123,13 +152,21 @@ class SinkSchema:
 
     def _evolve(self, loaded: Descriptors) -> SinkSpec:
         cfg = self.config
+        router = cfg.router
+        if not router.is_static:
+            # Tables are named by the records: tasks create and evolve them. Every class the routes name
+            # must be in the descriptors now, not when its first record comes.
+            for name in sorted({router.default_class, *(c for _, c in router.class_routes)} - {None}):
+                loaded.find_message(name)
+            log.info("descriptors %s: routing to %s.%s", loaded.fingerprint, router.dataset.text, router.table.text)
+            return spec_of(cfg, loaded, router.default_class or "")
         plan = plan_table(cfg, loaded)
         with make_client(cfg.bigquery) as client:
             apply_plan(client, cfg, plan)
         previous = self._spec.descriptors.fingerprint if self._spec else None
         log.info("descriptors %s%s (%s) → %s, %d columns", f"{previous} → " if previous else "",
                  loaded.fingerprint, plan.message_name, cfg.bigquery.table_ref, len(plan.table.schema))
-        return spec_of(cfg, plan)
+        return spec_of(cfg, loaded, plan.message_name)
 
 
 def load_descriptors(config: Config) -> Descriptors:

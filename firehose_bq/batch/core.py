@@ -25,13 +25,13 @@ import pyarrow as pa
 
 from firehose_bq.batch.rows import RowBuilder, Rows, Writable, insert_ids
 from firehose_bq.bigquery.writers import RowWriter
-from firehose_bq.convert import _collector_paused
 from firehose_bq.decode import make_value_decoder
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.dlq.writers import dead_letter
-from firehose_bq.errors import DeadLetterError, ErrorType, MessageError, RowError, SinkError
+from firehose_bq.errors import DeadLetterError, ErrorType, FirehoseError, MessageError, RowError, SinkError
 from firehose_bq.metrics import BatchStats
-from firehose_bq.policy import DLQ, FAILED, RETRIED, ErrorHandling, write_with_policy
+from firehose_bq.policy import DLQ, FAILED, FALLBACK, RETRIED, ErrorHandling, write_with_policy
+from firehose_bq.routing import Destination
 from firehose_bq.sink_schema import SinkSpec
 
 log = logging.getLogger(__name__)
@@ -48,13 +48,14 @@ class TaskPlan(Protocol):
     def changelog(self) -> bool:
         """Records are a changelog: a NULL value is a delete of its key, and every record needs a key."""
 
-    def open_writer(self) -> RowWriter: ...
+    def open_writer(self, destination: Destination | None) -> RowWriter:
+        """A writer into `destination`'s table (None: the job's one configured table)."""
 
     def shape(self, rows: Rows, source: pa.RecordBatch, ids: pa.Array) -> tuple[Writable, list[RowError]]:
         """The rows as this mode writes them, and the records it refuses (by source index)."""
 
-    def report(self, writer: RowWriter) -> str | None:
-        """What the driver needs from this task once its writer is closed (e.g. the file it staged)."""
+    def report(self, destination: Destination | None, writer: RowWriter) -> str | None:
+        """What the driver needs from `destination`'s writer once it is closed (e.g. the file it staged)."""
 
 
 @dataclass
@@ -66,21 +67,25 @@ class TaskResult:
     # `topic/partition@offset` of the first record carrying fields the descriptors lack, when the task
     # was told to hold there (the driver refreshes the descriptors and runs the batch again).
     held: str | None = None
-    report: str | None = None  # the mode's TaskPlan.report
+    reports: list[str] = field(default_factory=list)  # the mode's TaskPlan.report, one per writer that has one
 
     def to_json(self) -> str:
         return json.dumps({"stats": json.loads(self.stats.to_json()), "fatal": self.fatal, "held": self.held,
-                           "report": self.report})
+                           "reports": self.reports})
 
     @classmethod
     def from_json(cls, text: str) -> TaskResult:
         data = json.loads(text)
-        return cls(BatchStats.from_json(json.dumps(data["stats"])), data["fatal"], data["held"], data["report"])
+        return cls(BatchStats.from_json(json.dumps(data["stats"])), data["fatal"], data["held"], data["reports"])
 
 
-def row_builder(spec: SinkSpec, changelog: bool) -> RowBuilder:
-    """The decoders for `spec`'s message (and key) types: built once per task, used for all its batches."""
-    values = make_value_decoder(spec.descriptors.message_class(spec.proto_class), 1, spec.options,
+class TooManyDestinationsError(FirehoseError):
+    """One task met more destination tables than SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK allows."""
+
+
+def row_builder(spec: SinkSpec, proto_class: str, changelog: bool) -> RowBuilder:
+    """The decoders for `proto_class` (and the key type): built once per task and class."""
+    values = make_value_decoder(spec.descriptors.message_class(proto_class), 1, spec.options,
                                 confluent_framed=spec.confluent_framed, detect_unknown_fields=True,
                                 prefer=spec.decoder)
     key = (make_value_decoder(spec.descriptors.message_class(spec.key_class), 2, spec.options,
@@ -89,43 +94,117 @@ def row_builder(spec: SinkSpec, changelog: bool) -> RowBuilder:
     return RowBuilder(values, spec.metadata, key, changelog=changelog)
 
 
+class _Task:
+    """One task's state across its source batches: a row builder per message class, a writer per
+    destination (each table ensured once), the dead letters and fallback records to store at the end."""
+
+    def __init__(self, spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling) -> None:
+        self.spec, self.plan, self.handling = spec, plan, handling
+        self.result = TaskResult()
+        self.builders: dict[str, RowBuilder] = {}
+        self.writers: dict[Destination | None, RowWriter] = {}
+        self.letters: list[DeadLetter] = []
+        self.unrouted: list[DeadLetter] = []
+
+    def process(self, source: pa.RecordBatch) -> bool:
+        """Decode, write and settle one source batch; False when the task must hold (unknown fields)."""
+        load_time_us = time.time_ns() // 1000
+        if self.spec.router is None:
+            groups: list[tuple[Destination | None, np.ndarray | None]] = [(None, None)]
+            unrouted: list[RowError] = []
+        else:
+            assignment = self.spec.router.assign(source)
+            groups, unrouted = list(assignment.groups), assignment.unrouted
+        parts = [(d, source if ix is None or len(ix) == source.num_rows else source.take(pa.array(ix)))
+                 for d, ix in groups]
+        decoded = []
+        for destination, part in parts:
+            rows = self._builder(destination).build(part, load_time_us)
+            if rows.unknown_fields and self.spec.hold_on_unknown_fields:
+                self.result.held = _where(part, rows.unknown_fields[0])
+                return False
+            decoded.append((destination, part, rows))
+        self.result.stats.messages += source.num_rows
+        self._unrouted(source, unrouted)
+        for destination, part, rows in decoded:
+            self._write(destination, part, rows)
+        return True
+
+    def _builder(self, destination: Destination | None) -> RowBuilder:
+        proto_class = destination.proto_class if destination is not None and destination.proto_class \
+            else self.spec.proto_class
+        if proto_class not in self.builders:
+            self.builders[proto_class] = row_builder(self.spec, proto_class, self.plan.changelog)
+        return self.builders[proto_class]
+
+    def _writer(self, destination: Destination | None) -> RowWriter:
+        if destination not in self.writers:
+            cap = self.spec.router.max_destinations if self.spec.router else 1
+            if len(self.writers) >= cap:
+                names = sorted(d.name for d in self.writers if d is not None)
+                raise TooManyDestinationsError(
+                    f"a task met more than {cap} destination tables in one micro-batch ({', '.join(names[:5])}, ..., "
+                    f"{destination.name if destination else '?'}); raise SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK or "
+                    "check the routing templates")
+            if destination is not None and self.spec.tables is not None:
+                self.spec.tables.ensure(self.spec.descriptors, destination)
+            self.writers[destination] = self.plan.open_writer(destination)
+        return self.writers[destination]
+
+    def _write(self, destination: Destination | None, part: pa.RecordBatch, rows: Rows) -> None:
+        stats, handling = self.result.stats, self.handling
+        pending, refused = self.plan.shape(_without_unknown(rows, handling, stats), part, insert_ids(part))
+        failures = sorted(rows.failures + refused + _unknown_errors(rows, handling), key=lambda f: f.index)
+        done = write_with_policy(handling, pending, failures,
+                                 (lambda: self._writer(destination)) if self.spec.write else None)
+        table = destination.name if destination is not None else ""
+        _count(stats, table, part.num_rows, done.written, done.retried, part, done.dead, done.failed)
+        self.letters.extend(_letter(part, f, table) for f in done.dead)
+
+    def _unrouted(self, source: pa.RecordBatch, unrouted: list[RowError]) -> None:
+        if not unrouted:
+            return
+        if self.handling.fallback is not None:
+            self.unrouted.extend(_letter(source, f, "") for f in unrouted)
+            self.result.stats.add_outcome(FALLBACK, len(unrouted))
+            return
+        # No fallback output: an error like any other, for the policy to dead-letter or fail.
+        done = write_with_policy(self.handling, Writable.empty(), unrouted, None)
+        _count(self.result.stats, "", 0, 0, 0, source, done.dead, done.failed)
+        self.letters.extend(_letter(source, f, "") for f in done.dead)
+
+    def finish(self) -> None:
+        """Store the dead letters and fallback records: only once every row of the task is written."""
+        if self.handling.fallback is not None:
+            dead_letter(self.handling.fallback, self.unrouted)
+        dead_letter(self.handling.dlq, self.letters)
+
+    def close(self) -> None:
+        for destination, writer in self.writers.items():
+            try:
+                writer.close()  # Spark reuses Python workers: an unclosed client per task would pile up
+            finally:
+                report = self.plan.report(destination, writer)
+                if report is not None:
+                    self.result.reports.append(report)
+
+
 def process_batch(sources: Iterable[pa.RecordBatch], spec: SinkSpec, plan: TaskPlan,
                   handling: ErrorHandling) -> TaskResult:
-    """Decode, write and settle every record of `sources` (one task's share of a batch)."""
-    builder = row_builder(spec, plan.changelog)
-    result = TaskResult()
-    writer: RowWriter | None = None
-    letters: list[DeadLetter] = []
-
-    def current_writer() -> RowWriter:
-        nonlocal writer
-        writer = writer or plan.open_writer()
-        return writer
-
+    """Decode, route, write and settle every record of `sources` (one task's share of a batch)."""
+    task = _Task(spec, plan, handling)
     try:
         for source in sources:
-            with _collector_paused():
-                rows = builder.build(source, time.time_ns() // 1000)
-            if rows.unknown_fields and spec.hold_on_unknown_fields:
-                result.held = _where(source, rows.unknown_fields[0])
+            if not task.process(source):
+                # Nothing is stored: the whole batch runs again after the refresh (no letter twice).
                 break
-            result.stats.messages += source.num_rows
-            ids = insert_ids(source)
-            pending, refused = plan.shape(_without_unknown(rows, handling, result.stats), source, ids)
-            failures = sorted(rows.failures + refused + _unknown_errors(rows, handling), key=lambda f: f.index)
-            done = write_with_policy(handling, pending, failures, current_writer if spec.write else None)
-            _count(result.stats, done.written, done.retried, source, done.dead, done.failed)
-            letters.extend(_letter(source, f) for f in done.dead)
-        if result.held is None:
-            # Only now: a held batch is written again after the refresh and must not be dead-lettered twice.
-            dead_letter(handling.dlq, letters)
-    except (SinkError, DeadLetterError) as exc:
-        result.fatal = str(exc)
+        else:
+            task.finish()
+    except (SinkError, DeadLetterError, TooManyDestinationsError) as exc:
+        task.result.fatal = str(exc)
     finally:
-        if writer is not None:
-            writer.close()  # Spark reuses Python workers: an unclosed client per task would pile up
-            result.report = plan.report(writer)
-    return result
+        task.close()
+    return task.result
 
 
 def _without_unknown(rows: Rows, handling: ErrorHandling, stats: BatchStats) -> Rows:
@@ -146,8 +225,8 @@ def _unknown_errors(rows: Rows, handling: ErrorHandling) -> list[RowError]:
     return [RowError(i, ErrorType.UNKNOWN_FIELDS_ERROR, UNKNOWN_FIELDS) for i in rows.unknown_fields if i in written]
 
 
-def _count(stats: BatchStats, written: int, retried: int, source: pa.RecordBatch, dead: list[RowError],
-           failed: list[RowError]) -> None:
+def _count(stats: BatchStats, table: str, messages: int, written: int, retried: int, source: pa.RecordBatch,
+           dead: list[RowError], failed: list[RowError]) -> None:
     stats.rows_written += written
     dead_errors = [message_error(source, f) for f in dead]
     failed_errors = [message_error(source, f) for f in failed]
@@ -155,6 +234,8 @@ def _count(stats: BatchStats, written: int, retried: int, source: pa.RecordBatch
     stats.add_outcome(RETRIED, retried)
     stats.add_outcome(DLQ, dead_errors)
     stats.add_outcome(FAILED, failed_errors)
+    if table:
+        stats.add_table(table, messages=messages, written=written, retried=retried, dlq=len(dead), failed=len(failed))
 
 
 def _coordinates(source: pa.RecordBatch, index: int) -> tuple[str, int, int]:
@@ -171,7 +252,7 @@ def message_error(source: pa.RecordBatch, failure: RowError) -> MessageError:
     return MessageError(failure.error_type, *_coordinates(source, failure.index), failure.message)
 
 
-def _letter(source: pa.RecordBatch, failure: RowError) -> DeadLetter:
+def _letter(source: pa.RecordBatch, failure: RowError, route: str) -> DeadLetter:
     i = failure.index
     micros = source["timestamp"][i].cast(pa.int64()).as_py() if source["timestamp"][i].is_valid else None
     headers = source["headers"][i].as_py() or []
@@ -179,4 +260,4 @@ def _letter(source: pa.RecordBatch, failure: RowError) -> DeadLetter:
     return DeadLetter(message_error(source, failure), source["key"][i].as_py(), source["value"][i].as_py(),
                       tuple((h["key"], h["value"]) for h in headers),
                       micros // 1000 if micros is not None and micros >= 0 else None, attempt,
-                      int(time.time() * 1000))
+                      int(time.time() * 1000), route=route)

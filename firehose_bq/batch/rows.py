@@ -183,6 +183,10 @@ class Writable:
     def __len__(self) -> int:
         return self.rows.num_rows
 
+    @classmethod
+    def empty(cls) -> Writable:
+        return cls(pa.RecordBatch.from_pydict({}), None, np.zeros(0, dtype=np.int64))
+
     def of_sources(self, indices: Sequence[int]) -> Writable:
         """The rows of the records at source `indices`, in source order."""
         positions = np.searchsorted(self.sources, np.sort(np.asarray(indices, dtype=np.int64)))

@@ -188,12 +188,10 @@ class FileLoader:
         self._call = call_options(cfg)
 
     def load(self, batch_id: int, staged: Sequence[StagedFile]) -> LoadOutcome | None:
-        """Load the batch's files, or find that an earlier attempt did; raise SinkError on failure.
-
-        The batch's staging directory is deleted only after the rows are in the table."""
+        """Load the batch's files into the table, or find that an earlier attempt did; raise SinkError on
+        failure. The files stay: the caller drops the batch's directory once all its tables are loaded."""
         rows = sum(f.rows for f in staged)
         if rows == 0:
-            self.discard(batch_id)
             return None
         base = load_job_id(self._cfg.table_ref, self._checkpoint, batch_id, staged)
         started = time.monotonic()
@@ -220,14 +218,9 @@ class FileLoader:
                 log.info("batch %d: load job %s loaded %d rows from %d file(s) into %s in %.2f s", batch_id, job_id,
                          rows, len(staged), self._cfg.table_ref,
                          time.monotonic() - started)
-            self.discard(batch_id)
             return LoadOutcome(job_id, rows, already)
         raise SinkError(ErrorType.SINK_UNKNOWN_ERROR,
                         f"batch {batch_id}: {MAX_JOB_ATTEMPTS} load jobs for it failed ({base}...); stopping")
-
-    def discard(self, batch_id: int) -> None:
-        """Delete the batch's staging directory: its files and any a failed attempt left behind."""
-        discard_batch_dir(self._root, batch_id)
 
     def _existing(self, job_id: str) -> bigquery.LoadJob | None:
         try:

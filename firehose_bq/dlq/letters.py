@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from firehose_bq.convert import KafkaRecords
 from firehose_bq.errors import ErrorType, MessageError
 
 HEADER_PREFIX = "firehose-dlq-"
@@ -25,6 +23,7 @@ H_OFFSET = HEADER_PREFIX + "source-offset"
 H_TIMESTAMP = HEADER_PREFIX + "source-timestamp-ms"
 H_FAILED_AT = HEADER_PREFIX + "failed-at-ms"
 H_ATTEMPT = HEADER_PREFIX + "attempt-count"
+H_ROUTE = HEADER_PREFIX + "route"  # the destination table the record had (empty: unrouted)
 # Error messages can be long (a row's every error); a header is no place for kilobytes.
 MAX_MESSAGE_CHARS = 4000
 
@@ -40,18 +39,13 @@ class DeadLetter:
     timestamp_ms: int | None
     attempt: int  # 1 the first time a message is dead-lettered; a replay that fails again adds 1
     failed_at_ms: int
-
-    @classmethod
-    def of(cls, error: MessageError, records: KafkaRecords, index: int, attempt: int = 1) -> DeadLetter:
-        return cls(error, records.keys[index] if records.keys is not None else None, records.values[index],
-                   tuple(records.headers[index]) if records.headers is not None else (),
-                   records.timestamps_ms[index], attempt, int(time.time() * 1000))
+    route: str = ""  # `dataset.table` the record was routed to; empty when it had none
 
     def kafka_headers(self) -> list[tuple[str, bytes]]:
         e = self.error
         extra = {H_TYPE: e.error_type.value, H_MESSAGE: e.message[:MAX_MESSAGE_CHARS], H_TOPIC: e.topic,
                  H_PARTITION: str(e.partition), H_OFFSET: str(e.offset), H_FAILED_AT: str(self.failed_at_ms),
-                 H_ATTEMPT: str(self.attempt)}
+                 H_ATTEMPT: str(self.attempt), H_ROUTE: self.route}
         if self.timestamp_ms is not None:
             extra[H_TIMESTAMP] = str(self.timestamp_ms)
         own = [(k, v if v is not None else b"") for k, v in self.headers]
@@ -67,7 +61,7 @@ class DeadLetter:
                                  int(ours[H_OFFSET]), ours.get(H_MESSAGE, ""))
             stamp = int(ours[H_TIMESTAMP]) if H_TIMESTAMP in ours else None
             return cls(error, key, value, tuple(own), stamp, int(ours.get(H_ATTEMPT, "1")),
-                       int(ours.get(H_FAILED_AT, "0")))
+                       int(ours.get(H_FAILED_AT, "0")), ours.get(H_ROUTE, ""))
         except (KeyError, ValueError) as exc:
             raise ValueError(f"not a firehose-bq dead letter (missing or bad header {exc})") from None
 
@@ -76,7 +70,7 @@ class DeadLetter:
         return json.dumps({
             "error_type": e.error_type.value, "error_message": e.message, "topic": e.topic,
             "partition": e.partition, "offset": e.offset, "timestamp_ms": self.timestamp_ms,
-            "failed_at_ms": self.failed_at_ms, "attempt": self.attempt, "key": _b64(self.key),
+            "failed_at_ms": self.failed_at_ms, "attempt": self.attempt, "route": self.route, "key": _b64(self.key),
             "value": _b64(self.value), "headers": [[k, _b64(v)] for k, v in self.headers],
         }, separators=(",", ":"))
 
@@ -85,7 +79,7 @@ class DeadLetter:
         d = json.loads(line)
         error = MessageError(ErrorType(d["error_type"]), d["topic"], d["partition"], d["offset"], d["error_message"])
         return cls(error, _unb64(d["key"]), _unb64(d["value"]), tuple((k, _unb64(v)) for k, v in d["headers"]),
-                   d["timestamp_ms"], d["attempt"], d["failed_at_ms"])
+                   d["timestamp_ms"], d["attempt"], d["failed_at_ms"], d.get("route", ""))
 
 
 def _b64(data: bytes | None) -> str | None:

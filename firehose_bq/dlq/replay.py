@@ -31,8 +31,7 @@ from firehose_bq.config import Config
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.errors import FirehoseError
 from firehose_bq.metrics import BatchStats
-from firehose_bq.modes import batch_stats, settle, write_mode
-from firehose_bq.policy import ErrorHandling
+from firehose_bq.modes import batch_stats, handling_of, settle, write_mode
 from firehose_bq.source.kafka_source import ARROW_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -201,7 +200,7 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False) -> ReplaySumm
     # a crash between load and commit finds the job done.
     staging = staging_root(cfg) / f"dlq-replay-{uuid.uuid4().hex}"
     mode = write_mode(cfg, staging_root=staging, identity=lambda: f"dlq-replay:{source.identity()}")
-    handling = ErrorHandling(cfg.errors, cfg.dlq.with_brokers(cfg.source.brokers))
+    handling = handling_of(cfg)
     summary = ReplaySummary()
     bar = tqdm(total=source.total(), unit="msg", desc="replay-dlq", disable=not progress)
     try:

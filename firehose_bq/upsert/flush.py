@@ -84,7 +84,7 @@ class UpsertSinkSchema(SinkSchema):
                                     cfg.upsert.delete_enabled, ingestion)
         log.info("descriptors %s (%s) → %s via %s, key %s", loaded.fingerprint, plan.message_name,
                  self.destination.api, self.intermediate.table, self.key_column)
-        return spec_of(cfg, plan)
+        return spec_of(cfg, loaded, plan.message_name)
 
     def _check_key(self, client: bigquery.Client, new_key: bigquery.SchemaField) -> None:
         from google.api_core.exceptions import NotFound

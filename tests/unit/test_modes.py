@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
 
 import pytest
 
+from firehose_bq import modes
 from firehose_bq.batch.core import TaskResult
-from firehose_bq.config import Config
+from firehose_bq.bigquery import file_loads
+from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.errors import BatchFailedError, ErrorType, FirehoseError, MessageError
 from firehose_bq.metrics import BatchStats
 from firehose_bq.modes import (
@@ -93,3 +97,29 @@ def test_settle_runs_the_driver_step_only_when_every_record_landed() -> None:
     with pytest.raises(FirehoseError, match="batch 7 stopped, offsets not committed: SINK_5XX_ERROR"):
         settle(mode, 7, fatal, batch_stats(fatal))
     assert mode.calls[-1] == ("abort", 7)
+
+
+def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loads: list[tuple[str, int, list[str]]] = []
+
+    class Loader:
+        def __init__(self, client: object, cfg: BigQueryConfig, root: Path, identity: str) -> None:
+            assert root == tmp_path and identity == "query-1"
+            self.table = cfg.table_ref
+
+        def load(self, batch: int, staged: list[file_loads.StagedFile]) -> None:
+            loads.append((self.table, batch, [f.path for f in staged]))
+
+    monkeypatch.setattr(file_loads, "FileLoader", Loader)
+    monkeypatch.setattr(modes, "make_client", lambda cfg: contextlib.nullcontext())
+    mode = write_mode(config(SINK_BIGQUERY_WRITE_METHOD="file_loads"), staging_root=tmp_path,
+                      identity=lambda: "query-1")
+    file_loads.batch_dir(tmp_path, 3).mkdir()
+
+    def report(table: str, path: str) -> str:
+        return json.dumps({"table": table, "staged": json.loads(file_loads.StagedFile(path, 1).to_json())})
+
+    results = [TaskResult(reports=[report("", "a"), report("ds.other", "b")]), TaskResult(reports=[report("", "c")])]
+    mode.finish(3, results)
+    assert loads == [("my-project.d.t", 3, ["a", "c"]), ("my-project.ds.other", 3, ["b"])]
+    assert not file_loads.batch_dir(tmp_path, 3).exists()

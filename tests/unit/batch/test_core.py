@@ -17,6 +17,7 @@ from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.errors import ErrorType, RowError, SinkError
 from firehose_bq.modes import table_rows
 from firehose_bq.policy import ErrorHandling
+from firehose_bq.routing import Destination, router_of
 from firehose_bq.schema import MetadataColumns
 from firehose_bq.sink_schema import SinkSpec
 from tests.unit.batch.sources import source_batch
@@ -37,7 +38,7 @@ class FakeWriter:
             raise self.error
         failures = []
         for n, row in enumerate(rows.to_pylist()):
-            if row["label"] in self.bad:
+            if row.get("label") in self.bad:
                 failures.append(RowError(n, ErrorType.SINK_4XX_ERROR, "invalid"))
             else:
                 self.written.append(row)
@@ -53,15 +54,17 @@ class FakePlan:
     writer: FakeWriter = field(default_factory=FakeWriter)
     changelog: bool = False
     opened: int = 0
+    destinations: list[Destination | None] = field(default_factory=list)
 
-    def open_writer(self) -> FakeWriter:
+    def open_writer(self, destination: Destination | None) -> FakeWriter:
         self.opened += 1
+        self.destinations.append(destination)
         return self.writer
 
     def shape(self, rows: Rows, source: pa.RecordBatch, ids: pa.Array) -> tuple[Writable, list[RowError]]:
         return table_rows(rows, ids), []
 
-    def report(self, writer: FakeWriter) -> str:
+    def report(self, destination: Destination | None, writer: FakeWriter) -> str:
         return f"{len(writer.written)} rows"
 
 
@@ -101,7 +104,7 @@ def test_every_record_is_written_dead_lettered_or_failed_once(test_descriptors: 
     assert (s.messages, s.rows_written, s.dead_lettered, s.failed) == (5, 2, 3, 0)
     assert dict(s.errors_by_type) == {"SINK_4XX_ERROR": 1, "INVALID_MESSAGE_ERROR": 1, "DESERIALIZATION_ERROR": 1}
     assert [r["label"] for r in plan.writer.written] == ["a", "c"] and plan.writer.ids == ["t_0_10", "t_0_13"]
-    assert plan.opened == 1 and plan.writer.closed and result.report == "2 rows" and result.fatal is None
+    assert plan.opened == 1 and plan.writer.closed and result.reports == ["2 rows"] and result.fatal is None
     by_offset = {x.error.offset: x for x in letters}
     assert sorted(by_offset) == [11, 12, 14]
     assert by_offset[11].key == b"k1" and by_offset[11].headers == (("h", b"1"),) and by_offset[11].attempt == 1
@@ -163,7 +166,82 @@ def test_decode_only_opens_no_writer(test_descriptors: Descriptors, letters: lis
 
 
 def test_task_results_travel_as_json() -> None:
-    result = TaskResult(fatal="x", held="t/0@1", report='{"path": "p"}')
+    result = TaskResult(fatal="x", held="t/0@1", reports=['{"path": "p"}'])
     result.stats.messages = 3
+    result.stats.add_table("d.t", written=2)
     again = TaskResult.from_json(result.to_json())
-    assert (again.fatal, again.held, again.report, again.stats.messages) == ("x", "t/0@1", '{"path": "p"}', 3)
+    assert (again.fatal, again.held, again.reports, again.stats.messages) == ("x", "t/0@1", ['{"path": "p"}'], 3)
+    assert again.stats.tables == {"d.t": {"written": 2}}
+
+
+@dataclass
+class FakeTables:
+    ensured: list[Destination] = field(default_factory=list)
+
+    def ensure(self, loaded: Descriptors, destination: Destination) -> None:
+        self.ensured.append(destination)
+
+
+@dataclass
+class RoutingPlan(FakePlan):
+    """A writer per destination, recording what each was given."""
+
+    by_table: dict[str, FakeWriter] = field(default_factory=dict)
+
+    def open_writer(self, destination: Destination | None) -> FakeWriter:
+        assert destination is not None
+        self.destinations.append(destination)
+        return self.by_table.setdefault(destination.name, FakeWriter())
+
+
+def routed(descriptors: Descriptors, tables: FakeTables, **changes: Any) -> SinkSpec:
+    router = router_of("ds", "${header.type}_v1", None, "type", "inner=testdata.Inner,legacy=testdata.Legacy")
+    return spec(descriptors, router=replace(router, **changes), tables=tables, proto_class="")
+
+
+def test_records_are_decoded_with_their_class_and_written_per_table(test_descriptors: Descriptors,
+                                                                    letters: list[DeadLetter]) -> None:
+    legacy = test_descriptors.message_class("testdata.Legacy")
+    batch = source_batch([*values(test_descriptors, "a"), legacy(id="L").SerializeToString(),
+                          *values(test_descriptors, "b"), b"x"],
+                         headers=[[("type", b"inner")], [("type", b"legacy")], [("type", b"inner")], []],
+                         offsets=[1, 2, 3, 4])
+    tables, plan = FakeTables(), RoutingPlan()
+    result = process_batch([batch], routed(test_descriptors, tables), plan, handling())
+    assert [d.name for d in tables.ensured] == ["ds.inner_v1", "ds.legacy_v1"]  # once each, before writing
+    assert [r["label"] for r in plan.by_table["ds.inner_v1"].written] == ["a", "b"]
+    assert plan.by_table["ds.inner_v1"].ids == ["t_0_1", "t_0_3"]
+    assert [r["id"] for r in plan.by_table["ds.legacy_v1"].written] == ["L"]
+    s = result.stats
+    assert (s.messages, s.rows_written, s.dead_lettered) == (4, 3, 1)
+    assert s.tables == {"ds.inner_v1": {"messages": 2, "written": 2, "retried": 0, "dlq": 0, "failed": 0},
+                        "ds.legacy_v1": {"messages": 1, "written": 1, "retried": 0, "dlq": 0, "failed": 0}}
+    [letter] = letters
+    assert (letter.error.error_type, letter.error.offset, letter.route) == (ErrorType.ROUTING_ERROR, 4, "")
+
+
+def test_unrouted_records_go_to_the_fallback_not_the_dlq(test_descriptors: Descriptors,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    stored: dict[str, list[DeadLetter]] = {}
+    monkeypatch.setattr(core, "dead_letter", lambda cfg, batch: stored.setdefault(cfg.kafka_topic, []).extend(batch))
+    fallback = replace(handling().dlq, writer_type="KAFKA", kafka_topic="unrouted")
+    with_fallback = replace(handling(DLQ_KAFKA_TOPIC="dlq"), fallback=fallback)
+    batch = source_batch([*values(test_descriptors, "a", "bad"), b"x"],
+                         headers=[[("type", b"inner")], [("type", b"inner")], [("type", b"nope")]])
+    plan = RoutingPlan(by_table={"ds.inner_v1": FakeWriter(bad={"bad"})})
+    result = process_batch([batch], routed(test_descriptors, FakeTables()), plan, with_fallback)
+    assert (result.stats.rows_written, result.stats.dead_lettered, result.stats.fallback) == (1, 1, 1)
+    assert [(x.error.offset, x.route) for x in stored["dlq"]] == [(1, "ds.inner_v1")]
+    assert [(x.error.offset, x.error.error_type) for x in stored["unrouted"]] == [(2, ErrorType.ROUTING_ERROR)]
+
+
+def test_too_many_destinations_stop_the_task_with_the_reason(test_descriptors: Descriptors,
+                                                             letters: list[DeadLetter]) -> None:
+    batch = source_batch(values(test_descriptors, "a", "b", "c"),
+                         headers=[[("type", b"inner"), ("n", bytes([48 + i]))] for i in range(3)])
+    router = router_of("ds", "t_${header.n}", "testdata.Inner", None, "")
+    plan = RoutingPlan()
+    result = process_batch([batch], spec(test_descriptors, router=replace(router, max_destinations=2),
+                                         tables=FakeTables()), plan, handling())
+    assert "more than 2 destination tables" in result.fatal and "SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK" in result.fatal
+    assert not letters
