@@ -165,12 +165,16 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from firehose_bq.spark import spark_session
 
     # Descriptors before Spark: an unreachable registry fails in seconds, not after the JVM starts.
-    cache = descriptor_cache(cfg).start()
+    # (JSON input has none: the table is its schema.)
+    cache = descriptor_cache(cfg).start() if cfg.input_schema.data_type == "PROTOBUF" else None
     spark = None
     try:
         spark = spark_session(cfg.spark)
-        pipeline = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now)
-        cache.add_listener(pipeline.schema.on_descriptors_changed)
+        if cache is None:
+            pipeline = Pipeline(cfg, spark)
+        else:
+            pipeline = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now)
+            cache.add_listener(pipeline.schema.on_descriptors_changed)
         stop = threading.Event()
 
         def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -189,7 +193,8 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         print(summary.render())
         return 0
     finally:
-        cache.stop()
+        if cache is not None:
+            cache.stop()
         if spark is not None:
             spark.stop()
 

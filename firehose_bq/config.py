@@ -108,6 +108,13 @@ class InputSchemaConfig:
         "`message_key`.",
         None,
     )
+    data_type: str = setting(
+        "INPUT_SCHEMA_DATA_TYPE",
+        "What the Kafka values are: PROTOBUF (decoded with the descriptors) or JSON (objects coerced to the "
+        "destination table's own schema; see JSON input).",
+        "PROTOBUF",
+        choices=("PROTOBUF", "JSON"),
+    )
     decoder: str = setting(
         "INPUT_SCHEMA_PROTO_DECODER",
         "How values are decoded: `native` (the C decoder straight into Arrow), `python` (the reference "
@@ -190,6 +197,27 @@ class BigQueryConfig:
         "With `mixed`: the table names (templates allowed, e.g. `${header.document_type}_v1`) streamed with "
         "Storage Write; every other table is loaded from files once per SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS.",
         (),
+    )
+    table_schema_file: str = setting(
+        "SINK_BIGQUERY_TABLE_SCHEMA_FILE",
+        "With INPUT_SCHEMA_DATA_TYPE=JSON: a BigQuery JSON schema file (what `bq show --schema` prints) that "
+        "creates a destination table that does not exist yet (and whose new columns are added to one that "
+        "does); unset: the table must exist, its schema is the schema.",
+        "",
+    )
+    table_schema_cache_ttl_ms: int = setting(
+        "SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS",
+        "With INPUT_SCHEMA_DATA_TYPE=JSON: how long the destination table's schema is used before it is read "
+        "again (columns added to the table are then filled).",
+        60_000,
+        minimum=0,
+    )
+    additional_properties: bool = setting(
+        "SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE",
+        "Collect values the table has no column for, at any depth, as one JSON object string in the STRING "
+        "column `additional_properties` (created when missing), so a new column can be backfilled with JSON "
+        "functions; JSON input only for now.",
+        False,
     )
     route_fallback_topic: str = setting(
         "SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC",
@@ -354,7 +382,9 @@ class Config:
         if ns and not BQ_NAME.fullmatch(ns):
             problems.append(f"SINK_BIGQUERY_METADATA_NAMESPACE: {ns!r} is not a valid BigQuery column name")
         problems.extend(self._routing_problems())
-        if bool(self.input_schema.stencil_urls) == bool(self.registry.confluent_url):
+        if self.input_schema.data_type == "JSON":
+            problems.extend(self._json_problems())
+        elif bool(self.input_schema.stencil_urls) == bool(self.registry.confluent_url):
             problems.append("SCHEMA_REGISTRY_STENCIL_URLS / SCHEMA_REGISTRY_CONFLUENT_URL: set exactly one: "
                             "Stencil URLs for plain protobuf values, or a Confluent registry for framed ones")
         try:
@@ -412,7 +442,7 @@ class Config:
         elif routes and not PLACEHOLDER.search(self.bigquery.table) and len({m for _, m in routes}) > 1:
             problems.append("SINK_BIGQUERY_TABLE_NAME: several message classes need a table each: make it a template "
                             f"(e.g. `${{header.{ins.class_header}}}`)")
-        if not ins.proto_class and not routes:
+        if not ins.proto_class and not routes and ins.data_type == "PROTOBUF":
             problems.append("INPUT_SCHEMA_PROTO_CLASS: required (the message class of the topic's values)")
         if routes and self.upsert.enabled:
             problems.append("INPUT_SCHEMA_PROTO_CLASS_ROUTES: class routing is not supported with upsert/delete")
@@ -425,11 +455,23 @@ class Config:
                 problems.append(f"SINK_BIGQUERY_MIXED_STREAMING_TABLES: {exc}")
         return problems
 
+    def _json_problems(self) -> list[str]:
+        ins, problems = self.input_schema, []
+        for env, value in (("INPUT_SCHEMA_PROTO_CLASS_ROUTES", ins.class_routes),
+                           ("INPUT_SCHEMA_PROTO_KEY_CLASS", ins.key_class)):
+            if value:
+                problems.append(f"{env}: protobuf only; with INPUT_SCHEMA_DATA_TYPE=JSON the table's schema is the "
+                                "schema")
+        if self.upsert.enabled:
+            problems.append("SINK_BIGQUERY_UPSERT_ENABLED: upsert/delete needs protobuf keys, not JSON input")
+        return problems
+
     @property
     def router(self) -> Router:
         """Where each record goes: the dataset/table templates and the class route map."""
         bq, ins = self.bigquery, self.input_schema
-        return Router(NameTemplate(bq.dataset), NameTemplate(bq.table), ins.proto_class or None, ins.class_header or None,
+        default_class = ins.proto_class or None if ins.data_type == "PROTOBUF" else None
+        return Router(NameTemplate(bq.dataset), NameTemplate(bq.table), default_class, ins.class_header or None,
                       parse_class_routes(ins.class_routes),
                       tuple(NameTemplate(t) for t in bq.mixed_streaming_tables) if bq.write_method == "mixed" else None,
                       bq.max_destinations)

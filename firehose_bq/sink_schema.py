@@ -11,6 +11,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from google.cloud import bigquery
 
@@ -23,6 +24,9 @@ from firehose_bq.registry.cache import DescriptorCache
 from firehose_bq.registry.confluent import ConfluentRegistry
 from firehose_bq.registry.stencil import StencilFetcher
 from firehose_bq.routing import Destination, Router
+
+if TYPE_CHECKING:
+    from firehose_bq.json_tables import JsonTableSchema
 from firehose_bq.schema import MetadataColumns, SchemaOptions, parse_metadata_columns, table_schema
 
 log = logging.getLogger(__name__)
@@ -33,7 +37,7 @@ class SinkSpec:
     """Everything a task needs to decode records into table rows; pickled to the Python workers.
     (Where the rows go is the write mode's TaskPlan.)"""
 
-    descriptors: Descriptors
+    descriptors: Descriptors | None  # None: JSON input
     proto_class: str
     metadata: MetadataColumns
     options: SchemaOptions = SchemaOptions()
@@ -46,6 +50,13 @@ class SinkSpec:
     decoder: str = "auto"  # INPUT_SCHEMA_PROTO_DECODER: auto | native | python
     router: Router | None = None  # None: every record to the one table the driver keeps
     tables: TableKeeper | None = None  # routed jobs: what creates and evolves the tables the records name
+    # JSON input: the one table's payload columns (json_tables.schema_json); routed jobs' come per table.
+    json_columns: tuple[str, ...] | None = None
+    additional_properties: bool = False
+
+    @property
+    def json(self) -> bool:
+        return self.descriptors is None
 
 
 @dataclass(frozen=True)
@@ -109,10 +120,18 @@ class TableKeeper:
 
     config: Config
 
-    def ensure(self, loaded: Descriptors, destination: Destination) -> None:
-        plan = plan_table(self.config, loaded, destination)
+    def ensure(self, loaded: Descriptors | None, destination: Destination) -> tuple[str, ...] | None:
+        """Create or evolve `destination`'s table; with JSON input (`loaded` None), return its payload
+        columns (json_tables.schema_json), which are what its records are coerced to."""
+        from firehose_bq import json_tables
+
         with make_client(self.config.bigquery) as client:
-            apply_plan(client, self.config, plan)
+            if loaded is None:
+                metadata = metadata_of(self.config)
+                live = json_tables.ensure_json_table(client, self.config, destination, metadata)
+                return json_tables.schema_json(json_tables.payload_columns(live, metadata))
+            apply_plan(client, self.config, plan_table(self.config, loaded, destination))
+            return None
 
 
 DescriptorSource = Callable[[], Descriptors]
@@ -130,10 +149,13 @@ class SinkSchema:
         self.config = config
         self._source = descriptor_source or _fixed(config)
         self._spec: SinkSpec | None = None
+        self._json: JsonTableSchema | None = None
         self._lock = threading.Lock()  # the batch thread and a registry listener may both evolve
 
     def current(self) -> SinkSpec:
         """The spec for the newest descriptors, the table evolved to them first if they changed."""
+        if self.config.input_schema.data_type == "JSON":
+            return self._json_spec()
         # The source is read under the lock: a batch thread holding an older version can then never
         # undo what a listener just applied for a newer one.
         with self._lock:
@@ -141,6 +163,18 @@ class SinkSchema:
             if self._spec is None or self._spec.descriptors.fingerprint != loaded.fingerprint:
                 self._spec = self._evolve(loaded)
             return self._spec
+
+    def _json_spec(self) -> SinkSpec:
+        """JSON input: no descriptors; the table (re-read after its TTL) is the schema."""
+        from firehose_bq.json_tables import JsonTableSchema
+
+        cfg, router = self.config, self.config.router
+        if self._json is None:
+            self._json = JsonTableSchema(cfg, metadata_of(cfg))
+        return SinkSpec(None, "", metadata_of(cfg), options_of(cfg), None, decoder=cfg.input_schema.decoder,
+                        router=router, tables=None if router.is_static else TableKeeper(cfg),
+                        json_columns=self._json.columns() if router.is_static else None,
+                        additional_properties=cfg.bigquery.additional_properties)
 
     def on_descriptors_changed(self, loaded: Descriptors) -> None:
         """Registry listener: evolve the table now, so new columns exist before new messages do."""

@@ -83,8 +83,19 @@ class TooManyDestinationsError(FirehoseError):
     """One task met more destination tables than SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK allows."""
 
 
-def row_builder(spec: SinkSpec, proto_class: str, changelog: bool) -> RowBuilder:
-    """The decoders for `proto_class` (and the key type): built once per task and class."""
+def row_builder(spec: SinkSpec, changelog: bool, proto_class: str = "",
+                json_columns: tuple[str, ...] | None = None) -> RowBuilder:
+    """The decoders of one message class (and the key type), or of one JSON table's payload columns:
+    built once per task and class (or table)."""
+    if spec.json:
+        from firehose_bq.decode import make_json_decoder
+        from firehose_bq.json_tables import schema_fields
+
+        assert json_columns is not None, "a JSON destination's columns are read before its records are decoded"
+        values = make_json_decoder(schema_fields(json_columns), additional_properties=spec.additional_properties,
+                                   prefer=spec.decoder)
+        return RowBuilder(values, spec.metadata, None, changelog=changelog)
+    assert spec.descriptors is not None
     values = make_value_decoder(spec.descriptors.message_class(proto_class), 1, spec.options,
                                 confluent_framed=spec.confluent_framed, detect_unknown_fields=True,
                                 prefer=spec.decoder)
@@ -101,7 +112,9 @@ class _Task:
     def __init__(self, spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling) -> None:
         self.spec, self.plan, self.handling = spec, plan, handling
         self.result = TaskResult()
-        self.builders: dict[str, RowBuilder] = {}
+        # Per message class (protobuf) or per destination (JSON: each table is its own schema).
+        self.builders: dict[object, RowBuilder] = {}
+        self.ready: set[Destination] = set()  # routed destinations whose table this task has ensured
         self.writers: dict[Destination | None, RowWriter] = {}
         self.letters: list[DeadLetter] = []
         self.unrouted: list[DeadLetter] = []
@@ -131,10 +144,22 @@ class _Task:
         return True
 
     def _builder(self, destination: Destination | None) -> RowBuilder:
+        """The destination's row builder, its table created or evolved first (once per task) when the
+        records name it (routed jobs)."""
+        spec, changelog = self.spec, self.plan.changelog
+        if destination is not None and spec.tables is not None and destination not in self.ready:
+            json_columns = spec.tables.ensure(spec.descriptors, destination)
+            self.ready.add(destination)
+            if spec.json:
+                self.builders[destination] = row_builder(spec, changelog, json_columns=json_columns)
+        if spec.json:
+            if destination not in self.builders:  # the job's one table, whose columns the driver read
+                self.builders[destination] = row_builder(spec, changelog, json_columns=spec.json_columns)
+            return self.builders[destination]
         proto_class = destination.proto_class if destination is not None and destination.proto_class \
-            else self.spec.proto_class
+            else spec.proto_class
         if proto_class not in self.builders:
-            self.builders[proto_class] = row_builder(self.spec, proto_class, self.plan.changelog)
+            self.builders[proto_class] = row_builder(spec, changelog, proto_class)
         return self.builders[proto_class]
 
     def _writer(self, destination: Destination | None) -> RowWriter:
@@ -146,8 +171,6 @@ class _Task:
                     f"a task met more than {cap} destination tables in one micro-batch ({', '.join(names[:5])}, ..., "
                     f"{destination.name if destination else '?'}); raise SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK or "
                     "check the routing templates")
-            if destination is not None and self.spec.tables is not None:
-                self.spec.tables.ensure(self.spec.descriptors, destination)
             self.writers[destination] = self.plan.open_writer(destination)
         return self.writers[destination]
 
