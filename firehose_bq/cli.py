@@ -87,9 +87,12 @@ def _parser() -> argparse.ArgumentParser:
     bound.add_argument("--max-messages", type=int, metavar="N", help="replay at most N dead letters, then exit")
     replay.add_argument("--from-blob", metavar="DIR", type=Path,
                         help="read BLOB files under DIR (default: the DLQ_KAFKA_TOPIC topic)")
+    replay.add_argument("--topic", metavar="TOPIC",
+                        help="read this topic instead of DLQ_KAFKA_TOPIC, e.g. the routing fallback topic "
+                             "(SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC, on SOURCE_KAFKA_BROKERS) once routes exist")
     replay.add_argument("--group", metavar="ID",
-                        help="consumer group that remembers the replay's progress in the DLQ topic (default: "
-                             "SOURCE_KAFKA_CONSUMER_GROUP_ID + `-dlq-replay`)")
+                        help="consumer group that remembers the replay's progress in the topic (default: "
+                             "SOURCE_KAFKA_CONSUMER_GROUP_ID + `-dlq-replay`, or + `-replay-TOPIC` with --topic)")
     replay.set_defaults(handler=_replay_dlq)
 
     stack = commands.add_parser("stack", parents=[common], help="local broker + BigQuery emulator")
@@ -210,8 +213,11 @@ def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         source = BlobDlqSource(args.from_blob, args.max_messages)
     else:
         dlq = cfg.dlq.with_brokers(cfg.source.brokers)
-        source = KafkaDlqSource(dlq.kafka_brokers, dlq.kafka_topic,
-                                args.group or f"{cfg.source.consumer_group_id}-dlq-replay", args.max_messages)
+        topic = args.topic or dlq.kafka_topic
+        brokers = cfg.source.brokers if topic == cfg.bigquery.route_fallback_topic else dlq.kafka_brokers
+        group = args.group or (f"{cfg.source.consumer_group_id}-replay-{topic}" if args.topic
+                               else f"{cfg.source.consumer_group_id}-dlq-replay")
+        source = KafkaDlqSource(brokers, topic, group, args.max_messages)
     try:
         summary = replay(cfg, source, progress=sys.stderr.isatty() or bool(os.environ.get("FIREHOSE_PROGRESS")))
     finally:
