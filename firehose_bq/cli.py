@@ -166,17 +166,20 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from firehose_bq.pipeline import Pipeline
     from firehose_bq.sink_schema import descriptor_cache
     from firehose_bq.spark import spark_session
+    from firehose_bq.telemetry import Telemetry
 
     # Descriptors before Spark: an unreachable registry fails in seconds, not after the JVM starts.
     # (JSON input has none: the table is its schema.)
     cache = descriptor_cache(cfg).start() if cfg.input_schema.data_type == "PROTOBUF" else None
+    telemetry = Telemetry(cfg.metrics, cfg.spark.app_name).start()
     spark = None
     try:
         spark = spark_session(cfg.spark)
         if cache is None:
-            pipeline = Pipeline(cfg, spark)
+            pipeline = Pipeline(cfg, spark, telemetry=telemetry)
         else:
-            pipeline = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now)
+            pipeline = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now,
+                                telemetry=telemetry, registry_stats=cache.stats)
             cache.add_listener(pipeline.schema.on_descriptors_changed)
         stop = threading.Event()
 
@@ -200,6 +203,7 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             cache.stop()
         if spark is not None:
             spark.stop()
+        telemetry.close()
 
 
 def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -218,10 +222,15 @@ def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         group = args.group or (f"{cfg.source.consumer_group_id}-replay-{topic}" if args.topic
                                else f"{cfg.source.consumer_group_id}-dlq-replay")
         source = KafkaDlqSource(brokers, topic, group, args.max_messages)
+    from firehose_bq.telemetry import Telemetry
+
+    telemetry = Telemetry(cfg.metrics, f"{cfg.spark.app_name}-dlq-replay").start()
     try:
-        summary = replay(cfg, source, progress=sys.stderr.isatty() or bool(os.environ.get("FIREHOSE_PROGRESS")))
+        summary = replay(cfg, source, progress=sys.stderr.isatty() or bool(os.environ.get("FIREHOSE_PROGRESS")),
+                         telemetry=telemetry)
     finally:
         source.close()
+        telemetry.close()
     print(summary.render())
     return 0
 

@@ -21,6 +21,7 @@ from firehose_bq.registry.config import RegistryConfig
 from firehose_bq.routing import PLACEHOLDER, NameTemplate, Router, TemplateError, parse_class_routes
 from firehose_bq.schema import parse_metadata_columns
 from firehose_bq.settings import SettingDoc, load_section, read_env_file, setting
+from firehose_bq.telemetry import MetricsConfig
 from firehose_bq.settings import reference as _reference
 from firehose_bq.settings import reference_markdown as _reference_markdown
 from firehose_bq.upsert.config import UpsertConfig
@@ -30,7 +31,7 @@ __all__ = ["Config", "ConfigError", "SettingDoc", "read_env_file", "reference", 
 # Prefixes that belong to this sink: a set variable under one of them that no setting reads is almost
 # always a typo, so it is reported (as a warning, because Firehose deployments carry extra keys).
 OWNED_PREFIXES = ("SOURCE_KAFKA_", "SINK_BIGQUERY_", "INPUT_SCHEMA_", "SCHEMA_REGISTRY_", "ERROR_TYPES_", "RETRY_",
-                  "DLQ_")
+                  "DLQ_", "METRIC_")
 
 # BigQuery accepts at most 50,000 rows and 10 MB per insertAll request; Google recommends ~500 rows
 # per request as the latency/throughput sweet spot, which is the default batch size.
@@ -362,6 +363,7 @@ class Config:
     upsert: UpsertConfig
     errors: ErrorPolicyConfig = dataclasses.field(default_factory=ErrorPolicyConfig)
     dlq: DlqConfig = dataclasses.field(default_factory=DlqConfig)
+    metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Config:

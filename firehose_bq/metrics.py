@@ -24,6 +24,10 @@ class BatchStats:
     sample_errors: list[MessageError] = field(default_factory=list)  # of the failed messages
     # Per destination table (`dataset.table`): messages, written, retried, dlq, failed.
     tables: dict[str, Counter[str]] = field(default_factory=dict)
+    # Not-written messages by `ERROR_TYPE:outcome` (dlq or failed).
+    error_outcomes: Counter[str] = field(default_factory=Counter)
+    # Seconds of each BigQuery write call, per write path (for the latency histogram).
+    write_seconds: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def failed(self) -> int:
@@ -55,8 +59,16 @@ class BatchStats:
             self.outcomes[outcome] += errors
             return
         self.outcomes[outcome] += len(errors)
+        self.error_outcomes.update(f"{e.error_type.value}:{outcome}" for e in errors)
         if outcome == "failed":
             self._keep_sample(errors)
+
+    @property
+    def errors_by_outcome(self) -> dict[tuple[str, str], int]:
+        return {tuple(key.split(":", 1)): n for key, n in self.error_outcomes.items()}  # type: ignore[misc]
+
+    def add_write_seconds(self, path: str, seconds: float) -> None:
+        self.write_seconds.setdefault(path, []).append(seconds)
 
     def merge(self, other: BatchStats) -> None:
         self.messages += other.messages
@@ -67,6 +79,9 @@ class BatchStats:
         self._keep_sample(other.sample_errors)
         for table, counts in other.tables.items():
             self.add_table(table, **counts)
+        self.error_outcomes.update(other.error_outcomes)
+        for path, samples in other.write_seconds.items():
+            self.write_seconds.setdefault(path, []).extend(samples)
 
     def _keep_sample(self, errors: list[MessageError]) -> None:
         room = SAMPLE_ERRORS - len(self.sample_errors)
@@ -85,6 +100,8 @@ class BatchStats:
                     [e.error_type.value, e.topic, e.partition, e.offset, e.message] for e in self.sample_errors
                 ],
                 "tables": {t: dict(c) for t, c in self.tables.items()},
+                "error_outcomes": dict(self.error_outcomes),
+                "write_seconds": self.write_seconds,
             }
         )
 
@@ -99,6 +116,8 @@ class BatchStats:
             outcomes=Counter(data.get("outcomes", {})),
             sample_errors=[MessageError(ErrorType(t), topic, p, o, m) for t, topic, p, o, m in data["sample_errors"]],
             tables={t: Counter(c) for t, c in data.get("tables", {}).items()},
+            error_outcomes=Counter(data.get("error_outcomes", {})),
+            write_seconds={p: list(v) for p, v in data.get("write_seconds", {}).items()},
         )
 
 

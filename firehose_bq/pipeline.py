@@ -27,8 +27,10 @@ from firehose_bq.batch.core import TaskPlan, TaskResult, process_batch
 from firehose_bq.config import Config
 from firehose_bq.errors import FirehoseError
 from firehose_bq.metrics import BatchStats, RunSummary
+from firehose_bq.telemetry import Telemetry
 from firehose_bq.modes import WriteMode, batch_stats, handling_of, settle, write_mode
 from firehose_bq.policy import ErrorHandling
+from firehose_bq.registry.cache import CacheStats
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
 from firehose_bq.source.kafka_source import FORMAT_NAME
 
@@ -50,11 +52,15 @@ class Pipeline:
     """One configured streaming job: `prepare()` checks descriptors and tables, `run()` streams."""
 
     def __init__(self, config: Config, spark: SparkSession, descriptor_source: DescriptorSource | None = None,
-                 refresh: Callable[[str], bool] | None = None, write: bool = True) -> None:
+                 refresh: Callable[[str], bool] | None = None, write: bool = True,
+                 telemetry: Telemetry | None = None, registry_stats: Callable[[], CacheStats] | None = None) -> None:
         """`refresh(reason)` asks the registry for new descriptors now (True if they changed); it is
         called when a batch holds fields the descriptors lack, before that batch is written.
-        `write=False`: decode only, through a streaming mode that writes nothing (benchmarks)."""
+        `write=False`: decode only, through a streaming mode that writes nothing (benchmarks).
+        `telemetry` gets every batch's counts; `registry_stats` (the descriptor cache's) its refreshes."""
         self.config = config
+        self.telemetry = telemetry
+        self._registry_stats = registry_stats
         self.spark = spark
         self.mode: WriteMode = (write_mode(config, descriptor_source) if write
                                 else WriteMode(config, SinkSchema(config, descriptor_source)))
@@ -130,9 +136,12 @@ class Pipeline:
             if p.batchId <= logged or not p.numInputRows:
                 continue  # seen already, or a no-data report (Spark emits those while idle)
             logged = p.batchId
-            lag = source_lag(p.sources)
-            if lag is not None:
+            per_partition = partition_lag(p.sources)
+            lag = None if per_partition is None else sum(per_partition.values())
+            if per_partition is not None:
                 self.summary.lag = lag
+                if self.telemetry is not None:
+                    self.telemetry.observe_lag(per_partition)
             log.info("batch %d progress: %d rows at %.0f rows/s, lag %s", p.batchId, p.numInputRows,
                      p.processedRowsPerSecond, "unknown" if lag is None else f"{lag} records")
         return logged
@@ -176,11 +185,25 @@ class Pipeline:
             results = self._tasks(df, batch_id, self._spec(batch_id))
         stats = batch_stats(results)
         self._count(batch_id, stats, time.monotonic() - started)
+        step = time.monotonic()
         try:
             settle(self.mode, batch_id, results, stats)
         except FirehoseError as exc:
             self._failure = exc
+            self._observe(stats, started, ok=False)
             raise
+        if self.telemetry is not None:
+            self.telemetry.observe_driver_step(self.mode.name, time.monotonic() - step)
+        self._observe(stats, started, ok=True)
+
+    def _observe(self, stats: BatchStats, started: float, ok: bool) -> None:
+        if self.telemetry is None:
+            return
+        self.telemetry.observe_batch(stats, time.monotonic() - started, ok, stats.write_seconds)
+        if self._registry_stats is not None:
+            cache = self._registry_stats()
+            self.telemetry.observe_refreshes(cache.fetches, cache.failures, cache.changes)
+        self.telemetry.observe_table_updates(self.schema.table_updates)
 
     def _count(self, batch_id: int, stats: BatchStats, elapsed: float) -> None:
         self.summary.batches += 1
@@ -195,16 +218,19 @@ class Pipeline:
                         batch_id, stats.unknown_fields)
 
 
-def source_lag(sources: list[Any]) -> int | None:
-    """Records between each source's end offset and the broker's latest offset, summed; None when a
-    source does not report its latest offset. Offsets are the source's JSON `{topic: {partition: n}}`."""
-    total = 0
+def partition_lag(sources: list[Any]) -> dict[tuple[str, int], int] | None:
+    """Records between each source's end offset and the broker's latest offset, per topic partition;
+    None when a source does not report its latest offset. Offsets are the source's JSON
+    `{topic: {partition: n}}`."""
+    lag: dict[tuple[str, int], int] = {}
     for source in sources:
         if not source.latestOffset or source.latestOffset == "null":
             return None
         end, latest = json.loads(source.endOffset), json.loads(source.latestOffset)
-        total += sum(max(0, o - end.get(t, {}).get(p, 0)) for t, parts in latest.items() for p, o in parts.items())
-    return total
+        for topic, parts in latest.items():
+            for partition, offset in parts.items():
+                lag[(topic, int(partition))] = max(0, offset - end.get(topic, {}).get(partition, 0))
+    return lag
 
 
 _PYTHON_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.+)$")

@@ -96,12 +96,13 @@ def plan_table(cfg: Config, loaded: Descriptors, destination: Destination | None
     return TablePlan(loaded, message.full_name, metadata, options, key.full_name if key else None, table)
 
 
-def apply_plan(client: bigquery.Client, cfg: Config, plan: TablePlan) -> bigquery.Table:
+def apply_plan(client: bigquery.Client, cfg: Config, plan: TablePlan,
+               on_change: Callable[[str], None] | None = None) -> bigquery.Table:
     """Create or evolve the dataset and table so that rows of `plan` fit."""
     call = call_options(cfg.bigquery)
     ensure_dataset(client, cfg.bigquery.project_id, plan.table.dataset_id, cfg.bigquery.dataset_location,
                    cfg.table.dataset_labels, **call)
-    return ensure_table(client, plan.table, **call)
+    return ensure_table(client, plan.table, on_change, **call)
 
 
 def spec_of(cfg: Config, loaded: Descriptors, proto_class: str) -> SinkSpec:
@@ -151,6 +152,7 @@ class SinkSchema:
         self._spec: SinkSpec | None = None
         self._json: JsonTableSchema | None = None
         self._lock = threading.Lock()  # the batch thread and a registry listener may both evolve
+        self.table_updates = 0  # tables this driver created or evolved (metrics)
 
     def current(self) -> SinkSpec:
         """The spec for the newest descriptors, the table evolved to them first if they changed."""
@@ -176,6 +178,9 @@ class SinkSchema:
                         json_columns=self._json.columns() if router.is_static else None,
                         additional_properties=cfg.bigquery.additional_properties)
 
+    def _table_changed(self, what: str) -> None:
+        self.table_updates += 1
+
     def on_descriptors_changed(self, loaded: Descriptors) -> None:
         """Registry listener: evolve the table now, so new columns exist before new messages do."""
         try:
@@ -196,7 +201,7 @@ class SinkSchema:
             return spec_of(cfg, loaded, router.default_class or "")
         plan = plan_table(cfg, loaded)
         with make_client(cfg.bigquery) as client:
-            apply_plan(client, cfg, plan)
+            apply_plan(client, cfg, plan, self._table_changed)
         previous = self._spec.descriptors.fingerprint if self._spec else None
         log.info("descriptors %s%s (%s) → %s, %d columns", f"{previous} → " if previous else "",
                  loaded.fingerprint, plan.message_name, cfg.bigquery.table_ref, len(plan.table.schema))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from google.api_core import exceptions as api_exceptions
@@ -142,8 +142,10 @@ def ensure_dataset(client: bigquery.Client, project: str, dataset: str, location
         client.update_dataset(existing, ["labels"], **call)
 
 
-def ensure_table(client: bigquery.Client, wanted: bigquery.Table, **call: Any) -> bigquery.Table:
+def ensure_table(client: bigquery.Client, wanted: bigquery.Table, on_change: Callable[[str], None] | None = None,
+                 **call: Any) -> bigquery.Table:
     """Create the table, or bring a live one up to `wanted`: add to its schema, set its labels.
+    `on_change(what)` is told when the table was created or its schema changed (metrics).
 
     Partitioning cannot change on a live table; a difference is logged, not applied.
     """
@@ -154,6 +156,8 @@ def ensure_table(client: bigquery.Client, wanted: bigquery.Table, **call: Any) -
         except api_exceptions.NotFound:
             client.create_table(wanted, exists_ok=True, **call)
             log.info("created table %s with %d columns", table_ref, len(wanted.schema))
+            if on_change is not None:
+                on_change("created")
             continue  # another worker may have created it first, with an older schema: re-read and merge
         _warn_on_layout_drift(table, wanted)
         merged = merge_schema(table.schema, wanted.schema)
@@ -171,6 +175,8 @@ def ensure_table(client: bigquery.Client, wanted: bigquery.Table, **call: Any) -
             continue
         if changes:
             log.info("evolved table %s: %s", table_ref, "; ".join(changes))
+            if on_change is not None:
+                on_change("evolved")
         return updated
     raise SchemaError(f"table {table_ref}: update kept conflicting after {UPDATE_ATTEMPTS} attempts")
 

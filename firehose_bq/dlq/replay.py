@@ -33,6 +33,7 @@ from firehose_bq.errors import FirehoseError
 from firehose_bq.metrics import BatchStats
 from firehose_bq.modes import batch_stats, handling_of, settle, write_mode
 from firehose_bq.source.kafka_source import ARROW_SCHEMA
+from firehose_bq.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ def letters_batch(letters: list[DeadLetter]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA.append(pa.field(ATTEMPT_COLUMN, pa.int32())))
 
 
-def replay(cfg: Config, source: DlqSource, progress: bool = False) -> ReplaySummary:
+def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Telemetry | None = None) -> ReplaySummary:
     """Replay every letter `source` yields through the job's write mode and batch core; raise
     BatchFailedError when the policy fails one (that batch is not committed)."""
     from tqdm import tqdm
@@ -213,6 +214,8 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False) -> ReplaySumm
             results = [process_batch([letters_batch(letters)], spec, mode.task(number), handling)]
             stats = batch_stats(results)
             summary.stats.merge(stats)
+            if telemetry is not None:
+                telemetry.observe_replay(stats)
             settle(mode, number, results, stats)
             commit()  # only now: every letter of the batch is in the table or the DLQ again
             bar.update(len(read))

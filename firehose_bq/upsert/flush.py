@@ -72,7 +72,7 @@ class UpsertSinkSchema(SinkSchema):
             key_leaves(new_key.fields)  # a key MERGE cannot group or match on stops here, before any table
             ensure_dataset(client, cfg.bigquery.project_id, cfg.bigquery.dataset, cfg.bigquery.dataset_location,
                            cfg.table.dataset_labels, **call)
-            live = ensure_table(client, wanted, **call)
+            live = ensure_table(client, wanted, self._table_changed, **call)
             # The intermediate's value columns are what this version writes; the destination may hold more.
             ensure_table(client, tables.intermediate_table(self.intermediate, wanted.schema, self.key_column), **call)
         self.created = True

@@ -1,0 +1,111 @@
+"""Metrics from the driver: counters equal the run's counts, StatsD lines, and the dashboard's names."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from firehose_bq.errors import ErrorType, MessageError
+from firehose_bq.metrics import BatchStats
+from firehose_bq.telemetry import MetricsConfig, Telemetry
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "firehose-bq.json"
+
+
+def stats() -> BatchStats:
+    s = BatchStats(messages=10, rows_written=6)
+    s.add_outcome("dlq", [MessageError(ErrorType.SINK_4XX_ERROR, "t", 0, 1, "bad")] * 2)
+    s.add_outcome("failed", [MessageError(ErrorType.DESERIALIZATION_ERROR, "t", 0, 2, "bad")])
+    s.add_outcome("fallback", 1)
+    s.add_outcome("retried", 3)
+    s.add_table("ds.a", messages=5, written=4, dlq=1)
+    s.add_table("ds.b", messages=4, written=2, dlq=1, failed=1)
+    s.add_write_seconds("storage_write", 0.02)
+    return s
+
+
+def samples(telemetry: Telemetry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(sample.name, tuple(sorted((k, v) for k, v in sample.labels.items() if k != "job"))): sample.value
+            for metric in telemetry.registry.collect() for sample in metric.samples}
+
+
+def test_counters_follow_the_batch_counts() -> None:
+    t = Telemetry(MetricsConfig(), "job")
+    t.observe_batch(stats(), 2.0, ok=True, write_seconds={"storage_write": [0.02, 0.5]})
+    t.observe_batch(stats(), 1.0, ok=False)
+    got = samples(t)
+    assert got[("firehose_bq_messages_read_total", ())] == 20
+    assert got[("firehose_bq_rows_written_total", (("table", "ds.a"),))] == 8
+    assert got[("firehose_bq_messages_total", (("outcome", "written"), ("table", "ds.b")))] == 4
+    assert got[("firehose_bq_messages_total", (("outcome", "fallback"), ("table", "")))] == 2
+    assert got[("firehose_bq_errors_total", (("error_type", "SINK_4XX_ERROR"), ("outcome", "dlq")))] == 4
+    assert got[("firehose_bq_errors_total", (("error_type", "DESERIALIZATION_ERROR"), ("outcome", "failed")))] == 2
+    assert got[("firehose_bq_messages_retried_total", ())] == 6
+    assert got[("firehose_bq_batches_total", (("result", "failed"),))] == 1
+    assert got[("firehose_bq_bigquery_write_seconds_count", (("path", "storage_write"),))] == 2
+    assert got[("firehose_bq_batch_messages_per_second", ())] == 10.0
+    # Every message read ended somewhere, and the counters say where.
+    ended = sum(v for (name, _), v in got.items() if name == "firehose_bq_messages_total")
+    assert ended == got[("firehose_bq_messages_read_total", ())]
+
+
+def test_refreshes_lag_and_table_updates_count_deltas() -> None:
+    t = Telemetry(MetricsConfig(), "job")
+    t.observe_refreshes(fetches=3, failures=1, changes=1)
+    t.observe_refreshes(fetches=5, failures=1, changes=2)
+    t.observe_table_updates(2)
+    t.observe_table_updates(2)
+    t.observe_lag({("t", 0): 7, ("t", 1): 0})
+    got = samples(t)
+    assert got[("firehose_bq_schema_refreshes_total", (("result", "changed"),))] == 2
+    assert got[("firehose_bq_schema_refreshes_total", (("result", "unchanged"),))] == 2
+    assert got[("firehose_bq_schema_refreshes_total", (("result", "failed"),))] == 1
+    assert got[("firehose_bq_table_updates_total", ())] == 2
+    assert got[("firehose_bq_consumer_lag", (("partition", "0"), ("topic", "t")))] == 7
+
+
+def test_the_endpoint_serves_the_registry_on_a_free_port() -> None:
+    t = Telemetry(MetricsConfig(prometheus_port=0), "job").start()
+    try:
+        t.observe_batch(stats(), 1.0, ok=True)
+        assert t.port
+        body = urllib.request.urlopen(f"http://127.0.0.1:{t.port}/metrics", timeout=5).read().decode()
+        families = {f.name for f in text_string_to_metric_families(body)}
+        assert {"firehose_bq_messages_read", "firehose_bq_consumer_lag"} <= families
+    finally:
+        t.close()
+
+
+def test_statsd_lines_carry_firehose_tags() -> None:
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    server.settimeout(5)
+    t = Telemetry(MetricsConfig(statsd_host="127.0.0.1", statsd_port=server.getsockname()[1],
+                                statsd_tags="team=data,env=test"), "job")
+    try:
+        t.observe_batch(stats(), 1.0, ok=True)
+        lines = [server.recv(4096).decode() for _ in range(3)]
+    finally:
+        t.close()
+        server.close()
+    assert lines[0] == "firehose_bq.messages_read:10|c|#team:data,env:test"
+    assert lines[1].startswith("firehose_bq.rows_written:6|c")
+
+
+def test_every_metric_the_dashboard_queries_exists() -> None:
+    t = Telemetry(MetricsConfig(), "job")
+    t.observe_batch(stats(), 1.0, ok=True, write_seconds={"insertall": [0.1]})
+    t.observe_driver_step("file_loads", 1.0)
+    t.observe_lag({("t", 0): 1})
+    t.observe_refreshes(1, 0, 0)
+    t.observe_table_updates(1)
+    t.observe_replay(stats())
+    exported = {sample.name for metric in t.registry.collect() for sample in metric.samples}
+    queried = {name for panel in json.loads(DASHBOARD.read_text())["panels"] for target in panel["targets"]
+               for name in re.findall(r"firehose_bq_\w+", target["expr"])}
+    assert len(queried) >= 12 and queried <= exported, sorted(queried - exported)
