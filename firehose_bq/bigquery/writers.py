@@ -1,26 +1,40 @@
 """The write paths behind one small interface, chosen by SINK_BIGQUERY_WRITE_METHOD.
 
-A writer runs inside a Spark task: it takes one converted batch at a time and returns the rows that
-BigQuery rejected as MessageErrors (per-row failures are data). A call that fails as a whole raises
-SinkError. The pipeline closes the writer when the task ends, whatever happened.
+A writer runs inside a Spark task (or the DLQ replay). It takes one Arrow batch of rows at a time, in the
+table's Arrow types (`arrow_schema.py`), and returns the rows that could not be written as RowFailures:
+per-row failures are data, identified by their position in that batch. A call that fails as a whole
+raises SinkError. The caller closes the writer once, whatever happened.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
+
+import pyarrow as pa
 
 from firehose_bq.bigquery.client import make_client
 from firehose_bq.config import BigQueryConfig
-from firehose_bq.convert import ConvertedBatch, KafkaRecords
-from firehose_bq.errors import MessageError
+from firehose_bq.errors import ErrorType
+
+
+@dataclass(frozen=True)
+class RowFailure:
+    """Row `position` (its index in the batch given to `write`) did not reach the table, and why."""
+
+    position: int
+    error_type: ErrorType
+    message: str
 
 
 class RowWriter(Protocol):
-    def write(self, batch: ConvertedBatch, records: KafkaRecords) -> list[MessageError]:
-        """Write every row of `batch`; return those BigQuery rejected."""
+    def write(self, rows: pa.RecordBatch, insert_ids: pa.StringArray | None) -> list[RowFailure]:
+        """Write every row of `rows`; return those that failed, ordered by position.
+
+        `insert_ids`: one per row (`topic_partition_offset`), or None to send none."""
 
     def close(self) -> None:
-        """Release clients and streams; called once per task."""
+        """Release clients, streams and files; called once per task."""
 
 
 def open_writer(cfg: BigQueryConfig) -> RowWriter:
@@ -37,4 +51,4 @@ def open_writer(cfg: BigQueryConfig) -> RowWriter:
 
     assert method == "file_loads", method  # config allows only WRITE_METHODS
     # Stages rows in the batch's directory (set by the driver); the driver loads them in one job.
-    return StagingWriter(cfg)
+    return StagingWriter(make_client(cfg), cfg)
