@@ -92,6 +92,19 @@ def test_a_sliced_batch_and_a_batch_without_values_encode_what_they_hold() -> No
     assert row_texts(empty).to_pylist() == ["{}", "{}"]
 
 
+def test_timestamps_of_any_unit_and_zone_are_utc_text_in_microseconds() -> None:
+    instant = 1_767_225_600_123_456_789  # ns
+    rows = pa.RecordBatch.from_pydict({
+        "ns": pa.array([instant], pa.timestamp("ns", "UTC")),
+        "zoned": pa.array([instant // 1000], pa.timestamp("us", "Asia/Jakarta")),
+        "naive_s": pa.array([instant // 10**9], pa.timestamp("s")),
+        "d64": pa.array([instant // 10**6 // 86_400_000 * 86_400_000], pa.date64()),
+    })
+    assert json.loads(row_texts(rows)[0].as_py()) == {
+        "ns": "2026-01-01T00:00:00.123456Z", "zoned": "2026-01-01T00:00:00.123456Z",
+        "naive_s": "2026-01-01T00:00:00.000000Z", "d64": "2026-01-01"}
+
+
 def test_request_entries_carry_escaped_insert_ids_or_none() -> None:
     rows = pa.RecordBatch.from_pydict({"a": [1]})
     assert request_entries(rows, pa.array(['t"x_0_1'])).to_pylist() == ['{"insertId":"t\\"x_0_1","json":{"a":1}}']
