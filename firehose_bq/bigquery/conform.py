@@ -1,10 +1,11 @@
 """Arrow rows made to fit the live table before they leave, and the rows that cannot, found columnar.
 
 Several ways into BigQuery take data that does not fit a table without a word, and the local emulator
-more so: Arrow appends match names case-sensitively (a differently spelled column lands as NULL), drop
-unknown columns, store NULL for missing ones and keep a TIMESTAMP past year 9999 that then breaks every
-query of the table; a Parquet load matches nothing by case either. So every path that sends typed data
-(Storage Write, staged Parquet) sends only what `fit` returned, and `fit` decides per row:
+more so: its Arrow appends match names case-sensitively (a differently spelled column lands as NULL,
+at any depth), drop unknown columns and keep a TIMESTAMP past year 9999 that then breaks every query
+of the table; a wrongly typed value fails a whole request without naming a row. So every path that
+sends typed data (Storage Write, staged Parquet) sends only what `fit` returned, and `fit` decides per
+row, as BigQuery would:
 
 - names match the table's case-insensitively, as BigQuery's do, and go out in the table's spelling at
   every depth;

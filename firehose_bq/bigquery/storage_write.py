@@ -215,18 +215,24 @@ def _chunks(rows: pa.RecordBatch, positions: np.ndarray) -> tuple[list[Chunk], l
     pending = [(0, rows.num_rows)]
     while pending:
         start, stop = pending.pop()
-        piece = _chunk(rows.slice(start, stop - start), positions[start:stop])
-        if len(piece.payload) <= MAX_REQUEST_BYTES:
-            chunks.append(piece)
-        elif stop - start == 1:
-            too_large.append(RowFailure(int(positions[start]), ErrorType.PAYLOAD_TOO_LARGE,
-                                        f"row is {len(piece.payload)} bytes as Arrow; an AppendRows request "
-                                        f"takes at most {MAX_REQUEST_BYTES}"))
-        else:
-            # As many even parts as the size says, with a tenth to spare; a part still over is split again.
-            parts = min(stop - start, int(len(piece.payload) * 1.1 / MAX_REQUEST_BYTES) + 1)
-            bounds = np.linspace(start, stop, parts + 1).astype(int)
-            pending.extend(reversed(list(zip(bounds[:-1], bounds[1:], strict=True))))
+        piece = rows.slice(start, stop - start)
+        # The buffers' size first (no copy): a large batch is cut before any part of it is serialized.
+        size = piece.nbytes
+        if size <= MAX_REQUEST_BYTES or stop - start == 1:
+            chunk = _chunk(piece, positions[start:stop])
+            size = len(chunk.payload)  # the IPC framing and padding come on top of the buffers
+            if size <= MAX_REQUEST_BYTES:
+                chunks.append(chunk)
+                continue
+            if stop - start == 1:
+                too_large.append(RowFailure(int(positions[start]), ErrorType.PAYLOAD_TOO_LARGE,
+                                            f"row is {size} bytes as Arrow; an AppendRows request takes at most "
+                                            f"{MAX_REQUEST_BYTES}"))
+                continue
+        # As many even parts as the size says, with a tenth to spare; a part still over is split again.
+        parts = min(stop - start, int(size * 1.1 / MAX_REQUEST_BYTES) + 1)
+        bounds = np.linspace(start, stop, parts + 1).astype(int)
+        pending.extend(reversed(list(zip(bounds[:-1], bounds[1:], strict=True))))
     return chunks, too_large
 
 
