@@ -257,7 +257,7 @@ class BigQueryConfig:
     )
     file_loads_staging_uri: str = setting(
         "SINK_BIGQUERY_FILE_LOADS_STAGING_URI",
-        "With `file_loads`: directory where tasks stage their rows as newline-delimited JSON until the "
+        "With `file_loads`: directory where tasks stage their rows as Parquet files until the "
         "batch's load job ran; empty = `<SPARK_CHECKPOINT_LOCATION>/staging`. Must be a local path (or "
         "`file://`) that the driver and every executor share; `gs://` is not supported yet.",
         "",

@@ -96,7 +96,9 @@ class StagingTask(_DestinationTask):
     def open_writer(self, destination: Destination | None) -> RowWriter:
         table = destination_config(self.bigquery, destination)
         directory = Path(self.directory) / (f"{table.dataset}.{table.table}" if destination is not None else "")
-        return file_loads.StagingWriter(dataclasses.replace(table, file_loads_staging_uri=str(directory)))
+        staging = dataclasses.replace(table, file_loads_staging_uri=str(directory))
+        # The client reads the live table: staged rows are fitted to it (rows it cannot take fail here).
+        return file_loads.StagingWriter(make_client(staging), staging)
 
     def report(self, destination: Destination | None, writer: RowWriter) -> str | None:
         staged = file_loads.staged_json(writer)  # None for a mixed task's streaming writers

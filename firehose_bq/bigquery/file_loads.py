@@ -1,11 +1,15 @@
-"""The file-loads write path: tasks stage rows as files, the driver runs one load job per micro-batch.
+"""The file-loads write path: tasks stage rows as Parquet files, the driver runs one load job per micro-batch.
 
 BigQuery allows 1,500 load jobs per table per day, so a load job per Spark task is out of the question.
-Instead each task appends its converted rows, as newline-delimited JSON, to one file of its own in the
-batch's staging directory and reports the file (name, row count, Kafka offset ranges) in its stats
-row. The driver, once every task of the micro-batch succeeded, loads all of those files in one job
-(WRITE_APPEND, the live table's schema, no autodetect), waits for it, and only then deletes the batch's
-staging directory and lets Spark commit the offsets.
+Instead each task fits its rows to the live table (`conform.py`: the rows BigQuery would refuse fail
+here, each on its own, instead of failing the whole load job later) and appends them to a Parquet file
+of its own in the batch's staging directory, then reports the file (name, row count, Kafka offset
+ranges) in its stats row. The driver, once every task of the micro-batch succeeded, loads all of those
+files in one job (WRITE_APPEND, columns matched by name, REPEATED columns read from Parquet LISTs),
+waits for it, and only then deletes the batch's staging directory and lets Spark commit the offsets.
+
+Parquet rather than newline-delimited JSON: it is written straight from the Arrow batches (no text per
+value), typed (TIMESTAMP, DATE, BYTES and NUMERIC need no text forms), and a fraction of the size.
 
 Replays are idempotent: the job id is derived from the table, the checkpoint, the batch id and the Kafka
 offsets the files hold (never from the file bytes: `load_time` differs in every attempt). A batch
@@ -22,23 +26,25 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from google.api_core import exceptions as api_exceptions
 from google.cloud import bigquery
 from requests import exceptions as http_exceptions
 
 from firehose_bq.bigquery.classify import REASON_TYPES, classify_exception, classify_row_errors, describe_row_errors
 from firehose_bq.bigquery.client import call_options
+from firehose_bq.bigquery.conform import LiveTable
 from firehose_bq.config import BigQueryConfig, Config
-from firehose_bq.convert import ConvertedBatch, KafkaRecords
-from firehose_bq.errors import ErrorType, MessageError, SinkError
+from firehose_bq.errors import ErrorType, RowError, SinkError
 
 log = logging.getLogger(__name__)
 
-STAGED_SUFFIX = ".ndjson"
+STAGED_SUFFIX = ".parquet"
 # BigQuery job ids: letters, digits, `_` and `-`, at most 1,024 characters.
 _JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 # A job id that exists but failed cannot be reused; the retry of such a batch takes the next suffix.
@@ -47,6 +53,8 @@ MAX_JOB_ATTEMPTS = 20
 # Load-job errors kept in the SinkError's text; BigQuery returns up to ~100 per job.
 ERRORS_SHOWN = 5
 DEFAULT_STAGING_DIR = "staging"
+# insertId = topic_partition_offset (a topic name may hold `_`, the numbers cannot).
+_COORDINATES = r"^(?P<topic>.*)_(?P<partition>-?[0-9]+)_(?P<offset>-?[0-9]+)$"
 
 
 @dataclass(frozen=True)
@@ -62,20 +70,23 @@ class OffsetRange:
 
 @dataclass
 class StagedFile:
-    """What a task staged; travels to the driver as JSON in the task's stats row."""
+    """What a task staged; travels to the driver as JSON in the task's stats row.
 
-    path: str
+    Usually one Parquet file; another one is begun when the rows' columns change within the task (the
+    table gained a column meanwhile), as one Parquet file holds one schema."""
+
+    paths: list[str] = field(default_factory=list)
     rows: int = 0
     ranges: list[OffsetRange] = field(default_factory=list)
 
     def to_json(self) -> str:
-        return json.dumps({"path": self.path, "rows": self.rows,
+        return json.dumps({"paths": self.paths, "rows": self.rows,
                            "ranges": [[r.topic, r.partition, r.first, r.last, r.rows] for r in self.ranges]})
 
     @classmethod
     def from_json(cls, text: str) -> StagedFile:
         data = json.loads(text)
-        return cls(data["path"], data["rows"], [OffsetRange(*r) for r in data["ranges"]])
+        return cls(data["paths"], data["rows"], [OffsetRange(*r) for r in data["ranges"]])
 
 
 def staging_root(config: Config) -> Path:
@@ -90,44 +101,72 @@ def batch_dir(root: Path, batch_id: int) -> Path:
     return root / f"batch-{batch_id}"
 
 
-def for_batch(cfg: BigQueryConfig, root: Path, batch_id: int) -> BigQueryConfig:
-    """The config shipped to this batch's tasks: its staging URI is the batch's own directory."""
-    return replace(cfg, file_loads_staging_uri=str(batch_dir(root, batch_id)))
-
-
-def encode_row(row: dict) -> bytes:
-    # The converter's JSON encoding is what BigQuery reads from NDJSON too (RFC 3339, base64, "NaN").
-    return json.dumps(row, separators=(",", ":"), ensure_ascii=False).encode("utf-8") + b"\n"
-
-
 class StagingWriter:
-    """A task's RowWriter for file loads: appends rows to one NDJSON file in the batch's directory.
+    """A task's RowWriter for file loads: appends the rows that fit the table to Parquet in the batch's
+    directory. Rows the table cannot take fail here (RowErrors), never in the driver's load job.
 
-    Nothing reaches BigQuery here, so no row fails here: BigQuery judges them in the driver's load job.
-    """
+    `insert_ids` are required: they are the rows' Kafka coordinates (`topic_partition_offset`), from
+    which the driver derives the batch's load job id."""
 
-    def __init__(self, cfg: BigQueryConfig) -> None:
-        directory = Path(cfg.file_loads_staging_uri)
-        directory.mkdir(parents=True, exist_ok=True)
-        # A unique name per task attempt: a failed attempt's partial file is never among the reported ones.
-        self.staged = StagedFile(str(directory / f"part-{uuid.uuid4().hex}{STAGED_SUFFIX}"))
-        self._file: IO[bytes] | None = open(self.staged.path, "wb")  # noqa: SIM115 - closed by close()
+    def __init__(self, client: bigquery.Client, cfg: BigQueryConfig) -> None:
+        self._directory = Path(cfg.file_loads_staging_uri)
+        self._directory.mkdir(parents=True, exist_ok=True)
+        self._client = client
+        self._live = LiveTable(client, cfg.table_ref, call_options(cfg))
+        self.staged = StagedFile()
+        self._file: pq.ParquetWriter | None = None
         self._ranges: dict[tuple[str, int], list[int]] = {}  # (topic, partition) → [first, last, rows]
+        self._closed = False
 
-    def write(self, batch: ConvertedBatch, records: KafkaRecords) -> list[MessageError]:
-        assert self._file is not None, "write after close"
-        self._file.write(b"".join(encode_row(row) for row in batch.rows))
-        for i in batch.sources:
-            offset = records.offsets[i]
-            span = self._ranges.setdefault((records.topics[i], records.partitions[i]), [offset, offset, 0])
-            span[0], span[1], span[2] = min(span[0], offset), max(span[1], offset), span[2] + 1
-        self.staged.rows += len(batch.rows)
-        return []
+    def write(self, rows: pa.RecordBatch, insert_ids: pa.StringArray | None) -> list[RowError]:
+        assert not self._closed, "write after close"
+        if insert_ids is None:
+            raise ValueError("file loads need the rows' insert ids (their Kafka coordinates): the batch's load "
+                             "job id is derived from them")
+        fitted = self._live.fit(rows)
+        if fitted.rows.num_rows:
+            self._stage(fitted.rows)
+            self._cover(insert_ids.take(pa.array(fitted.positions)))
+            self.staged.rows += fitted.rows.num_rows
+        return fitted.failures
 
-    def close(self) -> None:
-        if self._file is not None:
+    def _stage(self, rows: pa.RecordBatch) -> None:
+        if self._file is not None and not self._file.schema.equals(rows.schema):
             self._file.close()
             self._file = None
+        if self._file is None:
+            # A unique name per file and task attempt: a failed attempt's partial file is never among
+            # the reported ones.
+            path = self._directory / f"part-{uuid.uuid4().hex}{STAGED_SUFFIX}"
+            self._file = pq.ParquetWriter(path, rows.schema)
+            self.staged.paths.append(str(path))
+        self._file.write_batch(rows)
+
+    def _cover(self, insert_ids: pa.StringArray) -> None:
+        """Add the rows' Kafka coordinates to the offset ranges the staged files hold."""
+        parts = pc.extract_regex(insert_ids, _COORDINATES)
+        if parts.null_count:
+            bad = insert_ids.filter(parts.is_null())[0]
+            raise ValueError(f"insert id {bad} is not topic_partition_offset")
+        coordinates = pa.table({"topic": parts.field("topic"), "partition": parts.field("partition").cast(pa.int64()),
+                                "offset": parts.field("offset").cast(pa.int64())})
+        spans = coordinates.group_by(["topic", "partition"]).aggregate(
+            [("offset", "min"), ("offset", "max"), ("offset", "count")])
+        for span in spans.to_pylist():
+            first, last, count = span["offset_min"], span["offset_max"], span["offset_count"]
+            known = self._ranges.setdefault((span["topic"], span["partition"]), [first, last, 0])
+            known[0], known[1], known[2] = min(known[0], first), max(known[1], last), known[2] + count
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+        finally:
+            self._client.close()
         self.staged.ranges = [OffsetRange(t, p, first, last, rows)
                               for (t, p), (first, last, rows) in sorted(self._ranges.items())]
 
@@ -161,13 +200,73 @@ def checkpoint_identity(checkpoint_location: str) -> str:
         return checkpoint_location
 
 
-def concatenate(files: Iterable[StagedFile], target: Path) -> int:
-    """All staged files as one NDJSON file (every row ends in a newline); returns its size."""
-    with open(target, "wb") as out:
-        for staged in files:
-            with open(staged.path, "rb") as part:
-                shutil.copyfileobj(part, out, 1024 * 1024)
-        return out.tell()
+def combine(files: Iterable[StagedFile], target: Path) -> Path:
+    """The batch's staged Parquet files as one file (a load job takes one upload); a single staged file
+    is taken as it is. Files whose columns differ (the table grew during the batch) are written under
+    the union of their columns, a file's missing ones NULL (empty for REPEATED)."""
+    paths = [Path(p) for staged in files for p in staged.paths]
+    if len(paths) == 1:
+        return paths[0]
+    schema = _union([pq.read_schema(p).remove_metadata() for p in paths])
+    with pq.ParquetWriter(target, schema) as out:
+        for path in paths:
+            for batch in pq.ParquetFile(path).iter_batches():
+                out.write_batch(_aligned(batch, schema))
+    return target
+
+
+def _union(schemas: Sequence[pa.Schema]) -> pa.Schema:
+    merged: dict[str, pa.Field] = {}
+    for schema in schemas:
+        for column in schema:
+            merged[column.name] = _merged(merged[column.name], column) if column.name in merged else column
+    return pa.schema([f if all(f.name in s.names for s in schemas) else f.with_nullable(True)
+                      for f in merged.values()])
+
+
+def _merged(one: pa.Field, other: pa.Field) -> pa.Field:
+    """Two staged versions of one column. Tables only grow (fields are added, REQUIRED relaxes), so they
+    differ only in RECORD fields one of them lacks, and in nullability."""
+    nullable = one.nullable or other.nullable
+    if one.type == other.type:
+        return one.with_nullable(nullable)
+    if pa.types.is_struct(one.type) and pa.types.is_struct(other.type):
+        fields = {f.name: f for f in one.type}
+        for f in other.type:
+            fields[f.name] = _merged(fields[f.name], f) if f.name in fields else f.with_nullable(True)
+        return pa.field(one.name, pa.struct([f if f.name in other.type.names else f.with_nullable(True)
+                                             for f in fields.values()]), nullable)
+    if pa.types.is_list(one.type) and pa.types.is_list(other.type):
+        return pa.field(one.name, pa.list_(_merged(one.type.value_field, other.type.value_field)), nullable)
+    raise SinkError(ErrorType.SINK_UNKNOWN_ERROR, f"staged files disagree on column {one.name}: {one.type} and "
+                    f"{other.type}")
+
+
+def _aligned(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    columns = []
+    for column in schema:
+        if column.name not in batch.schema.names:
+            empty = pa.array([[]] * batch.num_rows, column.type) if pa.types.is_list(column.type) else \
+                pa.nulls(batch.num_rows, column.type)
+            columns.append(empty)
+        else:
+            # A cast between struct types matches their fields by name and leaves missing ones NULL.
+            columns.append(batch.column(column.name).cast(column.type))
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def load_job_config() -> bigquery.LoadJobConfig:
+    """Append the staged Parquet into the existing table. Its columns are matched by name (the files
+    carry the table's own spellings); list inference makes BigQuery read a Parquet LIST as a REPEATED
+    column instead of a RECORD holding `list.element`."""
+    parquet = bigquery.ParquetOptions()
+    parquet.enable_list_inference = True
+    return bigquery.LoadJobConfig(
+        source_format=bigquery.SourceFormat.PARQUET,
+        parquet_options=parquet,
+        write_disposition=bigquery.WriteDisposition.WRITE_APPEND,
+        create_disposition=bigquery.CreateDisposition.CREATE_NEVER,
+    )
 
 
 @dataclass(frozen=True)
@@ -233,31 +332,21 @@ class FileLoader:
     def _start(self, batch_id: int, job_id: str, staged: Sequence[StagedFile]) -> bigquery.LoadJob | None:
         directory = batch_dir(self._root, batch_id)
         combined = directory / f"load-{job_id}{STAGED_SUFFIX}"
-        try:
-            size = concatenate(staged, combined)
-        except FileNotFoundError as exc:
-            combined.unlink(missing_ok=True)
+        unseen = next((path for f in staged for path in f.paths if not Path(path).is_file()), None)
+        if unseen is not None:
             # Typically a cluster whose executors staged to their own local disks.
             raise SinkError(ErrorType.SINK_UNKNOWN_ERROR, f"a staged file is not visible to the driver "
-                            f"({exc.filename}): SINK_BIGQUERY_FILE_LOADS_STAGING_URI must be a directory that "
-                            f"the driver and every executor share") from exc
-        table = self._table()
-        config = bigquery.LoadJobConfig(
-            source_format=bigquery.SourceFormat.NEWLINE_DELIMITED_JSON,
-            write_disposition=bigquery.WriteDisposition.WRITE_APPEND,
-            create_disposition=bigquery.CreateDisposition.CREATE_NEVER,
-            schema=table.schema,
-            autodetect=False,
-            ignore_unknown_values=False,
-            max_bad_records=0,
-        )
+                            f"({unseen}): SINK_BIGQUERY_FILE_LOADS_STAGING_URI must be a directory that "
+                            f"the driver and every executor share")
+        source = combine(staged, combined)
         log.info("batch %d: load job %s: %d rows, %d bytes from %d staged file(s)", batch_id, job_id,
-                 sum(f.rows for f in staged), size, len(staged))
+                 sum(f.rows for f in staged), source.stat().st_size, sum(len(f.paths) for f in staged))
         try:
-            with open(combined, "rb") as source:
+            with open(source, "rb") as data:
                 # No `size`: the client then always takes the resumable upload, which the emulator and
                 # BigQuery both accept (a multipart upload under 5 MB fails on the emulator).
-                return self._client.load_table_from_file(source, table, job_id=job_id, job_config=config,
+                return self._client.load_table_from_file(data, self._cfg.table_ref, job_id=job_id,
+                                                         job_config=load_job_config(),
                                                          timeout=self._call["timeout"])
         except api_exceptions.Conflict:
             return None
@@ -267,13 +356,6 @@ class FileLoader:
                             f"be started: {exc}") from exc
         finally:
             combined.unlink(missing_ok=True)
-
-    def _table(self) -> bigquery.Table:
-        try:
-            return self._client.get_table(self._cfg.table_ref, **self._call)
-        except (api_exceptions.GoogleAPIError, http_exceptions.RequestException, ConnectionError) as exc:
-            raise SinkError(classify_exception(exc), f"reading the schema of {self._cfg.table_ref} failed: "
-                            f"{exc}") from exc
 
     def _wait(self, job: bigquery.LoadJob) -> None:
         timeout = self._cfg.file_loads_job_timeout_ms / 1000

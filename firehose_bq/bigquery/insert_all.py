@@ -1,38 +1,46 @@
-"""The insertAll (streaming insert) write path.
+"""The insertAll (streaming insert) write path, from Arrow rows.
 
-Rows go out in requests kept under BigQuery's limits. Per-row rejections come back as data
-(`MessageError`s); valid rows that BigQuery only *stopped* because another row in the same request
-was bad are sent again without the bad rows, so one bad message never takes good ones down with it.
-A request that fails as a whole (after the client's own retries) raises SinkError.
+Rows become BigQuery's JSON text column by column (`json_rows.py`) and go out in requests kept under
+BigQuery's limits, each row with its insertId. Per-row rejections come back as RowErrors; valid rows
+that BigQuery only *stopped* because another row of the request was bad are sent again without the bad
+ones, so one bad message never takes good ones down with it. A request that fails as a whole (after the
+client's own retries) raises SinkError.
+
+BigQuery judges each row itself (unknown fields, REQUIRED, types), so no table is read here; only values
+no BigQuery column can hold (a TIMESTAMP past 9999) fail before sending, as they do on the other paths.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from google.api_core.exceptions import GoogleAPIError
 from google.cloud import bigquery
 from requests import exceptions as http_exceptions
 
-from firehose_bq.bigquery.client import call_options
 from firehose_bq.bigquery.classify import (
     classify_exception,
     classify_row_errors,
     describe_row_errors,
     is_only_stopped,
 )
+from firehose_bq.bigquery.client import call_options
+from firehose_bq.bigquery.conform import fit
+from firehose_bq.bigquery.json_rows import json_string, row_texts
 from firehose_bq.config import BigQueryConfig
-from firehose_bq.convert import ConvertedBatch, KafkaRecords, Row
-from firehose_bq.errors import ErrorType, MessageError, SinkError
+from firehose_bq.errors import ErrorType, RowError, SinkError
 
 log = logging.getLogger(__name__)
 
-# BigQuery caps an insertAll request at 10 MB of JSON; 9 MB leaves room for the envelope and insertIds.
+# BigQuery caps an insertAll request at 10 MB of JSON; 9 MB leaves room for the HTTP envelope.
 MAX_REQUEST_BYTES = 9 * 1024 * 1024
-# Per row, the request also carries {"insertId": "...", "json": ...} around the row's own JSON.
-ROW_ENVELOPE_BYTES = 32
+# The request body around its rows: {"rows":[...]} (each row's own bytes and comma are counted exactly).
+BODY_BYTES = len('{"rows":[]}')
 # Re-sending stopped rows converges in one round (the bad rows are gone); more rounds only guard
 # against a backend that keeps stopping rows, which then surface as SINK_5XX_ERROR.
 STOPPED_RESEND_ROUNDS = 3
@@ -42,6 +50,7 @@ class InsertAllWriter:
     def __init__(self, client: bigquery.Client, cfg: BigQueryConfig) -> None:
         self._client = client
         self._table = cfg.table_ref
+        self._path = f"{bigquery.TableReference.from_string(cfg.table_ref).path}/insertAll"
         self._batch_size = cfg.insert_all_batch_size
         self._use_ids = cfg.row_insert_id_enable
         self._call = call_options(cfg)
@@ -49,72 +58,85 @@ class InsertAllWriter:
     def close(self) -> None:
         self._client.close()
 
-    def write(self, batch: ConvertedBatch, records: KafkaRecords) -> list[MessageError]:
-        """Write every row of `batch`; return the rows BigQuery rejected, as MessageErrors."""
-        failures: list[MessageError] = []
-        sizes = [len(json.dumps(row, separators=(",", ":"))) + len(row_id) + ROW_ENVELOPE_BYTES
-                 for row, row_id in zip(batch.rows, batch.insert_ids, strict=True)]
-        too_large = {i for i, size in enumerate(sizes) if size > MAX_REQUEST_BYTES}
-        for position in sorted(too_large):
-            failures.append(self._error(batch, records, position, ErrorType.PAYLOAD_TOO_LARGE,
-                                        f"row is {sizes[position]} bytes of JSON; an insertAll request "
-                                        f"takes at most {MAX_REQUEST_BYTES}"))
-        for chunk in self._chunks(sizes, too_large):
-            failures.extend(self._send(batch, records, chunk))
+    def write(self, rows: pa.RecordBatch, insert_ids: pa.StringArray | None) -> list[RowError]:
+        """Write every row of `rows`; return those that failed, ordered by position."""
+        checked = fit(rows, None)
+        failures = list(checked.failures)
+        if checked.rows.num_rows:
+            ids = insert_ids.take(pa.array(checked.positions)) if insert_ids is not None and self._use_ids else None
+            entries = request_entries(checked.rows, ids)
+            sizes = pc.binary_length(entries).to_numpy(zero_copy_only=False) + 1  # the comma after each
+            texts = entries.to_pylist()
+            too_large = sizes + BODY_BYTES > MAX_REQUEST_BYTES
+            for i in np.flatnonzero(too_large):
+                failures.append(RowError(int(checked.positions[i]), ErrorType.PAYLOAD_TOO_LARGE,
+                                           f"row is {sizes[i] - 1} bytes of JSON; an insertAll request takes at "
+                                           f"most {MAX_REQUEST_BYTES}"))
+            for chunk in self._chunks(sizes, too_large):
+                failures.extend(self._send([int(checked.positions[i]) for i in chunk], [texts[i] for i in chunk]))
+        failures.sort(key=lambda f: f.index)
         return failures
 
-    def _chunks(self, sizes: Sequence[int], skip: set[int]) -> Iterator[list[int]]:
-        """Positions in the batch, grouped into requests under the row and byte limits."""
-        positions: list[int] = []
-        total = 0
-        for i, size in enumerate(sizes):
-            if i in skip:
+    def _chunks(self, sizes: np.ndarray, skip: np.ndarray) -> Iterator[list[int]]:
+        """Indexes into the checked rows, grouped into requests under the row and byte limits."""
+        chunk: list[int] = []
+        total = BODY_BYTES
+        for i, size in enumerate(sizes.tolist()):
+            if skip[i]:
                 continue
-            if positions and (len(positions) >= self._batch_size or total + size > MAX_REQUEST_BYTES):
-                yield positions
-                positions, total = [], 0
-            positions.append(i)
-            total += size + 1
-        if positions:
-            yield positions
+            if chunk and (len(chunk) >= self._batch_size or total + size > MAX_REQUEST_BYTES):
+                yield chunk
+                chunk, total = [], BODY_BYTES
+            chunk.append(i)
+            total += size
+        if chunk:
+            yield chunk
 
-    def _send(self, batch: ConvertedBatch, records: KafkaRecords, positions: list[int]) -> list[MessageError]:
-        failures: list[MessageError] = []
-        pending = positions
+    def _send(self, positions: list[int], texts: list[str]) -> list[RowError]:
+        failures: list[RowError] = []
+        pending = list(range(len(positions)))
         for _ in range(STOPPED_RESEND_ROUNDS):
-            row_errors = self._insert([batch.rows[p] for p in pending],
-                                      [batch.insert_ids[p] for p in pending] if self._use_ids else None)
+            row_errors = self._insert([texts[n] for n in pending])
             stopped = []
             for entry in row_errors:
-                position = pending[int(entry["index"])]
+                n = pending[int(entry["index"])]
                 errors = entry.get("errors", [])
                 if is_only_stopped(errors):
-                    stopped.append(position)
+                    stopped.append(n)
                 else:
-                    failures.append(self._error(batch, records, position, classify_row_errors(errors),
-                                                describe_row_errors(errors)))
+                    failures.append(RowError(positions[n], classify_row_errors(errors), describe_row_errors(errors)))
             if not stopped:
                 return failures
             log.info("re-sending %d row(s) that BigQuery stopped because of other rows", len(stopped))
             pending = stopped
-        failures.extend(self._error(batch, records, p, ErrorType.SINK_5XX_ERROR,
-                                    f"BigQuery kept stopping the row after {STOPPED_RESEND_ROUNDS} requests")
-                        for p in pending)
+        failures.extend(RowError(positions[n], ErrorType.SINK_5XX_ERROR,
+                                   f"BigQuery kept stopping the row after {STOPPED_RESEND_ROUNDS} requests")
+                        for n in pending)
         return failures
 
-    def _insert(self, rows: list[Row], ids: list[str] | None) -> Sequence[dict]:
+    def _insert(self, entries: list[str]) -> Sequence[Mapping[str, Any]]:
+        """One tabledata.insertAll request of ready JSON entries; its insertErrors."""
+        body = ('{"rows":[' + ",".join(entries) + "]}").encode("utf-8")
         try:
-            return self._client.insert_rows_json(
-                self._table, rows, row_ids=ids if ids is not None else [None] * len(rows),
-                **self._call,
+            # The rows are JSON text already: Client.insert_rows_json would take them as dicts and encode
+            # them again (to_pylist + json.dumps cost 3-5x what building the text does). _call_api is the
+            # call insert_rows_json itself makes, with the same retry and timeout; a str or bytes body is
+            # sent as it is.
+            response = self._client._call_api(  # noqa: SLF001
+                self._call["retry"], span_name="BigQuery.insertRowsJson", span_attributes={"path": self._path},
+                method="POST", path=self._path, data=body, content_type="application/json",
+                timeout=self._call["timeout"],
             )
         # GoogleAPIError covers HTTP errors and RetryError (the client's retry deadline ran out).
         except (GoogleAPIError, http_exceptions.RequestException, ConnectionError, TimeoutError) as exc:
             raise SinkError(classify_exception(exc), f"insertAll into {self._table} failed: {exc}") from exc
+        return [{"index": int(e["index"]), "errors": e.get("errors", [])} for e in response.get("insertErrors", ())]
 
-    @staticmethod
-    def _error(batch: ConvertedBatch, records: KafkaRecords, position: int, kind: ErrorType,
-               text: str) -> MessageError:
-        i = batch.sources[position]
-        return MessageError(kind, records.topics[i], records.partitions[i], records.offsets[i], text)
 
+def request_entries(rows: pa.RecordBatch, insert_ids: pa.StringArray | None) -> pa.StringArray:
+    """Each row as an entry of an insertAll request: {"insertId":"...","json":{...}}."""
+    texts = row_texts(rows)
+    if insert_ids is None:
+        return pc.binary_join_element_wise('{"json":', texts, "}", "")
+    ids = pc.fill_null(json_string(insert_ids), "null")
+    return pc.binary_join_element_wise('{"insertId":', ids, ',"json":', texts, "}", "")

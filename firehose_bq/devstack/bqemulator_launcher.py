@@ -42,7 +42,8 @@ before the server starts:
   like a SQL keyword), ``patch_load_job_partitioning`` (a load job that
   creates its destination keeps ``timePartitioning`` / ``clustering``) and
   ``patch_settle_abandoned_results`` (writes after a ``tabledata.list`` no
-  longer fail on DuckDB 2.0's "unfinished result").
+  longer fail on DuckDB 2.0's "unfinished result") and
+  ``patch_parquet_load_by_name`` (a Parquet load matches columns by name).
 
 Each patch checks that what it patches still exists. If one is missing (say, a
 different bqemulator version), the launcher exits with status 3 and names it,
@@ -1595,6 +1596,31 @@ def patch_json_load_bytes() -> list[str]:
     return [_replace(executor, "_load_json", _load_json) + " (+ _LOAD_FORMAT_HANDLERS)"]
 
 
+def patch_parquet_load_by_name() -> list[str]:
+    """Extra: a Parquet load matches the file's columns to the table's by name.
+
+    bqemulator loads Parquet with ``INSERT INTO t SELECT * FROM read_parquet(?)``,
+    which pairs columns by position: a table with a column the file lacks
+    fails ("table has 11 columns but 10 values were supplied"), and a file
+    whose columns come in another order fills the wrong columns or fails a
+    cast. BigQuery matches Parquet columns to the table's by name
+    (case-insensitively, as DuckDB's ``BY NAME`` does) and leaves the table's
+    other columns NULL. Nested RECORD fields were already matched by name.
+    """
+    executor = _module("bqemulator.jobs.executor")
+    handlers = _require(executor, "_LOAD_FORMAT_HANDLERS")
+    original = _require(executor, "_load_parquet")
+    if handlers.get("PARQUET") is not original:
+        raise PatchTargetMissingError("bqemulator.jobs.executor._LOAD_FORMAT_HANDLERS no longer maps PARQUET to "
+                                      "_load_parquet")
+
+    def _load_parquet(path: str, target_ref: str, ctx: Any) -> None:
+        ctx.engine.execute(f"INSERT INTO {target_ref} BY NAME SELECT * FROM read_parquet(?)", [path])
+
+    handlers["PARQUET"] = _load_parquet
+    return [_replace(executor, "_load_parquet", _load_parquet) + " (+ _LOAD_FORMAT_HANDLERS)"]
+
+
 # =============================================================================
 # Entry point
 # =============================================================================
@@ -1627,6 +1653,7 @@ def apply_patches(args: argparse.Namespace) -> None:
         ("extra register after an abandoned result", patch_settle_abandoned_results),
         ("extra uploaded load job keeps its job id", patch_upload_job_id),
         ("extra JSON load decodes BYTES from base64", patch_json_load_bytes),
+        ("extra Parquet load matches columns by name", patch_parquet_load_by_name),
     ]
     for label, apply in patches:
         targets = apply()

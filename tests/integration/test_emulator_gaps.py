@@ -819,3 +819,25 @@ def test_writes_after_a_partial_list_rows(bq_client: bigquery.Client, bq_dataset
     assert len(list(bq_client.list_rows(table_id, max_results=1, retry=RETRY, timeout=TIMEOUT))) == 1
     bq_client.load_table_from_json([{"id": 6}], table_id, timeout=TIMEOUT).result(timeout=TIMEOUT)
     assert count(bq_client, table_id) == 7
+
+
+def test_parquet_load_matches_columns_by_name(bq_client: bigquery.Client, bq_dataset: str) -> None:
+    # As BigQuery: a Parquet file's columns go to the table's columns of the same name (in any case and
+    # order); the table's other columns stay NULL. bqemulator paired them by position.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = [SchemaField("id", "INTEGER", mode="REQUIRED"), SchemaField("Name", "STRING"),
+              SchemaField("extra", "STRING"),
+              SchemaField("rec", "RECORD", fields=[SchemaField("a", "INTEGER"), SchemaField("b", "STRING")])]
+    table_id = make_table(bq_client, bq_dataset, "by_name", schema)
+    data = io.BytesIO()
+    pq.write_table(pa.table({"rec": [{"b": "x", "a": 1}], "name": ["n"], "id": [7]}), data)
+    data.seek(0)
+    config = bigquery.LoadJobConfig(source_format="PARQUET", write_disposition="WRITE_APPEND",
+                                    create_disposition="CREATE_NEVER")
+
+    bq_client.load_table_from_file(data, table_id, job_config=config, timeout=TIMEOUT).result(timeout=TIMEOUT)
+
+    assert query(bq_client, f"SELECT * FROM `{table_id}`") == [
+        {"id": 7, "Name": "n", "extra": None, "rec": {"a": 1, "b": "x"}}]

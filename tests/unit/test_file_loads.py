@@ -1,80 +1,154 @@
-"""File loads: staging, naming, job ids and the driver's one-job-per-batch logic, with a fake client."""
+"""File loads: Parquet staging, naming, job ids and the driver's one-job-per-batch logic, with a fake client."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from google.api_core import exceptions
-from google.cloud import bigquery
+from google.cloud.bigquery import SchemaField as F
 
 from firehose_bq.bigquery import file_loads
 from firehose_bq.bigquery.file_loads import FileLoader, OffsetRange, StagedFile, StagingWriter
 from firehose_bq.config import FILE_LOADS_TRIGGER_MS, BigQueryConfig, Config
-from firehose_bq.convert import ConvertedBatch, KafkaRecords
 from firehose_bq.errors import ConfigError, ErrorType, SinkError
 from tests.unit.test_config import MINIMAL
 
 CFG = BigQueryConfig(project_id="p", dataset="ds", table="tbl")
+TABLE = [F("I", "INTEGER"), F("s", "STRING"), F("tags", "STRING", mode="REPEATED")]
 
 
-def records(partition: int, offsets: list[int], topic: str = "t") -> KafkaRecords:
-    n = len(offsets)
-    return KafkaRecords([topic] * n, [partition] * n, offsets, [0] * n, [b""] * n)
+class FakeTableClient:
+    """What a staging task asks BigQuery: the table's schema (changeable), and nothing else."""
+
+    def __init__(self, schema: list[F] = TABLE) -> None:
+        self.schema = schema
+        self.closed = False
+
+    def get_table(self, ref: str, **_: Any) -> Any:
+        return type("Table", (), {"schema": self.schema})()
+
+    def close(self) -> None:
+        self.closed = True
 
 
-def converted(rows: list[dict], sources: list[int] | None = None) -> ConvertedBatch:
-    return ConvertedBatch(rows=rows, insert_ids=[""] * len(rows),
-                          sources=sources if sources is not None else list(range(len(rows))))
+def rows(values: list[int], **extra: list[Any]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"i": pa.array(values, pa.int64()), "s": [f"v{v}" for v in values], **extra})
 
 
-def stage(directory: Path, *parts: tuple[list[dict], KafkaRecords]) -> StagedFile:
-    writer = StagingWriter(dataclasses.replace(CFG, file_loads_staging_uri=str(directory)))
-    for rows, recs in parts:
-        assert writer.write(converted(rows), recs) == []
+def ids(partition: int, offsets: list[int], topic: str = "t") -> pa.StringArray:
+    return pa.array([f"{topic}_{partition}_{o}" for o in offsets])
+
+
+def writer_in(directory: Path, client: FakeTableClient | None = None) -> StagingWriter:
+    cfg = dataclasses.replace(CFG, file_loads_staging_uri=str(directory))
+    return StagingWriter(client or FakeTableClient(), cfg)  # type: ignore[arg-type]
+
+
+def stage(directory: Path, *parts: tuple[pa.RecordBatch, pa.StringArray]) -> StagedFile:
+    writer = writer_in(directory)
+    for batch, insert_ids in parts:
+        assert writer.write(batch, insert_ids) == []
     writer.close()
     staged = file_loads.staged_json(writer)
     assert staged is not None
     return StagedFile.from_json(staged)
 
 
+def staged_rows(staged: StagedFile) -> list[dict[str, Any]]:
+    return [row for path in staged.paths for row in pq.read_table(path).to_pylist()]
+
+
 # -- staging (the task side) ----------------------------------------------------------------------------
 
 
-def test_a_task_stages_one_ndjson_file_with_its_offset_ranges(tmp_path: Path) -> None:
-    rows = [{"id": "a", "b": "AQI=", "n": {"x": [1, 2]}}, {"id": "ü"}, {"id": "c"}]
-    staged = stage(tmp_path / "batch-3", (rows[:2], records(1, [10, 11])), (rows[2:], records(1, [12])))
+def test_a_task_stages_one_parquet_file_in_the_tables_spelling_with_its_offset_ranges(tmp_path: Path) -> None:
+    client = FakeTableClient()
+    writer = writer_in(tmp_path / "batch-3", client)
+    assert writer.write(rows([0, 1], tags=[[], None]), ids(1, [10, 11])) == []
+    assert writer.write(rows([2], tags=[["a", "ü"]]), ids(1, [12])) == []
+    writer.close()
+    staged = StagedFile.from_json(file_loads.staged_json(writer) or "")
 
-    path = Path(staged.path)
-    assert path.parent == tmp_path / "batch-3" and path.name.startswith("part-") and path.suffix == ".ndjson"
-    lines = path.read_bytes().split(b"\n")
-    assert lines[-1] == b"", "every row ends with a newline, so staged files concatenate"
-    assert [json.loads(line) for line in lines[:-1]] == rows
+    [path] = map(Path, staged.paths)
+    assert path.parent == tmp_path / "batch-3" and path.name.startswith("part-") and path.suffix == ".parquet"
+    assert pq.read_schema(path).names == ["I", "s", "tags"]
+    assert staged_rows(staged) == [{"I": 0, "s": "v0", "tags": []}, {"I": 1, "s": "v1", "tags": []},
+                                   {"I": 2, "s": "v2", "tags": ["a", "ü"]}]
     assert staged.rows == 3
     assert staged.ranges == [OffsetRange("t", 1, 10, 12, 3)]
+    assert client.closed
 
 
-def test_ranges_follow_the_rows_sources_not_the_input(tmp_path: Path) -> None:
-    # Input 1 failed to convert: the file holds inputs 0 and 2 only, and the ranges say so.
-    writer = StagingWriter(dataclasses.replace(CFG, file_loads_staging_uri=str(tmp_path)))
-    writer.write(converted([{"i": 0}, {"i": 2}], sources=[0, 2]), records(4, [7, 8, 9]))
-    writer.write(converted([{"i": 3}]), records(5, [1], topic="u"))
+def test_rows_that_do_not_fit_fail_in_the_task_and_stay_out_of_the_file_and_its_ranges(tmp_path: Path) -> None:
+    writer = writer_in(tmp_path)
+    failures = writer.write(rows([0, 1, 2], nope=[None, "x", None]), ids(4, [7, 8, 9]))
+    writer.write(rows([3]), ids(5, [1], topic="a_topic_with_underscores"))
     writer.close()
-    assert writer.staged.ranges == [OffsetRange("t", 4, 7, 9, 2), OffsetRange("u", 5, 1, 1, 1)]
+
+    assert [(f.index, f.error_type) for f in failures] == [(1, ErrorType.SINK_4XX_ERROR)]
+    assert [r["I"] for r in staged_rows(writer.staged)] == [0, 2, 3]
+    assert writer.staged.ranges == [OffsetRange("a_topic_with_underscores", 5, 1, 1, 1), OffsetRange("t", 4, 7, 9, 2)]
+
+
+def test_a_table_that_grows_during_the_task_starts_another_file(tmp_path: Path) -> None:
+    client = FakeTableClient()
+    writer = writer_in(tmp_path, client)
+    writer.write(rows([0]), ids(0, [0]))
+    client.schema = [*TABLE, F("coupon", "STRING")]
+    writer.write(rows([1], coupon=["FREE"]), ids(0, [1]))
+    writer.close()
+
+    assert len(writer.staged.paths) == 2
+    assert staged_rows(writer.staged) == [{"I": 0, "s": "v0"}, {"I": 1, "s": "v1", "coupon": "FREE"}]
+
+
+def test_staging_needs_the_rows_kafka_coordinates(tmp_path: Path) -> None:
+    writer = writer_in(tmp_path)
+    with pytest.raises(ValueError, match="insert ids"):
+        writer.write(rows([0]), None)
+    with pytest.raises(ValueError, match="not topic_partition_offset"):
+        writer.write(rows([0]), pa.array(["no-coordinates"]))
 
 
 def test_every_task_attempt_gets_its_own_file(tmp_path: Path) -> None:
-    first = stage(tmp_path, ([{"i": 1}], records(0, [1])))
-    second = stage(tmp_path, ([{"i": 1}], records(0, [1])))
-    assert first.path != second.path
+    first = stage(tmp_path, (rows([1]), ids(0, [1])))
+    second = stage(tmp_path, (rows([1]), ids(0, [1])))
+    assert first.paths != second.paths
 
 
 def test_writers_of_other_methods_stage_nothing() -> None:
     assert file_loads.staged_json(object()) is None
-    assert file_loads.parse_staged([None, "", StagedFile("/x", 1).to_json()]) == [StagedFile("/x", 1)]
+    assert file_loads.parse_staged([None, "", StagedFile(["/x"], 1).to_json()]) == [StagedFile(["/x"], 1)]
+
+
+def test_staged_files_with_different_columns_are_combined_under_their_union(tmp_path: Path) -> None:
+    old = stage(tmp_path, (rows([0]), ids(0, [0])))
+    client = FakeTableClient([*TABLE, F("rec", "RECORD", fields=[F("a", "INTEGER")]), F("more", "INTEGER",
+                                                                                         mode="REPEATED")])
+    grown = writer_in(tmp_path, client)
+    grown.write(rows([1], rec=[{"a": 5}], more=[[1, 2]], tags=[["t"]]), ids(0, [1]))
+    grown.close()
+
+    combined = file_loads.combine([old, grown.staged], tmp_path / "all.parquet")
+
+    assert pq.read_table(combined).to_pylist() == [
+        {"I": 0, "s": "v0", "rec": None, "more": [], "tags": []},
+        {"I": 1, "s": "v1", "rec": {"a": 5}, "more": [1, 2], "tags": ["t"]}]
+    assert file_loads.combine([old], tmp_path / "unused.parquet") == Path(old.paths[0])
+
+
+def test_the_load_job_appends_parquet_with_list_inference() -> None:
+    config = file_loads.load_job_config()
+    assert (config.source_format, config.write_disposition, config.create_disposition) == (
+        "PARQUET", "WRITE_APPEND", "CREATE_NEVER")
+    assert config.parquet_options.enable_list_inference is True
+    assert config.to_api_repr()["load"]["parquetOptions"] == {"enableListInference": True}
+    assert config.schema is None  # Parquet describes itself; the table exists
 
 
 # -- where staging happens ----------------------------------------------------------------------------------
@@ -83,7 +157,7 @@ def test_writers_of_other_methods_stage_nothing() -> None:
 def test_staging_defaults_to_the_checkpoint_and_each_batch_has_its_directory() -> None:
     cfg = Config.from_env({**MINIMAL, "SINK_BIGQUERY_WRITE_METHOD": "file_loads"})
     assert file_loads.staging_root(cfg) == Path("/ck/staging")
-    assert file_loads.for_batch(cfg.bigquery, Path("/ck/staging"), 7).file_loads_staging_uri == "/ck/staging/batch-7"
+    assert file_loads.batch_dir(Path("/ck/staging"), 7) == Path("/ck/staging/batch-7")
     other = Config.from_env({**MINIMAL, "SINK_BIGQUERY_WRITE_METHOD": "file_loads",
                              "SINK_BIGQUERY_FILE_LOADS_STAGING_URI": "file:///shared/stage"})
     assert file_loads.staging_root(other) == Path("/shared/stage")
@@ -109,7 +183,7 @@ def test_remote_staging_is_a_config_error_for_now(env: dict[str, str], problem: 
 
 
 def staged_files(*ranges: tuple[int, int, int], path: str = "/a") -> list[StagedFile]:
-    return [StagedFile(f"{path}{p}", last - first + 1, [OffsetRange("t", p, first, last, last - first + 1)])
+    return [StagedFile([f"{path}{p}"], last - first + 1, [OffsetRange("t", p, first, last, last - first + 1)])
             for p, first, last in ranges]
 
 
@@ -175,9 +249,6 @@ class FakeClient:
             raise exceptions.NotFound(f"job {job_id}")
         return self.jobs[job_id]
 
-    def get_table(self, ref: str, **_: Any) -> Any:
-        return type("Table", (), {"schema": [bigquery.SchemaField(ref.replace(".", "_"), "STRING")]})()
-
     def load_table_from_file(self, source: Any, table: Any, *, job_id: str, job_config: Any, timeout: float) -> FakeJob:
         if self.conflict_once is not None:  # another driver created it between our lookup and our request
             self.jobs[job_id], self.conflict_once = self.conflict_once, None
@@ -196,14 +267,13 @@ def loader(client: FakeClient, root: Path) -> FileLoader:
 
 def two_tasks(root: Path, batch_id: int = 2) -> list[StagedFile]:
     directory = file_loads.batch_dir(root, batch_id)
-    return [stage(directory, ([{"i": 0}, {"i": 1}], records(0, [0, 1]))),
-            stage(directory, ([{"i": 2}], records(1, [0])))]
+    return [stage(directory, (rows([0, 1]), ids(0, [0, 1]))), stage(directory, (rows([2]), ids(1, [0])))]
 
 
 def test_one_load_job_over_every_staged_file(tmp_path: Path) -> None:
     staged = two_tasks(tmp_path)
-    orphan = file_loads.batch_dir(tmp_path, 2) / "part-of-a-failed-attempt.ndjson"
-    orphan.write_text('{"i": 99}\n')
+    orphan = file_loads.batch_dir(tmp_path, 2) / "part-of-a-failed-attempt.parquet"
+    orphan.write_bytes(b"partial")
     client = FakeClient()
 
     outcome = loader(client, tmp_path).load(2, staged)
@@ -211,12 +281,10 @@ def test_one_load_job_over_every_staged_file(tmp_path: Path) -> None:
     assert outcome is not None and not outcome.already_loaded and outcome.rows == 3
     [(job_id, data, config)] = client.loads
     assert job_id == file_loads.load_job_id(CFG.table_ref, "ck", 2, staged) == outcome.job_id
-    assert [json.loads(line) for line in data.splitlines()] == [{"i": 0}, {"i": 1}, {"i": 2}]
-    assert (config.source_format, config.write_disposition, config.create_disposition) == (
-        "NEWLINE_DELIMITED_JSON", "WRITE_APPEND", "CREATE_NEVER")
-    assert config.autodetect is False and [f.name for f in config.schema] == ["p_ds_tbl"]
+    assert pq.read_table(pa.py_buffer(data)).to_pylist() == [{"I": i, "s": f"v{i}"} for i in range(3)]
+    assert config.to_api_repr() == file_loads.load_job_config().to_api_repr()
     # The directory is the write mode's to drop, once every table of the batch is loaded.
-    assert orphan.exists() and all(Path(f.path).exists() for f in staged)
+    assert orphan.exists() and all(Path(p).exists() for f in staged for p in f.paths)
 
 
 def test_a_replay_whose_job_already_ran_loads_nothing(tmp_path: Path) -> None:
@@ -266,7 +334,7 @@ def test_a_failed_job_raises_a_classified_error_with_its_errors_and_keeps_the_fi
     assert text.startswith("SINK_4XX_ERROR: load job firehose_bq_ds_tbl_b2_")
     assert "invalid at file-00000000: row 0: bad value" in text and "row 4" in text
     assert "row 5" not in text and "(and 2 more)" in text
-    assert all(Path(f.path).exists() for f in staged)
+    assert all(Path(p).exists() for f in staged for p in f.paths)
 
 
 @pytest.mark.parametrize(("reason", "kind"), [("rateLimitExceeded", ErrorType.SINK_RETRYABLE_ERROR),
@@ -291,12 +359,12 @@ def test_a_job_whose_outcome_is_unknown_fails_the_batch_without_a_second_job(
         loader(client, tmp_path).load(2, staged)
 
     assert failed.value.error_type is kind and job_id in str(failed.value)
-    assert client.loads == [] and all(Path(f.path).exists() for f in staged)
+    assert client.loads == [] and all(Path(p).exists() for f in staged for p in f.paths)
 
 
 def test_a_staged_file_the_driver_cannot_see_is_named(tmp_path: Path) -> None:
     staged = two_tasks(tmp_path)
-    Path(staged[1].path).unlink()  # as if staged on another machine's local disk
+    Path(staged[1].paths[0]).unlink()  # as if staged on another machine's local disk
     with pytest.raises(SinkError, match="not visible to the driver .*part-.*must be a directory that the driver"):
         loader(FakeClient(), tmp_path).load(2, staged)
 

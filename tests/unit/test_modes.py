@@ -108,7 +108,7 @@ def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, mon
             self.table = cfg.table_ref
 
         def load(self, batch: int, staged: list[file_loads.StagedFile]) -> None:
-            loads.append((self.table, batch, [f.path for f in staged]))
+            loads.append((self.table, batch, [path for f in staged for path in f.paths]))
 
     monkeypatch.setattr(file_loads, "FileLoader", Loader)
     monkeypatch.setattr(modes, "make_client", lambda cfg: contextlib.nullcontext())
@@ -117,7 +117,7 @@ def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, mon
     file_loads.batch_dir(tmp_path, 3).mkdir()
 
     def report(table: str, path: str) -> str:
-        return json.dumps({"table": table, "staged": json.loads(file_loads.StagedFile(path, 1).to_json())})
+        return json.dumps({"table": table, "staged": json.loads(file_loads.StagedFile([path], 1).to_json())})
 
     results = [TaskResult(reports=[report("", "a"), report("ds.other", "b")]), TaskResult(reports=[report("", "c")])]
     mode.finish(3, results)
