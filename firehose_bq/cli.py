@@ -17,10 +17,10 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import FrameType
+from types import FrameType, ModuleType
 
 from firehose_bq import config as config_module
-from firehose_bq.config import Config, StackConfig, read_env_file
+from firehose_bq.config import Config, read_env_file
 from firehose_bq.errors import ConfigError, FirehoseError
 
 log = logging.getLogger("firehose_bq")
@@ -143,11 +143,25 @@ def _environment(args: argparse.Namespace) -> dict[str, str]:
             raise ConfigError([f"--env-file {path}: no such file"])
         merged.update(read_env_file(path))
     if args.stack:
-        from firehose_bq.devstack.stack import Stack
-
-        merged.update(Stack(StackConfig.from_env({**merged, **os.environ})).env())
+        devstack = _devstack()
+        merged.update(devstack.Stack(devstack.StackConfig.from_env({**merged, **os.environ})).env())
     merged.update(os.environ)
     return merged
+
+
+def _devstack() -> ModuleType:
+    """The local development stack, which comes with a source checkout and is not in the installed wheel."""
+    try:
+        from firehose_bq.devstack import stack
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("firehose_bq.devstack"):
+            raise
+        raise FirehoseError(
+            "the local development stack (`firehose-bq stack`, `--stack`, `config stack-reference`) is not part "
+            "of the installed package: it starts emulators for development and tests, and comes with a source "
+            "checkout (`make up`, `make run`, `make test` there). A deployed job points at real Kafka and "
+            "BigQuery through its settings instead.") from None
+    return stack
 
 
 def _load_config(environ: Mapping[str, str]) -> Config:
@@ -216,9 +230,8 @@ def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _stack(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from firehose_bq.devstack.stack import Stack
-
-    stack = Stack(StackConfig.from_env(environ))
+    devstack = _devstack()
+    stack = devstack.Stack(devstack.StackConfig.from_env(environ))
     if args.action == "up":
         stack.up()
     elif args.action == "down":
@@ -341,7 +354,7 @@ def _upsert(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 def _config(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if args.action.endswith("reference"):
-        sections = (StackConfig,) if args.action == "stack-reference" else None
+        sections = (_devstack().StackConfig,) if args.action == "stack-reference" else None
         print(config_module.reference_markdown(sections))
         return 0
     cfg = _load_config(environ)

@@ -342,48 +342,6 @@ class Config:
         return dataclasses.asdict(self)
 
 
-@dataclass(frozen=True)
-class StackConfig:
-    """The local development stack (`firehose-bq stack ...`): never used by a production job."""
-
-    state_dir: str = setting(
-        "FIREHOSE_STACK_DIR", "Where the local stack keeps PIDs, logs and the broker's data.", ".stack"
-    )
-    tools_dir: str = setting(
-        "FIREHOSE_STACK_TOOLS_DIR",
-        "Where the broker and emulator venvs are installed once and reused; empty = "
-        "`$XDG_CACHE_HOME/firehose-bq/tools` (`~/.cache/...`).",
-        "",
-    )
-    kafka_port: int = setting("FIREHOSE_STACK_KAFKA_PORT", "Port of the local Kafka broker.", 19092,
-                              minimum=1, maximum=65535)
-    bigquery_port: int = setting("FIREHOSE_STACK_BIGQUERY_PORT", "REST port of the BigQuery emulator.", 19050,
-                                 minimum=1, maximum=65535)
-    bigquery_grpc_port: int = setting(
-        "FIREHOSE_STACK_BIGQUERY_GRPC_PORT", "gRPC (Storage API) port of the BigQuery emulator.", 19060,
-        minimum=1, maximum=65535,
-    )
-    project_id: str = setting("FIREHOSE_STACK_PROJECT_ID", "Project id the emulator serves.", "local-project")
-    start_timeout_s: int = setting(
-        "FIREHOSE_STACK_START_TIMEOUT_S",
-        "How long `stack up` waits for each service to answer (first start installs it: longer).",
-        120, minimum=1,
-    )
-    bigquery_persistent: bool = setting(
-        "FIREHOSE_STACK_BIGQUERY_PERSISTENT",
-        "Keep the emulator's datasets in FIREHOSE_STACK_DIR/bigquery-data across restarts (default: in memory).",
-        False,
-    )
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> StackConfig:
-        problems: list[str] = []
-        loaded = load_section(cls, environ, problems)
-        if problems:
-            raise ConfigError(problems)
-        return loaded  # type: ignore[no-any-return]
-
-
 BQ_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,299}")
 # https://cloud.google.com/bigquery/docs/labels-intro#requirements
 LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")

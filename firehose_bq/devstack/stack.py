@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from firehose_bq.config import StackConfig
+from firehose_bq.devstack.stack_config import StackConfig
 from firehose_bq.devstack.tools import BROKER, EMULATOR, Tool, default_tools_dir, ensure_installed
 from firehose_bq.errors import StackError
 

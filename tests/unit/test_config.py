@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from firehose_bq import config
-from firehose_bq.config import Config, StackConfig
+from firehose_bq.config import Config
+from firehose_bq.devstack.stack_config import StackConfig
 from firehose_bq.errors import ConfigError
 
 README = Path(__file__).resolve().parents[2] / "README.md"
