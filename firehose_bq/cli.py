@@ -85,8 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     bound = replay.add_mutually_exclusive_group(required=True)
     bound.add_argument("--available-now", action="store_true", help="replay what the DLQ holds now, then exit")
     bound.add_argument("--max-messages", type=int, metavar="N", help="replay at most N dead letters, then exit")
-    replay.add_argument("--from-blob", metavar="DIR", type=Path,
-                        help="read BLOB files under DIR (default: the DLQ_KAFKA_TOPIC topic)")
+    replay.add_argument("--from-blob", metavar="LOCATION",
+                        help="read the BLOB writer's files under LOCATION, a directory or gs://bucket/prefix "
+                             "(default: the DLQ_KAFKA_TOPIC topic)")
     replay.add_argument("--group", metavar="ID",
                         help="consumer group that remembers the replay's progress in the DLQ topic (default: "
                              "SOURCE_KAFKA_CONSUMER_GROUP_ID + `-dlq-replay`)")
@@ -209,14 +210,20 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from firehose_bq.dlq.replay import BlobDlqSource, DlqSource, KafkaDlqSource, replay
+    from firehose_bq.blobstore import open_blob_store
+    from firehose_bq.dlq.blob_source import BlobDlqSource
+    from firehose_bq.dlq.replay import DlqSource, KafkaDlqSource, replay
 
     cfg = _load_config(environ)
     if args.max_messages is not None and args.max_messages < 1:
         raise ConfigError(["--max-messages: must be at least 1"])
     source: DlqSource
     if args.from_blob:
-        source = BlobDlqSource(args.from_blob, args.max_messages)
+        try:
+            store = open_blob_store(args.from_blob, cfg.dlq.gcs_options())
+        except ValueError as exc:
+            raise ConfigError([f"--from-blob: {exc}"]) from None
+        source = BlobDlqSource(store, args.max_messages)
     else:
         dlq = cfg.dlq.with_brokers(cfg.source.brokers)
         source = KafkaDlqSource(dlq.kafka_brokers, dlq.kafka_topic,
