@@ -16,7 +16,7 @@ class StackConfig:
     )
     tools_dir: str = setting(
         "FIREHOSE_STACK_TOOLS_DIR",
-        "Where the broker and emulator venvs are installed once and reused; empty = "
+        "Where the broker's and emulators' venvs are installed once and reused; empty = "
         "`$XDG_CACHE_HOME/firehose-bq/tools` (`~/.cache/...`).",
         "",
     )
@@ -27,6 +27,11 @@ class StackConfig:
     bigquery_grpc_port: int = setting(
         "FIREHOSE_STACK_BIGQUERY_GRPC_PORT", "gRPC (Storage API) port of the BigQuery emulator.", 19060,
         minimum=1, maximum=65535,
+    )
+    gcs_port: int = setting("FIREHOSE_STACK_GCS_PORT", "Port of the Cloud Storage emulator (JSON API).", 19023,
+                            minimum=1, maximum=65535)
+    gcs_bucket: str = setting(
+        "FIREHOSE_STACK_GCS_BUCKET", "Bucket the Cloud Storage emulator creates at start.", "firehose-local"
     )
     project_id: str = setting("FIREHOSE_STACK_PROJECT_ID", "Project id the emulator serves.", "local-project")
     start_timeout_s: int = setting(
