@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from firehose_bq.dlq.config import DlqConfig
+from firehose_bq import redact
 from firehose_bq.errors import ConfigError
 from firehose_bq.policy import ErrorPolicyConfig
 from firehose_bq.registry.config import RegistryConfig
@@ -338,8 +339,9 @@ class Config:
         return self.registry.confluent_subject or f"{self.source.topics[0]}-value"
 
     def public_dict(self) -> dict[str, Any]:
-        """Settings for logs: credential paths are shown; secret values are `Secret`s, shown redacted."""
-        return dataclasses.asdict(self)
+        """Settings for logs: credential paths are shown; secret values are `Secret`s, shown redacted, and
+        URLs lose their credentials (a registry URL may carry a password or a token)."""
+        return _without_url_credentials(dataclasses.asdict(self))
 
 
 BQ_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,299}")
@@ -369,6 +371,16 @@ def staging_problems(staging_uri: str, checkpoint_location: str) -> list[str]:
         return [f"SINK_BIGQUERY_FILE_LOADS_STAGING_URI: required with SINK_BIGQUERY_WRITE_METHOD=file_loads when "
                 f"SPARK_CHECKPOINT_LOCATION ({checkpoint_location}) is not a local directory"]
     return []
+
+
+def _without_url_credentials(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact.urls_in(value)
+    if isinstance(value, dict):
+        return {k: _without_url_credentials(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_without_url_credentials(v) for v in value)
+    return value
 
 
 def _sections() -> dict[str, type]:
