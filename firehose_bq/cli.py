@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType, ModuleType
 
 from firehose_bq import config as config_module
+from firehose_bq import logs
 from firehose_bq.config import Config, read_env_file
 from firehose_bq.errors import ConfigError, FirehoseError
 
@@ -29,16 +30,16 @@ log = logging.getLogger("firehose_bq")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    for chatty in ("kafka", "py4j"):  # their INFO lines are per-connection noise
-        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
+    say: logs.Say = logs.say_plain
+    secrets = config_module.secret_settings()
     try:
+        say = logs.configure(args.log_level, os.environ, secrets)
         environ = _environment(args)
+        say = logs.configure(args.log_level, environ, secrets)  # LOG_FORMAT or a secret may come from a file
         return int(args.handler(args, environ) or 0)
     except ConfigError as exc:
         for problem in exc.problems:
-            print(f"config error: {problem}", file=sys.stderr)
+            say(f"config error: {problem}")
         return 2
     except BrokenPipeError:
         # The reader went away (`... | head`): not an error; stop writing quietly.
@@ -46,13 +47,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except _service_errors() as exc:
         # A service answered badly or not at all (BigQuery, Kafka, credentials, a file): say which.
-        print(f"error: {type(exc).__name__}: {str(exc).strip() or 'no detail'}", file=sys.stderr)
+        say(f"error: {type(exc).__name__}: {str(exc).strip() or 'no detail'}")
         return 1
     except FirehoseError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         return 1
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        say("interrupted")
         return 130
 
 
@@ -167,6 +168,8 @@ def _devstack() -> ModuleType:
 
 def _load_config(environ: Mapping[str, str]) -> Config:
     cfg = Config.from_env(environ)
+    topics = cfg.source.topics
+    logs.add_fields(table=cfg.bigquery.table_ref, **({"topic": topics[0]} if len(topics) == 1 else {}))
     for name in config_module.unknown_variables(environ):
         log.warning("%s is set but no setting reads it (typo?)", name)
     return cfg

@@ -17,8 +17,9 @@ from typing import Any
 from firehose_bq.dlq.config import DlqConfig
 from firehose_bq import redact
 from firehose_bq.errors import ConfigError
+from firehose_bq.logs import LogConfig
 from firehose_bq.policy import ErrorPolicyConfig
-from firehose_bq.registry.config import RegistryConfig
+from firehose_bq.registry.config import RegistryConfig, Secret
 from firehose_bq.schema import parse_metadata_columns
 from firehose_bq.settings import SettingDoc, load_section, read_env_file, setting
 from firehose_bq.settings import reference as _reference
@@ -279,6 +280,7 @@ class Config:
     upsert: UpsertConfig
     errors: ErrorPolicyConfig = dataclasses.field(default_factory=ErrorPolicyConfig)
     dlq: DlqConfig = dataclasses.field(default_factory=DlqConfig)
+    logs: LogConfig = dataclasses.field(default_factory=LogConfig)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Config:
@@ -381,6 +383,16 @@ def _without_url_credentials(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return type(value)(_without_url_credentials(v) for v in value)
     return value
+
+
+def secret_settings() -> tuple[str, ...]:
+    """Env names of the job's settings typed `Secret`: their values are masked in every log line and error."""
+    names = []
+    for section in _sections().values():
+        hints = typing.get_type_hints(section)
+        names.extend(f.metadata["env"] for f in dataclasses.fields(section)
+                     if Secret in (hints[f.name], *typing.get_args(hints[f.name])))
+    return tuple(names)
 
 
 def _sections() -> dict[str, type]:

@@ -78,7 +78,7 @@ class BlobDlqWriter:
         for folder, group in groups.items():
             data = "".join(letter.to_json() + "\n" for letter in group).encode()
             where = self._store.put(f"{folder}/{uuid.uuid4().hex}.jsonl", data)
-            log.info("dead-lettered %d message(s) to %s", len(group), where)
+            log.info("dead-lettered %d message(s) to %s", len(group), where, extra={"topic": group[0].error.topic})
 
     def close(self) -> None:
         pass
