@@ -18,9 +18,12 @@ the copies for 7 days: streaming 100k rows in 500-row batches then holds about 1
 publishes the change event without the copy, so ``FOR SYSTEM_TIME AS OF`` reads the live table for
 streamed data.
 
-Shown by tests/integration/test_emulator_gaps.py: every ``test_gap2_*`` test (invalid and stopped rows,
-``skipInvalidRows``, unknown and missing fields, nested field paths, lenient conversions, wrong types and
-ranges, ``test_gap2_insert_id_deduplicates_rows``).
+Shown by tests/integration/test_emulator_gaps.py, the ``test_gap2_*`` tests:
+::test_gap2_invalid_type_reports_invalid_and_stopped_and_inserts_nothing,
+::test_gap2_skip_invalid_rows_inserts_only_the_good_rows, ::test_gap2_unknown_field_is_invalid,
+::test_gap2_unknown_field_is_dropped_with_ignore_unknown_values, ::test_gap2_missing_required_field_is_invalid,
+::test_gap2_nested_record_and_repeated_errors_carry_the_field_path, ::test_gap2_lenient_conversions_match_bigquery,
+::test_gap2_wrong_scalar_types_and_value_ranges and ::test_gap2_insert_id_deduplicates_rows.
 """
 
 import collections
