@@ -9,8 +9,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from firehose_bq import descriptors, sample
-from firehose_bq.config import Config, StackConfig, read_env_file
+from firehose_bq.config import Config, read_env_file
 from firehose_bq.devstack.stack import Stack, isolated_env
+from firehose_bq.devstack.stack_config import StackConfig
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -22,9 +22,10 @@ from google.protobuf import message_factory
 
 from firehose_bq import descriptors, sample
 from firehose_bq.bigquery.client import make_client
-from firehose_bq.config import Config, StackConfig, read_env_file
+from firehose_bq.config import Config, read_env_file
 from firehose_bq.convert import KafkaRecords, RowConverter
 from firehose_bq.devstack.stack import Stack, isolated_env
+from firehose_bq.devstack.stack_config import StackConfig
 from firehose_bq.schema import MetadataColumns
 from firehose_bq.sink_schema import plan_table
 from firehose_bq.upsert import tables

@@ -17,8 +17,9 @@ from pathlib import Path
 from google.protobuf import descriptor_pb2
 
 from firehose_bq.bigquery.client import make_client
-from firehose_bq.config import Config, StackConfig, read_env_file
+from firehose_bq.config import Config, read_env_file
 from firehose_bq.devstack.stack import Stack, isolated_env
+from firehose_bq.devstack.stack_config import StackConfig
 from firehose_bq.sink_schema import SinkSchema
 from firehose_bq.registry.cache import DescriptorCache
 

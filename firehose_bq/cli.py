@@ -17,10 +17,11 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import FrameType
+from types import FrameType, ModuleType
 
 from firehose_bq import config as config_module
-from firehose_bq.config import Config, StackConfig, read_env_file
+from firehose_bq import logs
+from firehose_bq.config import Config, read_env_file
 from firehose_bq.errors import ConfigError, FirehoseError
 
 log = logging.getLogger("firehose_bq")
@@ -29,16 +30,16 @@ log = logging.getLogger("firehose_bq")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        stream=sys.stderr)
-    for chatty in ("kafka", "py4j"):  # their INFO lines are per-connection noise
-        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
+    say: logs.Say = logs.say_plain
+    secrets = config_module.secret_settings()
     try:
+        say = logs.configure(args.log_level, os.environ, secrets)
         environ = _environment(args)
+        say = logs.configure(args.log_level, environ, secrets)  # LOG_FORMAT or a secret may come from a file
         return int(args.handler(args, environ) or 0)
     except ConfigError as exc:
         for problem in exc.problems:
-            print(f"config error: {problem}", file=sys.stderr)
+            say(f"config error: {problem}")
         return 2
     except BrokenPipeError:
         # The reader went away (`... | head`): not an error; stop writing quietly.
@@ -46,13 +47,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except _service_errors() as exc:
         # A service answered badly or not at all (BigQuery, Kafka, credentials, a file): say which.
-        print(f"error: {type(exc).__name__}: {str(exc).strip() or 'no detail'}", file=sys.stderr)
+        say(f"error: {type(exc).__name__}: {str(exc).strip() or 'no detail'}")
         return 1
     except FirehoseError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         return 1
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        say("interrupted")
         return 130
 
 
@@ -85,8 +86,9 @@ def _parser() -> argparse.ArgumentParser:
     bound = replay.add_mutually_exclusive_group(required=True)
     bound.add_argument("--available-now", action="store_true", help="replay what the DLQ holds now, then exit")
     bound.add_argument("--max-messages", type=int, metavar="N", help="replay at most N dead letters, then exit")
-    replay.add_argument("--from-blob", metavar="DIR", type=Path,
-                        help="read BLOB files under DIR (default: the DLQ_KAFKA_TOPIC topic)")
+    replay.add_argument("--from-blob", metavar="LOCATION",
+                        help="read the BLOB writer's files under LOCATION, a directory or gs://bucket/prefix "
+                             "(default: the DLQ_KAFKA_TOPIC topic)")
     replay.add_argument("--topic", metavar="TOPIC",
                         help="read this topic instead of DLQ_KAFKA_TOPIC, e.g. the routing fallback topic "
                              "(SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC, on SOURCE_KAFKA_BROKERS) once routes exist")
@@ -146,15 +148,31 @@ def _environment(args: argparse.Namespace) -> dict[str, str]:
             raise ConfigError([f"--env-file {path}: no such file"])
         merged.update(read_env_file(path))
     if args.stack:
-        from firehose_bq.devstack.stack import Stack
-
-        merged.update(Stack(StackConfig.from_env({**merged, **os.environ})).env())
+        devstack = _devstack()
+        merged.update(devstack.Stack(devstack.StackConfig.from_env({**merged, **os.environ})).env())
     merged.update(os.environ)
     return merged
 
 
+def _devstack() -> ModuleType:
+    """The local development stack, which comes with a source checkout and is not in the installed wheel."""
+    try:
+        from firehose_bq.devstack import stack
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("firehose_bq.devstack"):
+            raise
+        raise FirehoseError(
+            "the local development stack (`firehose-bq stack`, `--stack`, `config stack-reference`) is not part "
+            "of the installed package: it starts emulators for development and tests, and comes with a source "
+            "checkout (`make up`, `make run`, `make test` there). A deployed job points at real Kafka and "
+            "BigQuery through its settings instead.") from None
+    return stack
+
+
 def _load_config(environ: Mapping[str, str]) -> Config:
     cfg = Config.from_env(environ)
+    topics = cfg.source.topics
+    logs.add_fields(table=cfg.bigquery.table_ref, **({"topic": topics[0]} if len(topics) == 1 else {}))
     for name in config_module.unknown_variables(environ):
         log.warning("%s is set but no setting reads it (typo?)", name)
     return cfg
@@ -207,14 +225,20 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from firehose_bq.dlq.replay import BlobDlqSource, DlqSource, KafkaDlqSource, replay
+    from firehose_bq.blobstore import open_blob_store
+    from firehose_bq.dlq.blob_source import BlobDlqSource
+    from firehose_bq.dlq.replay import DlqSource, KafkaDlqSource, replay
 
     cfg = _load_config(environ)
     if args.max_messages is not None and args.max_messages < 1:
         raise ConfigError(["--max-messages: must be at least 1"])
     source: DlqSource
     if args.from_blob:
-        source = BlobDlqSource(args.from_blob, args.max_messages)
+        try:
+            store = open_blob_store(args.from_blob, cfg.dlq.gcs_options())
+        except ValueError as exc:
+            raise ConfigError([f"--from-blob: {exc}"]) from None
+        source = BlobDlqSource(store, args.max_messages)
     else:
         dlq = cfg.dlq.with_brokers(cfg.source.brokers)
         topic = args.topic or dlq.kafka_topic
@@ -236,9 +260,8 @@ def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _stack(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from firehose_bq.devstack.stack import Stack
-
-    stack = Stack(StackConfig.from_env(environ))
+    devstack = _devstack()
+    stack = devstack.Stack(devstack.StackConfig.from_env(environ))
     if args.action == "up":
         stack.up()
     elif args.action == "down":
@@ -361,7 +384,7 @@ def _upsert(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 def _config(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if args.action.endswith("reference"):
-        sections = (StackConfig,) if args.action == "stack-reference" else None
+        sections = (_devstack().StackConfig,) if args.action == "stack-reference" else None
         print(config_module.reference_markdown(sections))
         return 0
     cfg = _load_config(environ)

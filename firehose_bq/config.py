@@ -14,16 +14,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from firehose_bq import redact
 from firehose_bq.dlq.config import DlqConfig
 from firehose_bq.errors import ConfigError
+from firehose_bq.logs import LogConfig
 from firehose_bq.policy import ErrorPolicyConfig
-from firehose_bq.registry.config import RegistryConfig
+from firehose_bq.registry.config import RegistryConfig, Secret
 from firehose_bq.routing import PLACEHOLDER, NameTemplate, Router, TemplateError, parse_class_routes
 from firehose_bq.schema import parse_metadata_columns
 from firehose_bq.settings import SettingDoc, load_section, read_env_file, setting
-from firehose_bq.telemetry import MetricsConfig
 from firehose_bq.settings import reference as _reference
 from firehose_bq.settings import reference_markdown as _reference_markdown
+from firehose_bq.telemetry import MetricsConfig
 from firehose_bq.upsert.config import UpsertConfig
 
 __all__ = ["Config", "ConfigError", "SettingDoc", "read_env_file", "reference", "reference_markdown", "setting"]
@@ -364,6 +366,7 @@ class Config:
     errors: ErrorPolicyConfig = dataclasses.field(default_factory=ErrorPolicyConfig)
     dlq: DlqConfig = dataclasses.field(default_factory=DlqConfig)
     metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
+    logs: LogConfig = dataclasses.field(default_factory=LogConfig)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Config:
@@ -483,50 +486,9 @@ class Config:
         return self.registry.confluent_subject or f"{self.source.topics[0]}-value"
 
     def public_dict(self) -> dict[str, Any]:
-        """Settings for logs: credential paths are shown; secret values are `Secret`s, shown redacted."""
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class StackConfig:
-    """The local development stack (`firehose-bq stack ...`): never used by a production job."""
-
-    state_dir: str = setting(
-        "FIREHOSE_STACK_DIR", "Where the local stack keeps PIDs, logs and the broker's data.", ".stack"
-    )
-    tools_dir: str = setting(
-        "FIREHOSE_STACK_TOOLS_DIR",
-        "Where the broker and emulator venvs are installed once and reused; empty = "
-        "`$XDG_CACHE_HOME/firehose-bq/tools` (`~/.cache/...`).",
-        "",
-    )
-    kafka_port: int = setting("FIREHOSE_STACK_KAFKA_PORT", "Port of the local Kafka broker.", 19092,
-                              minimum=1, maximum=65535)
-    bigquery_port: int = setting("FIREHOSE_STACK_BIGQUERY_PORT", "REST port of the BigQuery emulator.", 19050,
-                                 minimum=1, maximum=65535)
-    bigquery_grpc_port: int = setting(
-        "FIREHOSE_STACK_BIGQUERY_GRPC_PORT", "gRPC (Storage API) port of the BigQuery emulator.", 19060,
-        minimum=1, maximum=65535,
-    )
-    project_id: str = setting("FIREHOSE_STACK_PROJECT_ID", "Project id the emulator serves.", "local-project")
-    start_timeout_s: int = setting(
-        "FIREHOSE_STACK_START_TIMEOUT_S",
-        "How long `stack up` waits for each service to answer (first start installs it: longer).",
-        120, minimum=1,
-    )
-    bigquery_persistent: bool = setting(
-        "FIREHOSE_STACK_BIGQUERY_PERSISTENT",
-        "Keep the emulator's datasets in FIREHOSE_STACK_DIR/bigquery-data across restarts (default: in memory).",
-        False,
-    )
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> StackConfig:
-        problems: list[str] = []
-        loaded = load_section(cls, environ, problems)
-        if problems:
-            raise ConfigError(problems)
-        return loaded  # type: ignore[no-any-return]
+        """Settings for logs: credential paths are shown; secret values are `Secret`s, shown redacted, and
+        URLs lose their credentials (a registry URL may carry a password or a token)."""
+        return _without_url_credentials(dataclasses.asdict(self))
 
 
 BQ_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,299}")
@@ -556,6 +518,26 @@ def staging_problems(staging_uri: str, checkpoint_location: str) -> list[str]:
         return [f"SINK_BIGQUERY_FILE_LOADS_STAGING_URI: required with SINK_BIGQUERY_WRITE_METHOD=file_loads when "
                 f"SPARK_CHECKPOINT_LOCATION ({checkpoint_location}) is not a local directory"]
     return []
+
+
+def _without_url_credentials(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact.urls_in(value)
+    if isinstance(value, dict):
+        return {k: _without_url_credentials(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_without_url_credentials(v) for v in value)
+    return value
+
+
+def secret_settings() -> tuple[str, ...]:
+    """Env names of the job's settings typed `Secret`: their values are masked in every log line and error."""
+    names = []
+    for section in _sections().values():
+        hints = typing.get_type_hints(section)
+        names.extend(f.metadata["env"] for f in dataclasses.fields(section)
+                     if Secret in (hints[f.name], *typing.get_args(hints[f.name])))
+    return tuple(names)
 
 
 def _sections() -> dict[str, type]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from google.protobuf import descriptor, descriptor_pb2, descriptor_pool, message, message_factory
 
+from firehose_bq import redact
 from firehose_bq.errors import SchemaError
 
 FETCH_TIMEOUT_S = 10
@@ -47,7 +48,7 @@ class Descriptors:
         except KeyError:
             known = ", ".join(sorted(self.message_names())[:20])
             raise SchemaError(
-                f"message {full_name!r} is not in the descriptors from {', '.join(self.sources)}; "
+                f"message {full_name!r} is not in the descriptors from {', '.join(map(redact.url, self.sources))}; "
                 f"known messages include: {known}"
             ) from None
 
@@ -72,15 +73,6 @@ class Descriptors:
             object.__setattr__(self, key, value)
 
 
-def redact(url: str) -> str:
-    """`url` fit for logs and errors: credentials written into it (`https://user:pass@host`) removed."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}{f':{parts.port}' if parts.port else ''}"))
-
-
 def load(urls: tuple[str, ...] | list[str]) -> Descriptors:
     """Fetch every URL (file://, plain path, http(s)://) and merge the sets; errors name the URL."""
     if not urls:
@@ -101,13 +93,13 @@ def _fetch(url: str) -> bytes:
             path = Path(urllib.parse.unquote(parsed.path) if parsed.scheme else url)
             data = path.read_bytes()
         else:
-            raise SchemaError(f"unsupported descriptor URL scheme {parsed.scheme!r} in {url!r}")
+            raise SchemaError(f"unsupported descriptor URL scheme {parsed.scheme!r} in {redact.url(url)!r}")
     except OSError as exc:
-        raise SchemaError(f"cannot read descriptors from {redact(url)}: {exc}") from exc
+        raise SchemaError(f"cannot read descriptors from {redact.url(url)}: {exc}") from exc
     try:
         descriptor_pb2.FileDescriptorSet.FromString(data)
     except Exception as exc:  # protobuf raises DecodeError or RuntimeWarning-ish errors by backend
-        raise SchemaError(f"{redact(url)} is not a serialized FileDescriptorSet: {exc}") from exc
+        raise SchemaError(f"{redact.url(url)} is not a serialized FileDescriptorSet: {exc}") from exc
     return data
 
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import bigquery
 
 from firehose_bq.config import BigQueryConfig
-from firehose_bq.errors import ConfigError
+from firehose_bq.gcp_auth import service_account_credentials
 
 SCOPES = ("https://www.googleapis.com/auth/bigquery",)
 
@@ -32,13 +30,4 @@ def credentials(cfg: BigQueryConfig) -> Credentials | None:
         return AnonymousCredentials()
     if not cfg.credential_path:
         return None
-    from google.oauth2 import service_account
-
-    path = Path(cfg.credential_path)
-    if not path.is_file():
-        raise ConfigError([f"SINK_BIGQUERY_CREDENTIAL_PATH: no such file {path}"])
-    try:
-        return service_account.Credentials.from_service_account_file(str(path), scopes=SCOPES)
-    except (ValueError, KeyError) as exc:  # not JSON, or not a service-account key
-        raise ConfigError([f"SINK_BIGQUERY_CREDENTIAL_PATH: {path} is not a service-account key file: "
-                           f"{type(exc).__name__}"]) from None
+    return service_account_credentials(cfg.credential_path, SCOPES, "SINK_BIGQUERY_CREDENTIAL_PATH")

@@ -1,12 +1,13 @@
-"""The local stack: a Kafka-protocol broker and the BigQuery emulator on 127.0.0.1.
+"""The local stack: a Kafka-protocol broker, the BigQuery emulator and a Cloud Storage emulator on 127.0.0.1.
 
 `up` starts what is not running (so a second `up` is harmless) and waits until each service
 answers; `down` stops exactly the processes `up` recorded, by PID, after checking that each PID is
-still the process that was started (a reused PID is never killed); `status` reports both.
+still the process that was started (a reused PID is never killed); `status` reports each.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -19,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from firehose_bq.config import StackConfig
-from firehose_bq.devstack.tools import BROKER, EMULATOR, Tool, default_tools_dir, ensure_installed
+from firehose_bq.devstack.stack_config import StackConfig
+from firehose_bq.devstack.tools import BROKER, EMULATOR, GCS_EMULATOR, Tool, default_tools_dir, ensure_installed
 from firehose_bq.errors import StackError
 
 HOST = "127.0.0.1"
@@ -35,19 +36,44 @@ class Service:
     name: str
     tool: Tool
     port: int
+    address: str
+    command: Callable[[Path, Path], list[str]]  # (the tool's venv, the stack's state dir) → argv
+    healthy: Callable[[], bool]
 
-    def command(self, cfg: StackConfig, venv: Path, state: Path) -> list[str]:
-        if self.tool is BROKER:
-            data = state / "kafka-data"
-            data.mkdir(parents=True, exist_ok=True)
-            return [str(venv / "bin" / "noida-db"), "start", "--only", "kafka", "--host", HOST,
-                    "--kafka-port", str(cfg.kafka_port), "--data-dir", str(data)]
-        persist = ["--data-dir", str(state / "bigquery-data")] if cfg.bigquery_persistent else []
-        return [str(venv / "bin" / "python"), str(LAUNCHER), "--host", HOST, "--port", str(cfg.bigquery_port),
-                "--grpc-port", str(cfg.bigquery_grpc_port), "--project", cfg.project_id, *persist]
 
-    def healthy(self, cfg: StackConfig) -> bool:
-        return _kafka_answers(self.port) if self.tool is BROKER else _bigquery_answers(cfg)
+def services(cfg: StackConfig) -> tuple[Service, ...]:
+    """The stack's services, in start order."""
+    return (
+        Service("kafka", BROKER, cfg.kafka_port, f"{HOST}:{cfg.kafka_port}",
+                functools.partial(_kafka_command, cfg), functools.partial(_kafka_answers, cfg.kafka_port)),
+        Service("bigquery", EMULATOR, cfg.bigquery_port, f"http://{HOST}:{cfg.bigquery_port}",
+                functools.partial(_bigquery_command, cfg), functools.partial(_bigquery_answers, cfg)),
+        Service("gcs", GCS_EMULATOR, cfg.gcs_port, gcs_endpoint(cfg),
+                functools.partial(_gcs_command, cfg), functools.partial(_gcs_answers, cfg)),
+    )
+
+
+def _kafka_command(cfg: StackConfig, venv: Path, state: Path) -> list[str]:
+    data = state / "kafka-data"
+    data.mkdir(parents=True, exist_ok=True)
+    return [str(venv / "bin" / "noida-db"), "start", "--only", "kafka", "--host", HOST,
+            "--kafka-port", str(cfg.kafka_port), "--data-dir", str(data)]
+
+
+def _bigquery_command(cfg: StackConfig, venv: Path, state: Path) -> list[str]:
+    persist = ["--data-dir", str(state / "bigquery-data")] if cfg.bigquery_persistent else []
+    return [str(venv / "bin" / "python"), str(LAUNCHER), "--host", HOST, "--port", str(cfg.bigquery_port),
+            "--grpc-port", str(cfg.bigquery_grpc_port), "--project", cfg.project_id, *persist]
+
+
+def _gcs_command(cfg: StackConfig, venv: Path, state: Path) -> list[str]:
+    # On disk, like the broker: objects survive a restart, under <data>/.cloudstorage/<bucket>/<name>.
+    return [str(venv / "bin" / "gcp-storage-emulator"), "--data-dir", str(state / "gcs-data"), "start",
+            "--host", HOST, "--port", str(cfg.gcs_port), "--default-bucket", cfg.gcs_bucket]
+
+
+def gcs_endpoint(cfg: StackConfig) -> str:
+    return f"http://{HOST}:{cfg.gcs_port}"
 
 
 @dataclass(frozen=True)
@@ -65,7 +91,7 @@ class Stack:
         self.cfg = cfg
         self.state = Path(cfg.state_dir).absolute()
         self.tools = Path(cfg.tools_dir) if cfg.tools_dir else default_tools_dir()
-        self.services = (Service("kafka", BROKER, cfg.kafka_port), Service("bigquery", EMULATOR, cfg.bigquery_port))
+        self.services = services(cfg)
 
     # --- commands --------------------------------------------------------------------------------------
 
@@ -77,11 +103,11 @@ class Stack:
             for service in self.services:
                 pid = self._running_pid(service)
                 if pid is not None:
-                    report(f"{service.name}: already running (pid {pid}) on {self._address(service)}")
+                    report(f"{service.name}: already running (pid {pid}) on {service.address}")
                     continue
                 self._check_port_free(service)
                 venv = ensure_installed(service.tool, self.tools)
-                command = service.command(self.cfg, venv, self.state)
+                command = service.command(venv, self.state)
                 with open(self._log(service), "ab") as log:
                     process = subprocess.Popen(  # noqa: S603 - our own pinned tools, fixed arguments
                         command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -92,7 +118,7 @@ class Stack:
                 started.append((service, process))
             for service, process in started:
                 self._wait_healthy(service, process)
-                report(f"{service.name}: started (pid {process.pid}) on {self._address(service)}")
+                report(f"{service.name}: started (pid {process.pid}) on {service.address}")
         except StackError:
             # Leave no half-started stack behind: stop what this call started.
             for service, process in started:
@@ -122,9 +148,8 @@ class Stack:
         result = []
         for service in self.services:
             pid = self._running_pid(service)
-            result.append(ServiceStatus(service.name, pid, pid is not None,
-                                        pid is not None and service.healthy(self.cfg),
-                                        self._address(service), self._log(service)))
+            result.append(ServiceStatus(service.name, pid, pid is not None, pid is not None and service.healthy(),
+                                        service.address, self._log(service)))
         return result
 
     def env(self) -> dict[str, str]:
@@ -135,12 +160,13 @@ class Stack:
             "SINK_BIGQUERY_GOOGLE_CLOUD_PROJECT_ID": self.cfg.project_id,
             "FIREHOSE_STACK_BIGQUERY_GRPC_ENDPOINT": f"{HOST}:{self.cfg.bigquery_grpc_port}",
             "SINK_BIGQUERY_STORAGE_API_ENDPOINT": f"{HOST}:{self.cfg.bigquery_grpc_port}",
+            "DLQ_GCS_API_ENDPOINT": gcs_endpoint(self.cfg),
+            # google-cloud-storage's own variable, for other clients (scripts, notebooks) pointed at this stack.
+            "STORAGE_EMULATOR_HOST": gcs_endpoint(self.cfg),
+            "FIREHOSE_STACK_GCS_BUCKET": self.cfg.gcs_bucket,
         }
 
     # --- helpers ---------------------------------------------------------------------------------------
-
-    def _address(self, service: Service) -> str:
-        return f"{HOST}:{service.port}" if service.tool is BROKER else f"http://{HOST}:{service.port}"
 
     def _pid_file(self, service: Service) -> Path:
         return self.state / f"{service.name}.pid"
@@ -177,10 +203,10 @@ class Stack:
             if process.poll() is not None:
                 raise StackError(f"{service.name} exited with code {process.returncode} while starting; "
                                  f"log {self._log(service)}:\n{_tail(self._log(service))}")
-            if service.healthy(self.cfg):
+            if service.healthy():
                 return
             time.sleep(0.2)
-        raise StackError(f"{service.name} did not answer on {self._address(service)} within "
+        raise StackError(f"{service.name} did not answer on {service.address} within "
                          f"{self.cfg.start_timeout_s} s; log {self._log(service)}:\n{_tail(self._log(service))}")
 
 
@@ -193,7 +219,8 @@ def free_port() -> int:
 def isolated_env(state_dir: Path | str) -> dict[str, str]:
     """Settings for a stack of its own (state and free ports) beside any other: tests, benchmarks."""
     return {"FIREHOSE_STACK_DIR": str(state_dir), "FIREHOSE_STACK_KAFKA_PORT": str(free_port()),
-            "FIREHOSE_STACK_BIGQUERY_PORT": str(free_port()), "FIREHOSE_STACK_BIGQUERY_GRPC_PORT": str(free_port())}
+            "FIREHOSE_STACK_BIGQUERY_PORT": str(free_port()), "FIREHOSE_STACK_BIGQUERY_GRPC_PORT": str(free_port()),
+            "FIREHOSE_STACK_GCS_PORT": str(free_port())}
 
 
 def _kafka_answers(port: int) -> bool:
@@ -214,12 +241,20 @@ def _kafka_answers(port: int) -> bool:
 
 
 def _bigquery_answers(cfg: StackConfig) -> bool:
-    url = f"http://{HOST}:{cfg.bigquery_port}/bigquery/v2/projects/{cfg.project_id}/datasets"
+    return _http_ok(f"http://{HOST}:{cfg.bigquery_port}/bigquery/v2/projects/{cfg.project_id}/datasets")
+
+
+def _http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - loopback only
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
+
+
+def _gcs_answers(cfg: StackConfig) -> bool:
+    # The bucket, not just the server: `stack up` promises FIREHOSE_STACK_GCS_BUCKET exists.
+    return _http_ok(f"{gcs_endpoint(cfg)}/storage/v1/b/{cfg.gcs_bucket}")
 
 
 def _cmdline(pid: int) -> str | None:

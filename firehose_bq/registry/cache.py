@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from firehose_bq.descriptors import Descriptors, redact
+from firehose_bq import redact
+from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import SchemaError
 from firehose_bq.registry.config import RegistryConfig
 from firehose_bq.registry.confluent import ConfluentRegistry
@@ -69,13 +70,13 @@ class DescriptorCache:
         quick = StencilFetcher(urls, dataclasses.replace(
             config, fetch_retries=min(config.fetch_retries, QUICK_RETRIES),
             fetch_backoff_min_ms=min(config.fetch_backoff_min_ms, QUICK_BACKOFF_MS)))
-        return cls._configured(fetcher.fetch, ", ".join(redact(u) for u in fetcher.urls), config, quick.fetch)
+        return cls._configured(fetcher.fetch, ", ".join(redact.url(u) for u in fetcher.urls), config, quick.fetch)
 
     @classmethod
     def for_confluent(cls, registry: ConfluentRegistry, subject: str, config: RegistryConfig) -> DescriptorCache:
         """The subject's latest schema, refreshed like Stencil URLs are (a new version = new descriptors)."""
         return cls._configured(lambda stop: registry.latest(subject).descriptors,
-                               f"{redact(registry.url)} subject {subject}", config)
+                               f"{redact.url(registry.url)} subject {subject}", config)
 
     @classmethod
     def _configured(cls, fetch: Fetch, source: str, config: RegistryConfig,

@@ -23,6 +23,7 @@ from typing import Any
 import grpc_tools
 from google.protobuf import descriptor_pb2, message
 
+from firehose_bq import redact
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import SchemaError
 from firehose_bq.registry import transport
@@ -112,6 +113,7 @@ class ConfluentRegistry:
     def __init__(self, url: str, *, user_info: Secret | None, timeout_s: float,
                  get: transport.Get = transport.get) -> None:
         self.url = url.rstrip("/")
+        self._shown = redact.url(self.url)  # for messages: the URL may carry credentials
         self._user_info = user_info
         self._timeout_s = timeout_s
         self._get = get
@@ -152,7 +154,7 @@ class ConfluentRegistry:
         path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions/latest"
         body = self._get_json(path, f"the latest schema of subject {subject!r}")
         if not isinstance(body.get("id"), int):
-            raise SchemaError(f"subject {subject!r}: {self.url}{path} answered without a schema `id`")
+            raise SchemaError(f"subject {subject!r}: {self._shown}{path} answered without a schema `id`")
         return self.schema(body["id"])
 
     def _schema_locked(self, schema_id: int) -> ConfluentSchema:
@@ -182,7 +184,7 @@ class ConfluentRegistry:
             pending.extend((r, child) for r in referenced.get("references") or ())
         main_file = f"confluent_schema_{schema_id}.proto"
         compiled = compile_proto(main_file, {**files, main_file: body["schema"]}, where)
-        source = f"{self.url}/schemas/ids/{schema_id}"
+        source = f"{self._shown}/schemas/ids/{schema_id}"
         return ConfluentSchema(schema_id, Descriptors((compiled,), (source,)), main_file)
 
     def _get_json(self, path: str, what: str) -> dict[str, Any]:
@@ -192,11 +194,11 @@ class ConfluentRegistry:
         try:
             body = json.loads(self._get(self.url + path, headers, self._timeout_s))
         except OSError as exc:
-            raise SchemaError(f"cannot fetch {what} from the Confluent registry at {self.url}: {exc}") from exc
+            raise SchemaError(f"cannot fetch {what} from the Confluent registry at {self._shown}: {exc}") from exc
         except ValueError as exc:
-            raise SchemaError(f"{what}: {self.url}{path} did not answer JSON: {exc}") from exc
+            raise SchemaError(f"{what}: {self._shown}{path} did not answer JSON: {exc}") from exc
         if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
-            raise SchemaError(f"{what}: {self.url}{path} answered without a `schema` text")
+            raise SchemaError(f"{what}: {self._shown}{path} answered without a `schema` text")
         return body
 
 

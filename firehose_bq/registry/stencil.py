@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from google.protobuf import descriptor_pb2
 
-from firehose_bq import descriptors
+from firehose_bq import descriptors, redact
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import SchemaError
 from firehose_bq.registry import transport
@@ -52,7 +52,7 @@ class StencilFetcher:
             versions = json.loads(listing)["versions"]
             newest = max(int(v) for v in versions)
         except (ValueError, TypeError, KeyError) as exc:
-            raise SchemaError(f"{url}/versions is not Stencil's {{\"versions\": [...]}}: {exc!r}") from None
+            raise SchemaError(f"{redact.url(url + '/versions')} is not Stencil's {{\"versions\": [...]}}: {exc!r}") from None
         held = self._versions.get(url)
         if held and held[0] == newest:
             return held[1]
@@ -66,15 +66,15 @@ class StencilFetcher:
             return transport.with_retries(
                 lambda: self._get(url, self._headers, cfg.fetch_timeout_ms / 1000),
                 retries=cfg.fetch_retries, backoff_s=cfg.fetch_backoff_min_ms / 1000, stop=stop,
-                what=f"GET {url}",
+                what=f"GET {redact.url(url)}",
             )
         except OSError as exc:
-            raise SchemaError(f"cannot fetch descriptors from {url}: {exc}") from exc
+            raise SchemaError(f"cannot fetch descriptors from {redact.url(url)}: {exc}") from exc
 
 
 def _checked(url: str, data: bytes) -> bytes:
     try:
         descriptor_pb2.FileDescriptorSet.FromString(data)
     except Exception as exc:  # the error type differs between protobuf backends
-        raise SchemaError(f"{url} is not a serialized FileDescriptorSet: {exc}") from exc
+        raise SchemaError(f"{redact.url(url)} is not a serialized FileDescriptorSet: {exc}") from exc
     return data

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -19,12 +21,26 @@ Get = Callable[[str, Mapping[str, str], float], bytes]
 
 
 def get(url: str, headers: Mapping[str, str], timeout_s: float) -> bytes:
-    request = urllib.request.Request(url)
+    target, user_info = _split_user_info(url)
+    request = urllib.request.Request(target)
+    if user_info is not None and not any(name.lower() == "authorization" for name in headers):
+        # `https://user:pass@host/...` means basic auth (as curl reads it); urllib would take it for a host name.
+        request.add_unredirected_header("Authorization", "Basic " + base64.b64encode(user_info.encode()).decode())
     for name, value in headers.items():
         # urllib copies ordinary headers onto a redirect, even to another host; these may be credentials.
         request.add_unredirected_header(name, value)
     with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 - http(s) only
         return response.read()  # type: ignore[no-any-return]
+
+
+def _split_user_info(url: str) -> tuple[str, str | None]:
+    """`url` without its `user:password@`, and that user info (percent-decoded), or None when it has none."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None:
+        return url, None
+    host = parts.netloc.rpartition("@")[2]
+    user_info = urllib.parse.unquote(parts.username) + ":" + urllib.parse.unquote(parts.password or "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=host)), user_info
 
 
 def is_transient(exc: OSError) -> bool:

@@ -19,8 +19,9 @@ import pytest
 from google.cloud import bigquery
 
 from firehose_bq.bigquery.client import make_client
-from firehose_bq.config import BigQueryConfig, Config, StackConfig
+from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.devstack.stack import Stack, isolated_env
+from firehose_bq.devstack.stack_config import StackConfig
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_DESCRIPTORS = REPO / "descriptors" / "example.desc"

@@ -18,6 +18,8 @@ from tests.integration.test_end_to_end import produce_bookings
 
 pytestmark = pytest.mark.integration
 
+SERVICES = ("kafka", "bigquery", "gcs")
+
 
 def firehose(*args: str, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "firehose_bq.cli", *args], env={**os.environ, **env}, cwd=REPO,
@@ -45,24 +47,25 @@ def test_stack_up_status_down_leaves_no_process_behind(tmp_path: Path, stack: St
 
     up = firehose("stack", "up", env=env)
     assert up.returncode == 0, up.stderr
-    assert "kafka: started" in up.stdout and "bigquery: started" in up.stdout
+    assert all(f"{name}: started" in up.stdout for name in SERVICES)
     again = firehose("stack", "up", env=env)
-    assert "kafka: already running" in again.stdout and "bigquery: already running" in again.stdout
+    assert all(f"{name}: already running" in again.stdout for name in SERVICES)
     status = firehose("stack", "status", env=env)
-    assert status.returncode == 0 and status.stdout.count("running, healthy") == 2
+    assert status.returncode == 0 and status.stdout.count("running, healthy") == len(SERVICES)
     envs = dict(line.split("=", 1) for line in firehose("stack", "status", "--env", env=env).stdout.split())
     assert envs["SOURCE_KAFKA_BROKERS"] == f"127.0.0.1:{env['FIREHOSE_STACK_KAFKA_PORT']}"
     assert envs["SINK_BIGQUERY_API_ENDPOINT"] == f"http://127.0.0.1:{env['FIREHOSE_STACK_BIGQUERY_PORT']}"
+    assert envs["DLQ_GCS_API_ENDPOINT"] == f"http://127.0.0.1:{env['FIREHOSE_STACK_GCS_PORT']}"
     assert processes_mentioning(str(state))
 
     down = firehose("stack", "down", env=env)
-    assert down.returncode == 0 and "kafka: stopped" in down.stdout and "bigquery: stopped" in down.stdout
+    assert down.returncode == 0 and all(f"{name}: stopped" in down.stdout for name in SERVICES)
     deadline = time.monotonic() + 10
     while processes_mentioning(str(state)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_mentioning(str(state)) == []
     stopped = firehose("stack", "status", env=env)
-    assert stopped.returncode == 1 and stopped.stdout.count("stopped") == 2
+    assert stopped.returncode == 1 and stopped.stdout.count("stopped") == len(SERVICES)
 
 
 def test_streaming_run_stops_cleanly_on_sigterm(job_env: dict[str, str], job_config, bq_client) -> None:

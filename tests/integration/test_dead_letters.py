@@ -15,7 +15,9 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from firehose_bq import cli, descriptors
 from firehose_bq.config import Config
 from firehose_bq.dlq.letters import DeadLetter
-from firehose_bq.dlq.replay import BlobDlqSource, KafkaDlqSource, replay
+from firehose_bq.blobstore import LocalBlobStore
+from firehose_bq.dlq.blob_source import BlobDlqSource
+from firehose_bq.dlq.replay import KafkaDlqSource, replay
 from firehose_bq.errors import ErrorType
 from firehose_bq.pipeline import Pipeline
 from firehose_bq.registry.cache import DescriptorCache
@@ -148,7 +150,7 @@ def test_mixed_stream_ends_in_table_or_dlq_and_replay_lands_the_fixed_ones(
         if writer_type == "KAFKA":
             source = KafkaDlqSource(cfg.source.brokers, dlq_topic, "replay-it", None)
         else:
-            source = BlobDlqSource(tmp_path / "dlq", None)
+            source = BlobDlqSource(LocalBlobStore(tmp_path / "dlq"), None)
         try:
             first = replay(cfg, source)
         finally:

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from firehose_bq.bigquery.client import make_client
-from firehose_bq.config import BigQueryConfig, Config, StackConfig
+from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.devstack.stack import Stack, isolated_env
+from firehose_bq.devstack.stack_config import StackConfig
 from firehose_bq.pipeline import Pipeline
 from tests.integration.conftest import EXAMPLE_DESCRIPTORS
 from tests.integration.test_end_to_end import produce_bookings

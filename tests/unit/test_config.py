@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from firehose_bq import config
-from firehose_bq.config import Config, StackConfig
+from firehose_bq.config import Config
+from firehose_bq.devstack.stack_config import StackConfig
 from firehose_bq.errors import ConfigError
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -124,7 +125,7 @@ def test_example_env_file_is_a_valid_config() -> None:
     assert config.unknown_variables(local) == []
 
 
-@pytest.mark.parametrize("layer", ["upsert.env", "dlq.env", "storage-write.env", "file-loads.env"])
+@pytest.mark.parametrize("layer", ["upsert.env", "dlq.env", "dlq-gcs.env", "storage-write.env", "file-loads.env"])
 def test_example_layers_over_local_env_are_valid_configs(layer: str) -> None:
     env = {**config.read_env_file(README.parent / "config" / "local.env"),
            **config.read_env_file(README.parent / "config" / layer)}

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from firehose_bq.dlq.blob_source import BlobDlqSource
 from firehose_bq.dlq.config import DlqConfig
 from firehose_bq.dlq.letters import H_ATTEMPT, H_OFFSET, H_TYPE, DeadLetter
-from firehose_bq.dlq.writers import BlobDlqWriter, LocalBlobStore, dead_letter
+from firehose_bq.blobstore import LocalBlobStore
+from firehose_bq.dlq.writers import BlobDlqWriter, dead_letter
 from firehose_bq.errors import DeadLetterError, ErrorType, MessageError
 
 LETTER = DeadLetter(MessageError(ErrorType.SINK_4XX_ERROR, "orders", 2, 41, "invalid at ts: out of range"),
@@ -80,3 +83,33 @@ def test_replayed_records_keep_their_original_coordinates() -> None:
     assert insert_ids(batch).to_pylist() == ["orders_2_41"]
     assert (row["key"], row["value"], row["dlq_attempt"]) == (b"key", b"\x00\xffvalue", LETTER.attempt)
     assert row["timestamp"].timestamp() == 1_700_000_000
+
+
+def test_blob_letters_read_back_one_object_per_batch_and_the_rename_commits(tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path)
+    writer = BlobDlqWriter(store)
+    writer.write([LETTER, LETTER])
+    writer.write([dataclasses.replace(LETTER, error=dataclasses.replace(LETTER.error, offset=42))])
+    source = BlobDlqSource(store, max_messages=None)
+    assert source.total() == 3
+    batches = list(source.batches())
+    assert sorted(len(letters) for letters, _ in batches) == [1, 2]
+    batches[0][1]()  # commit the first object only
+    assert len([n for n in store.names() if n.endswith(".jsonl.replayed")]) == 1
+    again = BlobDlqSource(store, max_messages=None)
+    assert again.total() == 3 - len(batches[0][0]) and len(list(again.batches())) == 1
+
+
+def test_blob_replay_with_a_limit_takes_whole_objects_only(tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path)
+    BlobDlqWriter(store).write([LETTER, LETTER])
+    source = BlobDlqSource(store, max_messages=1)
+    assert source.total() == 1 and list(source.batches()) == []
+
+
+def test_blob_location_is_the_directory_or_the_bucket_and_prefix() -> None:
+    assert DlqConfig(blob_local_directory="/var/dlq").blob_location() == "/var/dlq"
+    gcs = DlqConfig(blob_storage_type="GCS", gcs_bucket="b", gcs_prefix="/dlq/bookings/",
+                    gcs_api_endpoint="http://127.0.0.1:1")
+    assert gcs.blob_location() == "gs://b/dlq/bookings"
+    assert gcs.gcs_options().endpoint == "http://127.0.0.1:1"

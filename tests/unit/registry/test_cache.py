@@ -183,11 +183,3 @@ def test_first_load_and_on_demand_use_the_quick_fetch_and_never_queue() -> None:
     release.set()
     background.join()
     assert calls == ["quick", "patient"]
-
-
-def test_urls_lose_their_credentials_in_messages() -> None:
-    from firehose_bq.descriptors import redact
-
-    assert redact("https://user:s3cret@registry.example:8443/v1/set.desc") == "https://***@registry.example:8443/v1/set.desc"
-    assert redact("https://registry.example/set.desc") == "https://registry.example/set.desc"
-    assert redact("/local/path.desc") == "/local/path.desc"

@@ -1,0 +1,41 @@
+"""The emulator patches stay documented: each module names a BigQuery behaviour and a test that exists,
+and the launcher applies every one of them."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+
+from firehose_bq.devstack import bqemulator_patches
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHER = REPO / "firehose_bq" / "devstack" / "bqemulator_launcher.py"
+# Helpers the patches share; they restore nothing themselves.
+SHARED = {"_targets", "_bq_types", "row_values"}
+
+
+def patch_modules() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(bqemulator_patches.__path__) if m.name not in SHARED)
+
+
+def test_every_patch_names_tests_that_exist() -> None:
+    for name in patch_modules():
+        doc = importlib.import_module(f"{bqemulator_patches.__name__}.{name}").__doc__ or ""
+        assert "BigQuery" in doc and "Shown by" in doc, f"{name}: say which BigQuery behaviour, shown by which test"
+        shown = doc[doc.index("Shown by"):]
+        files = re.findall(r"(tests/integration/\w+\.py)", shown)
+        tests = re.findall(r"::(test_\w+)", shown)
+        assert files and tests, f"{name}: name the test file and test"
+        defined = {n.name for f in files for n in ast.walk(ast.parse((REPO / f).read_text()))
+                   if isinstance(n, ast.FunctionDef)}
+        assert set(tests) <= defined, f"{name}: {set(tests) - defined} not found in {files}"
+
+
+def test_the_launcher_applies_every_patch_and_each_has_an_apply() -> None:
+    launcher = LAUNCHER.read_text()
+    for name in patch_modules():
+        assert callable(importlib.import_module(f"{bqemulator_patches.__name__}.{name}").apply)
+        assert f"{name}.apply" in launcher, f"the launcher does not apply {name}"
