@@ -20,7 +20,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import pyarrow as pa
