@@ -49,6 +49,28 @@ class RowError:
     index: int
     error_type: ErrorType
     message: str
+    # What failed it, for the error output (seed 004's exception_class): the qualified class of the
+    # exception that was raised, or the component that refused the row; empty: `cause_of` fills it in.
+    exception: str = ""
+
+
+# The cause a failure is reported with when its step did not name one (what the reference path raises
+# for the same input, or the component that refuses such rows).
+DEFAULT_CAUSES: dict[ErrorType, str] = {
+    ErrorType.DESERIALIZATION_ERROR: "google.protobuf.message.DecodeError",
+    ErrorType.INVALID_MESSAGE_ERROR: "ValueError",
+    ErrorType.UNKNOWN_FIELDS_ERROR: "firehose_bq.UnknownFieldsError",
+    ErrorType.SINK_4XX_ERROR: "google.cloud.bigquery.RowError",
+    ErrorType.SINK_5XX_ERROR: "google.cloud.bigquery.RowError",
+    ErrorType.SINK_RETRYABLE_ERROR: "google.cloud.bigquery.RowError",
+    ErrorType.SINK_UNKNOWN_ERROR: "google.cloud.bigquery.RowError",
+    ErrorType.PAYLOAD_TOO_LARGE: "firehose_bq.PayloadTooLargeError",
+    ErrorType.ROUTING_ERROR: "firehose_bq.routing.NoRouteError",
+}
+
+
+def cause_of(failure: RowError) -> str:
+    return failure.exception or DEFAULT_CAUSES[failure.error_type]
 
 
 class FirehoseError(Exception):

@@ -235,4 +235,4 @@ def write_with_policy(handling: ErrorHandling, pending: Writable, failures: Sequ
 
 def _at_source(batch: Writable, failure: RowError) -> RowError:
     """A writer's failure (by position in what it was given) as the failure of its source record."""
-    return RowError(int(batch.sources[failure.index]), failure.error_type, failure.message)
+    return RowError(int(batch.sources[failure.index]), failure.error_type, failure.message, failure.exception)

@@ -28,7 +28,7 @@ from firehose_bq.bigquery.writers import RowWriter
 from firehose_bq.decode import make_value_decoder
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.dlq.writers import dead_letter
-from firehose_bq.errors import DeadLetterError, ErrorType, FirehoseError, MessageError, RowError, SinkError
+from firehose_bq.errors import DeadLetterError, ErrorType, FirehoseError, MessageError, RowError, SinkError, cause_of
 from firehose_bq.metrics import BatchStats
 from firehose_bq.policy import DLQ, FAILED, FALLBACK, RETRIED, ErrorHandling, write_with_policy
 from firehose_bq.routing import Destination
@@ -303,4 +303,4 @@ def _letter(source: pa.RecordBatch, failure: RowError, route: str) -> DeadLetter
     return DeadLetter(message_error(source, failure), source["key"][i].as_py(), source["value"][i].as_py(),
                       tuple((h["key"], h["value"]) for h in headers),
                       micros // 1000 if micros is not None and micros >= 0 else None, attempt,
-                      int(time.time() * 1000), route=route)
+                      int(time.time() * 1000), route=route, exception_class=cause_of(failure))

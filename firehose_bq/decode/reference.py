@@ -52,7 +52,7 @@ class ReferenceDecoder:
                 except _MESSAGE_FAULTS as exc:
                     kind = ErrorType.DESERIALIZATION_ERROR if isinstance(exc, _UNDECODABLE) else \
                         ErrorType.INVALID_MESSAGE_ERROR
-                    out.failures.append(RowError(i, kind, str(exc) or type(exc).__name__))
+                    out.failures.append(RowError(i, kind, str(exc) or type(exc).__name__, _qualified(exc)))
                     rows.append(None)
             out.values = self._arrow(rows, out)
         return out
@@ -72,7 +72,12 @@ class ReferenceDecoder:
                 pa.array([row], type=self._arrow_type)
             except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
                 out.failures.append(RowError(i, ErrorType.INVALID_MESSAGE_ERROR,
-                                                  f"a value does not fit its column: {exc}"))
+                                             f"a value does not fit its column: {exc}", _qualified(exc)))
                 rows[i] = None
         out.failures.sort(key=lambda f: f.index)
         return pa.array(rows, type=self._arrow_type)
+
+
+def _qualified(exc: BaseException) -> str:
+    kind = type(exc)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"

@@ -24,6 +24,7 @@ H_TIMESTAMP = HEADER_PREFIX + "source-timestamp-ms"
 H_FAILED_AT = HEADER_PREFIX + "failed-at-ms"
 H_ATTEMPT = HEADER_PREFIX + "attempt-count"
 H_ROUTE = HEADER_PREFIX + "route"  # the destination table the record had (empty: unrouted)
+H_EXCEPTION = HEADER_PREFIX + "exception-class"  # what failed it: an exception's class, or the refusing component
 # Error messages can be long (a row's every error); a header is no place for kilobytes.
 MAX_MESSAGE_CHARS = 4000
 
@@ -40,12 +41,13 @@ class DeadLetter:
     attempt: int  # 1 the first time a message is dead-lettered; a replay that fails again adds 1
     failed_at_ms: int
     route: str = ""  # `dataset.table` the record was routed to; empty when it had none
+    exception_class: str = ""
 
     def kafka_headers(self) -> list[tuple[str, bytes]]:
         e = self.error
         extra = {H_TYPE: e.error_type.value, H_MESSAGE: e.message[:MAX_MESSAGE_CHARS], H_TOPIC: e.topic,
                  H_PARTITION: str(e.partition), H_OFFSET: str(e.offset), H_FAILED_AT: str(self.failed_at_ms),
-                 H_ATTEMPT: str(self.attempt), H_ROUTE: self.route}
+                 H_ATTEMPT: str(self.attempt), H_ROUTE: self.route, H_EXCEPTION: self.exception_class}
         if self.timestamp_ms is not None:
             extra[H_TIMESTAMP] = str(self.timestamp_ms)
         own = [(k, v if v is not None else b"") for k, v in self.headers]
@@ -61,7 +63,7 @@ class DeadLetter:
                                  int(ours[H_OFFSET]), ours.get(H_MESSAGE, ""))
             stamp = int(ours[H_TIMESTAMP]) if H_TIMESTAMP in ours else None
             return cls(error, key, value, tuple(own), stamp, int(ours.get(H_ATTEMPT, "1")),
-                       int(ours.get(H_FAILED_AT, "0")), ours.get(H_ROUTE, ""))
+                       int(ours.get(H_FAILED_AT, "0")), ours.get(H_ROUTE, ""), ours.get(H_EXCEPTION, ""))
         except (KeyError, ValueError) as exc:
             raise ValueError(f"not a firehose-bq dead letter (missing or bad header {exc})") from None
 
@@ -70,7 +72,8 @@ class DeadLetter:
         return json.dumps({
             "error_type": e.error_type.value, "error_message": e.message, "topic": e.topic,
             "partition": e.partition, "offset": e.offset, "timestamp_ms": self.timestamp_ms,
-            "failed_at_ms": self.failed_at_ms, "attempt": self.attempt, "route": self.route, "key": _b64(self.key),
+            "failed_at_ms": self.failed_at_ms, "attempt": self.attempt, "route": self.route,
+            "exception_class": self.exception_class, "key": _b64(self.key),
             "value": _b64(self.value), "headers": [[k, _b64(v)] for k, v in self.headers],
         }, separators=(",", ":"))
 
@@ -79,7 +82,7 @@ class DeadLetter:
         d = json.loads(line)
         error = MessageError(ErrorType(d["error_type"]), d["topic"], d["partition"], d["offset"], d["error_message"])
         return cls(error, _unb64(d["key"]), _unb64(d["value"]), tuple((k, _unb64(v)) for k, v in d["headers"]),
-                   d["timestamp_ms"], d["attempt"], d["failed_at_ms"], d.get("route", ""))
+                   d["timestamp_ms"], d["attempt"], d["failed_at_ms"], d.get("route", ""), d.get("exception_class", ""))
 
 
 def _b64(data: bytes | None) -> str | None:

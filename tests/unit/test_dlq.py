@@ -10,14 +10,14 @@ import pytest
 
 from firehose_bq.dlq.blob_source import BlobDlqSource
 from firehose_bq.dlq.config import DlqConfig
-from firehose_bq.dlq.letters import H_ATTEMPT, H_OFFSET, H_TYPE, DeadLetter
+from firehose_bq.dlq.letters import H_ATTEMPT, H_EXCEPTION, H_OFFSET, H_ROUTE, H_TYPE, DeadLetter
 from firehose_bq.blobstore import LocalBlobStore
 from firehose_bq.dlq.writers import BlobDlqWriter, dead_letter
 from firehose_bq.errors import DeadLetterError, ErrorType, MessageError
 
 LETTER = DeadLetter(MessageError(ErrorType.SINK_4XX_ERROR, "orders", 2, 41, "invalid at ts: out of range"),
                     b"key", b"\x00\xffvalue", (("trace", b"\x01"), ("empty", None)), 1_700_000_000_000, 2,
-                    1_700_000_500_000)
+                    1_700_000_500_000, route="shop.orders", exception_class="google.cloud.bigquery.RowError")
 
 
 def test_kafka_headers_keep_the_record_headers_and_add_the_error() -> None:
@@ -25,8 +25,10 @@ def test_kafka_headers_keep_the_record_headers_and_add_the_error() -> None:
     assert headers[:2] == [("trace", b"\x01"), ("empty", b"")]
     extra = dict(headers[2:])
     assert (extra[H_TYPE], extra[H_OFFSET], extra[H_ATTEMPT]) == (b"SINK_4XX_ERROR", b"41", b"2")
+    assert (extra[H_ROUTE], extra[H_EXCEPTION]) == (b"shop.orders", b"google.cloud.bigquery.RowError")
     back = DeadLetter.from_kafka(b"key", b"\x00\xffvalue", headers)
-    assert back.error == LETTER.error and back.attempt == 2 and back.timestamp_ms == LETTER.timestamp_ms
+    assert back == DeadLetter(LETTER.error, b"key", b"\x00\xffvalue", (("trace", b"\x01"), ("empty", b"")),
+                              LETTER.timestamp_ms, 2, LETTER.failed_at_ms, LETTER.route, LETTER.exception_class)
     with pytest.raises(ValueError, match="not a firehose-bq dead letter"):
         DeadLetter.from_kafka(None, b"x", [("trace", b"1")])
 
@@ -34,8 +36,7 @@ def test_kafka_headers_keep_the_record_headers_and_add_the_error() -> None:
 def test_json_line_round_trips_with_base64_payload() -> None:
     line = LETTER.to_json()
     assert json.loads(line)["value"] == "AP92YWx1ZQ=="
-    back = DeadLetter.from_json(line)
-    assert back.error == LETTER.error and back.value == LETTER.value and back.headers[0] == ("trace", b"\x01")
+    assert DeadLetter.from_json(line) == LETTER
 
 
 def test_blob_writer_puts_one_file_per_topic_and_day(tmp_path: Path) -> None:

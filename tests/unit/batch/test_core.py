@@ -109,6 +109,10 @@ def test_every_record_is_written_dead_lettered_or_failed_once(test_descriptors: 
     assert sorted(by_offset) == [11, 12, 14]
     assert by_offset[11].key == b"k1" and by_offset[11].headers == (("h", b"1"),) and by_offset[11].attempt == 1
     assert by_offset[12].value is None and by_offset[11].timestamp_ms == 1000
+    # What failed each: the exception raised for it, or the component that refused it (seed 004).
+    assert by_offset[14].exception_class == "google.protobuf.message.DecodeError"
+    assert by_offset[11].exception_class == "google.cloud.bigquery.RowError"
+    assert by_offset[11].route == "" and by_offset[12].error.error_type is ErrorType.INVALID_MESSAGE_ERROR
 
 
 def test_dlq_off_makes_them_failures_with_samples(test_descriptors: Descriptors, letters: list[DeadLetter]) -> None:
@@ -218,6 +222,7 @@ def test_records_are_decoded_with_their_class_and_written_per_table(test_descrip
                         "ds.legacy_v1": {"messages": 1, "written": 1, "retried": 0, "dlq": 0, "failed": 0}}
     [letter] = letters
     assert (letter.error.error_type, letter.error.offset, letter.route) == (ErrorType.ROUTING_ERROR, 4, "")
+    assert letter.exception_class == "firehose_bq.routing.NoRouteError"
 
 
 def test_unrouted_records_go_to_the_fallback_not_the_dlq(test_descriptors: Descriptors,
