@@ -46,7 +46,7 @@ def produce_fast(cfg: Config, topic: str, count: int, partitions: int, distinct:
             failures.append(str(err))
 
     for i in range(count):
-        key, value = pool[i % len(pool)]
+        key, value, _headers = pool[i % len(pool)]
         while True:
             try:
                 producer.produce(topic, key=key, value=value, on_delivery=on_delivery)

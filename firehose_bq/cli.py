@@ -102,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     stack.add_argument("--env", action="store_true", help="with status: print NAME=value lines for a job")
     stack.set_defaults(handler=_stack)
 
-    sample = commands.add_parser("sample", parents=[common], help="produce example bookings to the topic")
+    sample = commands.add_parser("sample", parents=[common], help="produce example data: bookings, or the routing or JSON example (chosen by the configuration)")
     sample.add_argument("action", choices=("produce",))
     sample.add_argument("--count", type=int, default=10_000)
     sample.add_argument("--start", type=int, default=0, help="number of the first booking")
@@ -287,16 +287,25 @@ def _sample(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if cfg.registry.confluent_url:
         raise FirehoseError("sample produce writes plain protobuf values; it does not frame them for a "
                             "Confluent registry")
-    cls = load_descriptors(cfg).message_class(cfg.input_schema.proto_class)
-    if cls.DESCRIPTOR.full_name != sample.EXAMPLE_MESSAGE:
-        raise FirehoseError(f"sample data is for {sample.EXAMPLE_MESSAGE}, but INPUT_SCHEMA_PROTO_CLASS is "
-                            f"{cls.DESCRIPTOR.full_name}")
+    # What the configuration reads: JSON documents, routed events, or bookings.
+    if cfg.input_schema.data_type == "JSON":
+        kind, messages = "JSON documents", sample.json_messages()
+    elif cfg.input_schema.class_header:
+        pool = load_descriptors(cfg)
+        classes = {short: pool.message_class(f"firehose.example.v1.{short}") for short in sample.EVENT_TYPES.values()}
+        kind, messages = "events", sample.event_messages(classes)
+    else:
+        cls = load_descriptors(cfg).message_class(cfg.input_schema.proto_class)
+        if cls.DESCRIPTOR.full_name != sample.EXAMPLE_MESSAGE:
+            raise FirehoseError(f"sample data is for {sample.EXAMPLE_MESSAGE}, but INPUT_SCHEMA_PROTO_CLASS is "
+                                f"{cls.DESCRIPTOR.full_name}")
+        kind, messages = "bookings", sample.booking_messages(cls)
     topic = cfg.source.topics[0]
     if sample.ensure_topic(cfg.source.brokers, topic, args.partitions):
         print(f"created topic {topic} with {args.partitions} partitions")
-    sent = sample.produce(cfg.source.brokers, topic, sample.booking_messages(cls), args.count, start=args.start,
+    sent = sample.produce(cfg.source.brokers, topic, messages, args.count, start=args.start,
                           progress=sys.stderr.isatty() or bool(os.environ.get("FIREHOSE_PROGRESS")))
-    print(f"produced {sent} bookings to {topic}")
+    print(f"produced {sent} {kind} to {topic}")
     return 0
 
 

@@ -55,13 +55,13 @@ def random_changelog(seed: int, records: int = RECORDS, keys: int = KEYS) -> Cha
     return log
 
 
-def changelog_messages(cfg: Config, log: Changelog) -> Callable[[int], tuple[bytes | None, bytes | None]]:
+def changelog_messages(cfg: Config, log: Changelog) -> Callable[[int], sample.Record]:
     cls = descriptors.load(cfg.input_schema.stencil_urls).message_class(cfg.input_schema.proto_class)
     key_class = message_factory.GetMessageClass(cls.DESCRIPTOR.file.message_types_by_name["BookingKey"])
 
-    def make(j: int) -> tuple[bytes | None, bytes | None]:
+    def make(j: int) -> sample.Record:
         key = key_class(order_number=log.keys[j]).SerializeToString()  # type: ignore[call-arg]
-        return key, None if j in log.tombstones else sample.booking(j, cls).SerializeToString()
+        return key, None if j in log.tombstones else sample.booking(j, cls).SerializeToString(), ()
 
     return make
 
