@@ -22,10 +22,10 @@ def plain_rate(brokers: str, topic: str, client: str, parse: object) -> float:
     ends = KafkaMetadataClient(brokers, "bench-plain").end_offsets((topic,))[topic]
     started = time.perf_counter()
     for partition, end in ends.items():
-        for records in read_range(brokers, topic, partition, 0, end, stall_timeout_ms=60_000, batch_size=10_000,
-                                  client=client):
-            for r in records:
-                parse(r.value)  # type: ignore[operator]
+        for batch in read_range(brokers, topic, partition, 0, end, stall_timeout_ms=60_000, batch_rows=10_000,
+                                client=client):
+            for value in batch.column("value").to_pylist():
+                parse(value)  # type: ignore[operator]
     return MESSAGES / (time.perf_counter() - started)
 
 
