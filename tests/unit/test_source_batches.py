@@ -96,6 +96,19 @@ def test_polls_are_rebatched_to_at_most_the_batch_size_in_order() -> None:
     assert [len(b) for b in _rebatch(iter([[1, 2, 3]]), 10)] == [3]
 
 
+def test_the_last_batches_go_on_after_the_backend_closed_its_consumer() -> None:
+    closed = []
+
+    def polls():  # noqa: ANN202
+        try:
+            yield from ([1] * 10, [2] * 10, [3] * 5)
+        finally:
+            closed.append(True)
+
+    handed = [(batch[0], len(batch), bool(closed)) for batch in _rebatch(polls(), 10)]
+    assert handed == [(1, 10, False), (2, 10, False), (3, 5, True)]
+
+
 def test_messages_at_or_past_the_end_are_cut() -> None:
     offsets = [3, 4, 6, 9]
     assert _below(offsets, 10, int) == offsets
