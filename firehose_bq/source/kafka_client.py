@@ -216,13 +216,9 @@ def _polls_kafka_python(brokers: str, topic: str, partition: int, start: int, en
         consumer.close(autocommit=False)
 
 
-def _polls_confluent(brokers: str, topic: str, partition: int, start: int, end: int,
-                     stall_timeout_ms: int, batch_rows: int) -> Iterator[list[Any]]:
-    """The same over librdkafka, which fetches and decodes in C, tens of times faster here: its
-    Messages below `end`, error events taken out, one list per poll."""
-    import confluent_kafka as ck
-
-    consumer = ck.Consumer({
+def confluent_config(brokers: str, batch_rows: int) -> dict[str, Any]:
+    """librdkafka settings of a range reader."""
+    return {
         "bootstrap.servers": brokers,
         "group.id": "firehose-bq-reader",  # required by librdkafka; nothing is ever committed with it
         "enable.auto.commit": False,
@@ -237,7 +233,16 @@ def _polls_confluent(brokers: str, topic: str, partition: int, start: int, end: 
         # Fetch about one batch ahead, not librdkafka's default of 100,000 messages: more is never used
         # sooner, may lie past the range's end, and keeps the fetcher busy while the task works.
         "queued.min.messages": batch_rows,
-    })
+    }
+
+
+def _polls_confluent(brokers: str, topic: str, partition: int, start: int, end: int,
+                     stall_timeout_ms: int, batch_rows: int) -> Iterator[list[Any]]:
+    """The same over librdkafka, which fetches and decodes in C, tens of times faster here: its
+    Messages below `end`, error events taken out, one list per poll."""
+    import confluent_kafka as ck
+
+    consumer = ck.Consumer(confluent_config(brokers, batch_rows))
     offset = ck.Message.offset
     progress = _Progress(topic, partition, start, end, stall_timeout_ms)
     try:
