@@ -248,7 +248,9 @@ def _polls_confluent(brokers: str, topic: str, partition: int, start: int, end: 
     try:
         consumer.assign([ck.TopicPartition(topic, partition, start)])
         while not progress.done:
-            polled = _uncollected(consumer.consume, batch_rows, 0.1)
+            # consume() returns early only once it has as many messages as asked for, else after its
+            # timeout: never ask for more than the range still holds, or each range's end costs the wait.
+            polled = _uncollected(consumer.consume, max(1, min(batch_rows, end - progress.position)), 0.1)
             # A KafkaError is truthy and cannot be compared with None (its == raises): test it with any().
             if any(map(ck.Message.error, polled)):
                 polled = [m for m in polled
