@@ -73,7 +73,7 @@ def _message(offset: int, error: object = None, topic: str | None = "t"):  # noq
                       timestamp=(ck.TIMESTAMP_CREATE_TIME, 1000), leader_epoch=0)
 
 
-def _fake_consumer(batches: list[list]):  # noqa: ANN202
+def _fake_consumer(batches: list[list], asked: list[int] | None = None):  # noqa: ANN202
     import confluent_kafka as ck
 
     class Consumer:
@@ -84,6 +84,8 @@ def _fake_consumer(batches: list[list]):  # noqa: ANN202
             pass
 
         def consume(self, num_messages: int, timeout: float) -> list:
+            if asked is not None:
+                asked.append(num_messages)
             got = batches.pop(0) if batches else []
             offsets = [m.offset() for m in got if m.error() is None]
             if offsets:
@@ -116,3 +118,17 @@ def test_confluent_reader_skips_background_client_errors_but_not_its_partitions(
     monkeypatch.setattr(ck, "Consumer", _fake_consumer([[_message(0, broken)]]))
     with pytest.raises(SourceError, match="t/0: broker down"):
         list(read_range("b", "t", 0, 0, 2, stall_timeout_ms=1000, batch_rows=10, client=CONFLUENT_KAFKA))
+
+
+def test_confluent_reader_never_asks_for_more_than_the_range_holds(monkeypatch) -> None:
+    """consume() waits its whole timeout unless it gets as many messages as asked for."""
+    import confluent_kafka as ck
+
+    from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, read_range
+
+    asked: list[int] = []
+    monkeypatch.setattr(ck, "Consumer", _fake_consumer([[_message(o) for o in range(0, 4)],
+                                                        [_message(o) for o in range(4, 7)]], asked))
+    read = list(read_range("b", "t", 0, 0, 7, stall_timeout_ms=1000, batch_rows=4, client=CONFLUENT_KAFKA))
+    assert [b.num_rows for b in read] == [4, 3]
+    assert asked == [4, 3]
