@@ -6,6 +6,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pyspark
@@ -42,10 +43,13 @@ def test_the_zip_inside_the_installed_package_moves_behind_it(tmp_path: Path) ->
     assert path == ["/x/py4j-src.zip", str(WORKER_STARTUP), "/usr/lib/python3.11", site, zipped]
 
 
-def test_a_spark_distributions_own_zip_stays_first(tmp_path: Path) -> None:
-    site, _ = fake_install(tmp_path)
-    elsewhere = str(tmp_path / "opt" / "spark" / "python" / "lib" / "pyspark.zip")
-    for path in ([elsewhere, site], [elsewhere, "/usr/lib/python3.11"]):  # another release; or no pyspark at all
+def test_a_zip_stays_first_unless_the_installed_package_that_ships_it_would_be_imported(tmp_path: Path) -> None:
+    site, zipped = fake_install(tmp_path)
+    elsewhere = str(tmp_path / "opt" / "spark" / "python" / "lib" / "pyspark.zip")  # a Spark distribution's
+    other = tmp_path / "deps.zip"  # a user's zip holding some pyspark
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("pyspark/__init__.py", "")
+    for path in ([elsewhere, site], [elsewhere, "/usr/lib/python3.11"], [zipped, str(other), site]):
         before = list(path)
         hook_module().prefer_installed_pyspark(path)
         assert path == before
