@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class Proc:
     pgrp: int
     rss_bytes: int
     name: str
+    cpu_seconds: float = 0.0  # its own user + system time and that of the children it has reaped
 
 
 def _read(pid: int) -> Proc | None:
@@ -29,10 +31,11 @@ def _read(pid: int) -> Proc | None:
     # The command name is in parentheses and may hold spaces: split after its closing one.
     name = text[text.index("(") + 1:text.rindex(")")]
     fields = text[text.rindex(")") + 2:].split()
-    # fields[0] is field 3 (state) of proc(5): ppid is field 4, pgrp 5, rss (pages) 24.
+    # fields[0] is field 3 (state) of proc(5): ppid is field 4, pgrp 5, utime..cstime 14-17, rss (pages) 24.
     if fields[0] == "Z":
         return None  # a zombie holds no memory and runs nothing
-    return Proc(pid, int(fields[1]), int(fields[2]), int(fields[21]) * PAGE_BYTES, name)
+    ticks = sum(int(f) for f in fields[11:15])
+    return Proc(pid, int(fields[1]), int(fields[2]), int(fields[21]) * PAGE_BYTES, name, ticks / CLOCK_TICKS)
 
 
 def pss_bytes(pid: int) -> int:

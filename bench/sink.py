@@ -22,7 +22,7 @@ from firehose_bq.convert import JSON, STORAGE, ConvertedBatch, KafkaRecords, Row
 from firehose_bq.pipeline import Pipeline, kafka_records
 from firehose_bq.sink_schema import SinkSpec
 from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, KafkaMetadataClient, read_range
-from firehose_bq.source.kafka_source import READ_BATCH_ROWS, to_arrow
+from firehose_bq.source.kafka_source import READ_BATCH_ROWS
 from firehose_bq.spark import spark_session
 
 MESSAGES = 20_000
@@ -91,9 +91,9 @@ def converted_topic(cfg: Config, spec: SinkSpec, encoding: ValueEncoding) -> lis
     ends = KafkaMetadataClient(cfg.source.brokers, "bench-p2b").end_offsets((TOPIC,))[TOPIC]
     batches = []
     for partition, end in ends.items():
-        for records in read_range(cfg.source.brokers, TOPIC, partition, 0, end, stall_timeout_ms=60_000,
-                                  batch_size=READ_BATCH_ROWS, client=CONFLUENT_KAFKA):
-            kafka = kafka_records(to_arrow(records), keys=key_class is not None, wanted=wanted)
+        for batch in read_range(cfg.source.brokers, TOPIC, partition, 0, end, stall_timeout_ms=60_000,
+                                batch_rows=READ_BATCH_ROWS, client=CONFLUENT_KAFKA):
+            kafka = kafka_records(batch, keys=key_class is not None, wanted=wanted)
             batches.append(converter.convert(kafka, load_time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())))
     return batches
 

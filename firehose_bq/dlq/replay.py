@@ -31,7 +31,7 @@ from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.errors import FirehoseError
 from firehose_bq.metrics import BatchStats
 from firehose_bq.modes import batch_stats, handling_of, settle, write_mode
-from firehose_bq.source.kafka_source import ARROW_SCHEMA
+from firehose_bq.source.batches import ARROW_SCHEMA
 from firehose_bq.telemetry import Telemetry
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,6 @@ from firehose_bq.source.kafka_client import (
     AUTO,
     CONFLUENT_KAFKA,
     KAFKA_PYTHON,
-    ConsumerRecord,
     KafkaMetadataClient,
     Offsets,
     read_range,
@@ -47,20 +46,6 @@ FORMAT_NAME = "firehose-kafka"
 SCHEMA_DDL = (
     "key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, "
     "timestamp_type INT, headers ARRAY<STRUCT<key: STRING, value: BINARY>>, leader_epoch INT"
-)
-
-ARROW_SCHEMA = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-        ("timestamp_type", pa.int32()),
-        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
-        ("leader_epoch", pa.int32()),
-    ]
 )
 
 # Rows per Arrow batch handed to Spark: large enough to amortize per-batch costs, small enough that a
@@ -195,28 +180,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaRange)
-        for records in read_range(
+        yield from read_range(
             self.brokers, partition.topic, partition.partition, partition.start, partition.end,
-            stall_timeout_ms=self.stall_timeout_ms, batch_size=READ_BATCH_ROWS, client=self.client,
-        ):
-            yield to_arrow(records)
-
-
-def to_arrow(records: list[ConsumerRecord]) -> pa.RecordBatch:
-    columns = [
-        [r.key for r in records],
-        [r.value for r in records],
-        [r.topic for r in records],
-        [r.partition for r in records],
-        [r.offset for r in records],
-        [r.timestamp_ms * 1000 if r.timestamp_ms is not None else None for r in records],
-        [r.timestamp_type for r in records],
-        [[{"key": k, "value": v} for k, v in r.headers] for r in records],
-        [r.leader_epoch if r.leader_epoch is not None and r.leader_epoch >= 0 else None for r in records],
-    ]
-    return pa.RecordBatch.from_arrays(
-        [pa.array(c, type=f.type) for c, f in zip(columns, ARROW_SCHEMA, strict=True)], schema=ARROW_SCHEMA
-    )
+            stall_timeout_ms=self.stall_timeout_ms, batch_rows=READ_BATCH_ROWS, client=self.client,
+        )
 
 
 def _cap(begin: Offsets, end: Offsets, max_rows: int) -> Offsets:

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import pickle
 
-import pyarrow as pa
-
-from firehose_bq.source.kafka_client import ConsumerRecord
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from firehose_bq.source.kafka_source import ARROW_SCHEMA, KafkaStreamReader, _cap, _from_json, _to_json, to_arrow
+from firehose_bq.source.kafka_source import KafkaStreamReader, _cap, _from_json, _to_json
 
 
 def test_offsets_round_trip_through_checkpoint_json() -> None:
@@ -58,17 +55,6 @@ def test_reader_pickles_without_its_driver_client() -> None:
     assert clone._client is None and clone.topics == ("t1", "t2")
 
 
-def test_records_become_an_arrow_batch_of_the_source_schema() -> None:
-    batch = to_arrow([
-        ConsumerRecord(b"k", b"v", "t", 2, 7, 1_000, 0, [("h", b"x")], 3),
-        ConsumerRecord(None, None, "t", 2, 8, None, None, [], None),
-    ])
-    assert batch.schema == ARROW_SCHEMA
-    assert batch.column("timestamp").cast(pa.int64()).to_pylist() == [1_000_000, None]
-    assert batch.column("headers").to_pylist() == [[{"key": "h", "value": b"x"}], []]
-    assert batch.column("value").to_pylist() == [b"v", None]
-
-
 def test_client_choice() -> None:
     from firehose_bq.source.kafka_client import resolve_client
 
@@ -78,52 +64,16 @@ def test_client_choice() -> None:
     assert reader.client == "confluent-kafka"
 
 
-class _Error:
-    def __init__(self, code: int, text: str, fatal: bool = False) -> None:
-        self._code, self._text, self._fatal = code, text, fatal
+def _message(offset: int, error: object = None, topic: str | None = "t"):  # noqa: ANN202
+    import confluent_kafka as ck
 
-    def code(self) -> int:
-        return self._code
-
-    def str(self) -> str:
-        return self._text
-
-    def fatal(self) -> bool:
-        return self._fatal
+    if error is not None:
+        return ck.Message(topic=topic, partition=0, offset=offset, error=error)
+    return ck.Message(topic=topic, partition=0, offset=offset, key=b"k", value=b"v",
+                      timestamp=(ck.TIMESTAMP_CREATE_TIME, 1000), leader_epoch=0)
 
 
-class _Message:
-    def __init__(self, offset: int, error: _Error | None = None, topic: str | None = "t") -> None:
-        self._offset, self._error, self._topic = offset, error, topic
-
-    def error(self) -> _Error | None:
-        return self._error
-
-    def topic(self) -> str | None:
-        return self._topic
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes:
-        return b"k"
-
-    def value(self) -> bytes:
-        return b"v"
-
-    def timestamp(self) -> tuple[int, int]:
-        import confluent_kafka as ck
-
-        return ck.TIMESTAMP_CREATE_TIME, 1000
-
-    def leader_epoch(self) -> int:
-        return 0
-
-    def headers(self) -> None:
-        return None
-
-
-def _fake_consumer(batches: list[list[_Message]]):  # noqa: ANN202
+def _fake_consumer(batches: list[list], asked: list[int] | None = None):  # noqa: ANN202
     import confluent_kafka as ck
 
     class Consumer:
@@ -133,7 +83,9 @@ def _fake_consumer(batches: list[list[_Message]]):  # noqa: ANN202
         def assign(self, partitions: list) -> None:
             pass
 
-        def consume(self, num_messages: int, timeout: float) -> list[_Message]:
+        def consume(self, num_messages: int, timeout: float) -> list:
+            if asked is not None:
+                asked.append(num_messages)
             got = batches.pop(0) if batches else []
             offsets = [m.offset() for m in got if m.error() is None]
             if offsets:
@@ -156,13 +108,27 @@ def test_confluent_reader_skips_background_client_errors_but_not_its_partitions(
     from firehose_bq.errors import SourceError
     from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, read_range
 
-    coordinator = _Error(ck.KafkaError._BAD_MSG, "FindCoordinator response error: Local: Bad message format")
-    monkeypatch.setattr(ck, "Consumer", _fake_consumer([[_Message(0, coordinator, topic=None), _Message(0)],
-                                                        [_Message(1)]]))
-    read = list(read_range("b", "t", 0, 0, 2, stall_timeout_ms=1000, batch_size=10, client=CONFLUENT_KAFKA))
-    assert [r.offset for batch in read for r in batch] == [0, 1]
+    coordinator = ck.KafkaError(ck.KafkaError._BAD_MSG, "FindCoordinator response error: Local: Bad message format")
+    monkeypatch.setattr(ck, "Consumer", _fake_consumer([[_message(0, coordinator, topic=None), _message(0)],
+                                                        [_message(1)]]))
+    read = list(read_range("b", "t", 0, 0, 2, stall_timeout_ms=1000, batch_rows=10, client=CONFLUENT_KAFKA))
+    assert [o for batch in read for o in batch.column("offset").to_pylist()] == [0, 1]
 
-    broken = _Error(ck.KafkaError._TRANSPORT, "broker down")
-    monkeypatch.setattr(ck, "Consumer", _fake_consumer([[_Message(0, broken)]]))
+    broken = ck.KafkaError(ck.KafkaError._TRANSPORT, "broker down")
+    monkeypatch.setattr(ck, "Consumer", _fake_consumer([[_message(0, broken)]]))
     with pytest.raises(SourceError, match="t/0: broker down"):
-        list(read_range("b", "t", 0, 0, 2, stall_timeout_ms=1000, batch_size=10, client=CONFLUENT_KAFKA))
+        list(read_range("b", "t", 0, 0, 2, stall_timeout_ms=1000, batch_rows=10, client=CONFLUENT_KAFKA))
+
+
+def test_confluent_reader_never_asks_for_more_than_the_range_holds(monkeypatch) -> None:
+    """consume() waits its whole timeout unless it gets as many messages as asked for."""
+    import confluent_kafka as ck
+
+    from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, read_range
+
+    asked: list[int] = []
+    monkeypatch.setattr(ck, "Consumer", _fake_consumer([[_message(o) for o in range(0, 4)],
+                                                        [_message(o) for o in range(4, 7)]], asked))
+    read = list(read_range("b", "t", 0, 0, 7, stall_timeout_ms=1000, batch_rows=4, client=CONFLUENT_KAFKA))
+    assert [b.num_rows for b in read] == [4, 3]
+    assert asked == [4, 3]

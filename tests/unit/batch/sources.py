@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from firehose_bq.source.kafka_source import ARROW_SCHEMA
+from firehose_bq.source.batches import ARROW_SCHEMA
 
 
 def source_batch(values: Sequence[bytes | None], *, keys: Sequence[bytes | None] | None = None,

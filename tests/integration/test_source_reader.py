@@ -1,0 +1,121 @@
+"""The source's range reader against the real broker, over both clients: the same Arrow batch from
+each, exact [start, end) ranges, records the Arrow rules must keep (tombstones, NULL keys, headers
+with NULL values, timestamps), transaction markers, and a stall that ends in a clear error."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pyarrow as pa
+import pytest
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from firehose_bq.errors import SourceError
+from firehose_bq.source.batches import ARROW_SCHEMA
+from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, KAFKA_PYTHON, read_range
+
+pytestmark = pytest.mark.integration
+
+CLIENTS = (KAFKA_PYTHON, CONFLUENT_KAFKA)
+BASE_MS = 1_700_000_000_000
+# (key, value, headers) per offset: tombstones, NULL keys, empty values, headers with NULL values.
+RECORDS = [
+    (b"k0", b"v0", []),
+    (None, b"v1", [("trace", b"t1"), ("nothing", None)]),
+    (b"k2", None, []),
+    (None, None, [("ü", b"\x00\xff")]),
+    (b"k4", b"", []),
+] * 4
+
+
+@pytest.fixture
+def brokers(stack_env: dict[str, str]) -> str:
+    return stack_env["SOURCE_KAFKA_BROKERS"]
+
+
+def new_topic(brokers: str, partitions: int = 1) -> str:
+    topic = f"reader-{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=brokers)
+    try:
+        admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        admin.close()
+    return topic
+
+
+def produce_records(brokers: str, topic: str) -> None:
+    # confluent-kafka's producer: kafka-python's refuses NULL header values and records with neither key nor value.
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": brokers, "acks": "all"})
+    for i, (key, value, headers) in enumerate(RECORDS):
+        producer.produce(topic, key=key, value=value, headers=headers, partition=0, timestamp=BASE_MS + i)
+    assert producer.flush(30) == 0
+
+
+def read(brokers: str, topic: str, start: int, end: int, client: str, batch_rows: int = 7,
+         stall_timeout_ms: int = 20_000) -> pa.Table:
+    batches = list(read_range(brokers, topic, 0, start, end, stall_timeout_ms=stall_timeout_ms,
+                              batch_rows=batch_rows, client=client))
+    assert all(b.schema == ARROW_SCHEMA and 0 < b.num_rows <= batch_rows for b in batches)
+    return pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_range_reads_exactly_its_records_as_they_were_sent(brokers: str, client: str) -> None:
+    topic = new_topic(brokers)
+    produce_records(brokers, topic)
+    table = read(brokers, topic, 3, 17, client)
+    assert table.column("offset").to_pylist() == list(range(3, 17))
+    rows = table.to_pylist()
+    for row in rows:
+        key, value, headers = RECORDS[row["offset"]]
+        assert (row["key"], row["value"]) == (key, value)
+        assert row["headers"] == [{"key": k, "value": v} for k, v in headers]
+        assert row["timestamp"].timestamp() * 1000 == BASE_MS + row["offset"]
+        assert row["timestamp_type"] == 0  # CreateTime
+        assert (row["topic"], row["partition"]) == (topic, 0)
+        assert row["leader_epoch"] is None or row["leader_epoch"] >= 0
+
+
+def test_both_clients_give_the_same_batches(brokers: str) -> None:
+    topic = new_topic(brokers)
+    produce_records(brokers, topic)
+    tables = [read(brokers, topic, 0, len(RECORDS), client) for client in CLIENTS]
+    assert tables[0].equals(tables[1])
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_transaction_markers_leave_gaps_that_end_the_range(brokers: str, client: str) -> None:
+    from confluent_kafka import Producer
+
+    topic = new_topic(brokers)
+    producer = Producer({"bootstrap.servers": brokers, "transactional.id": f"tx-{topic}"})
+    producer.init_transactions(30)
+    for _ in range(2):  # each commit writes a control record, which takes an offset but is no message
+        producer.begin_transaction()
+        for i in range(3):
+            producer.produce(topic, value=b"v%d" % i, partition=0)
+        producer.commit_transaction(30)
+    from firehose_bq.source.kafka_client import KafkaMetadataClient
+
+    metadata = KafkaMetadataClient(brokers, f"g-{topic}")
+    try:
+        end = metadata.end_offsets((topic,))[topic][0]
+    finally:
+        metadata.close()
+    table = read(brokers, topic, 0, end, client)
+    assert table.column("value").to_pylist() == [b"v0", b"v1", b"v2"] * 2
+    assert end > table.num_rows  # the markers' offsets were there, and passed over
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_range_past_the_end_stalls_into_a_clear_error(brokers: str, client: str) -> None:
+    topic = new_topic(brokers)
+    produce_records(brokers, topic)
+    started = time.monotonic()
+    with pytest.raises(SourceError, match=rf"{topic}/0: no progress for 1500 ms at offset {len(RECORDS)}, "
+                                          rf"planned to read up to {len(RECORDS) + 5}"):
+        read(brokers, topic, 0, len(RECORDS) + 5, client, stall_timeout_ms=1500)
+    assert time.monotonic() - started < 15

@@ -1,0 +1,54 @@
+"""Spark's Python processes as spark.py sets them up: each streaming query's source runner and the task
+workers import pyspark from the installed package, not from Spark's pyspark.zip (see worker_startup/)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def test_spark_python_processes_import_the_installed_pyspark(spark) -> None:  # noqa: ANN001
+    """The per-query source runner and the task workers: neither compiles pyspark from Spark's zip."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    class WhereFrom(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "where-pyspark-comes-from"
+
+        def schema(self) -> str:
+            return "runner STRING, worker STRING"
+
+        def streamReader(self, schema):  # noqa: ANN001, ANN202
+            return WhereFromReader()
+
+    class WhereFromReader(DataSourceStreamReader):
+        # Runs in the source runner: its offsets say where that process found pyspark.
+        def initialOffset(self) -> dict:
+            return {"at": 0}
+
+        def latestOffset(self) -> dict:
+            import pyspark
+
+            return {"at": 1, "runner": pyspark.__file__}
+
+        def partitions(self, start: dict, end: dict) -> list:
+            return [InputPartition(end["runner"])] if start["at"] < end["at"] else []
+
+        def read(self, partition):  # noqa: ANN001, ANN201
+            import pyspark
+
+            yield (partition.value, pyspark.__file__)
+
+        def commit(self, end: dict) -> None:
+            pass
+
+    spark.dataSource.register(WhereFrom)
+    rows = []
+    query = (spark.readStream.format("where-pyspark-comes-from").load().writeStream
+             .foreachBatch(lambda df, _: rows.extend(df.collect())).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert len(rows) == 1
+    for where in rows[0]:
+        assert ".zip" not in where and where.endswith("pyspark/__init__.py"), where
