@@ -16,7 +16,8 @@ from firehose_bq.decode.json_rules import MAX_DEPTH
 from firehose_bq.decode.json_reference import JsonReferenceDecoder
 from firehose_bq.decode.values import DecodedValues
 from firehose_bq.errors import ErrorType
-from tests.unit.decode.json_support import IMPLEMENTATIONS, JsonNativeDecoder, as_values, checked, decoder
+from tests.unit.decode.json_support import IMPLEMENTATIONS, JsonNativeDecoder, as_values, checked, decoder, \
+    needs_native
 
 Decode = Callable[..., DecodedValues]
 INVALID, DESER = ErrorType.INVALID_MESSAGE_ERROR, ErrorType.DESERIALIZATION_ERROR
@@ -429,3 +430,10 @@ def test_sliced_and_large_binary_inputs_decode_like_plain_ones(decode: Decode) -
 def test_the_additional_properties_column_must_be_a_nullable_string() -> None:
     with pytest.raises(ValueError, match="NULLABLE STRING"):
         JsonReferenceDecoder([F("additional_properties", "JSON")], additional_properties=True)
+
+
+@needs_native
+def test_the_native_decoder_hands_arrow_its_buffers_without_copying() -> None:
+    out = decoder("native", [F("s", "STRING")]).decode(as_values(['{"s": "a"}']))
+    assert out.values.field("s").buffers()[2].to_pybytes() == b"a"
+    assert out.values.to_pylist() == [{"s": "a"}]
