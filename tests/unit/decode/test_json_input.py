@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from google.cloud.bigquery import SchemaField as F
 
+from firehose_bq.decode import make_json_decoder
 from firehose_bq.decode.json_rules import MAX_DEPTH
 from firehose_bq.decode.json_reference import JsonReferenceDecoder
 from firehose_bq.decode.values import DecodedValues
@@ -430,6 +431,15 @@ def test_sliced_and_large_binary_inputs_decode_like_plain_ones(decode: Decode) -
 def test_the_additional_properties_column_must_be_a_nullable_string() -> None:
     with pytest.raises(ValueError, match="NULLABLE STRING"):
         JsonReferenceDecoder([F("additional_properties", "JSON")], additional_properties=True)
+
+
+def test_the_factory_prefers_the_native_decoder_and_falls_back_to_the_reference() -> None:
+    columns = [F("n", "INTEGER")]
+    assert isinstance(make_json_decoder(columns, additional_properties=False, prefer="reference"), JsonReferenceDecoder)
+    expected = JsonNativeDecoder or JsonReferenceDecoder
+    assert isinstance(make_json_decoder(columns, additional_properties=False), expected)
+    with pytest.raises(ValueError):
+        make_json_decoder(columns, additional_properties=False, prefer="fast")
 
 
 @needs_native
