@@ -21,7 +21,8 @@ help:
 	@echo "make bench   benchmarks (ratios measured side by side)"
 	@echo "make up | down | status   the local stack"
 
-$(STAMP): pyproject.toml
+# setup.py builds the native JSON decoder: a change to it or its C source reinstalls (and rebuilds) too.
+$(STAMP): pyproject.toml setup.py $(wildcard firehose_bq/decode/*.c)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found " + sys.version.split()[0] + ")")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'

@@ -1,0 +1,100 @@
+"""JSON input with coercion and additional_properties (seed 004) on the real local stack."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from google.cloud import bigquery
+from kafka import KafkaProducer
+
+from firehose_bq import sample
+from firehose_bq.config import Config
+from firehose_bq.errors import ErrorType
+from firehose_bq.pipeline import Pipeline
+from tests.integration.test_dead_letters import read_topic
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA_FILE = REPO / "config" / "json-schema.json"
+COUNT = 200
+
+
+def json_env(job_env: dict[str, str], **extra: str) -> dict[str, str]:
+    return {**job_env, "INPUT_SCHEMA_DATA_TYPE": "JSON", "INPUT_SCHEMA_PROTO_CLASS": "",
+            "SCHEMA_REGISTRY_STENCIL_URLS": "", "SINK_BIGQUERY_TABLE_NAME": "telemetry",
+            "SINK_BIGQUERY_TABLE_SCHEMA_FILE": str(SCHEMA_FILE), "SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE": "true",
+            "DLQ_SINK_ENABLE": "true", "DLQ_KAFKA_TOPIC": f"dlq-{uuid.uuid4().hex[:8]}", **extra}
+
+
+def rows(client: bigquery.Client, table: str) -> list[dict]:
+    return [dict(r.items()) for r in client.query(f"SELECT * FROM `{table}` ORDER BY message_offset").result()]
+
+
+def test_documents_ahead_of_the_table_land_coerced_and_nothing_unexpected_fails(
+        spark, job_env: dict[str, str], bq_client: bigquery.Client) -> None:
+    cfg = Config.from_env(json_env(job_env))
+    topic = cfg.source.topics[0]
+    sample.ensure_topic(cfg.source.brokers, topic, 1)
+    sample.ensure_topic(cfg.source.brokers, cfg.dlq.kafka_topic, 1)
+    sample.produce(cfg.source.brokers, topic, sample.json_messages(), COUNT, progress=False)
+    # Two documents no coercion can save: a column's value of the wrong kind, and bytes that are not JSON.
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    producer.send(topic, json.dumps({**sample.json_document(COUNT), "duration_ms": {"nested": 1}}).encode())
+    producer.send(topic, b'{"client-id": "x", ')
+    producer.flush()
+    producer.close()
+    try:
+        summary = Pipeline(cfg, spark).run(available_now=True)
+        t = summary.totals
+        assert (t.messages, t.rows_written, t.dead_lettered, t.failed) == (COUNT + 2, COUNT, 2, 0)
+        assert dict(t.errors_by_type) == {"INVALID_MESSAGE_ERROR": 1, "DESERIALIZATION_ERROR": 1}
+        landed = rows(bq_client, cfg.bigquery.table_ref)
+        assert len(landed) == COUNT
+        first, second = landed[0], landed[1]
+        source = sample.json_document(0)
+        assert first["client_id"] == source["client-id"] and first["document_type"] == source["document.type"]
+        assert first["_2fa_enabled"] is True and first["os"]["build_number"] == 1000
+        assert first["counters"] == [{"key": k, "value": v} for k, v in source["counters"].items()]
+        assert json.loads(first["settings"]) == source["settings"]
+        assert first["duration_ms"] == int(source["duration_ms"])
+        assert first["submitted_at"].isoformat() == "2026-01-01T00:00:00+00:00"
+        # Values the table has no column for are kept, as written, for a later backfill.
+        assert second["additional_properties"] is None
+        assert json.loads(first["additional_properties"]) == {"experiment": source["experiment"]}
+        assert sum(r["additional_properties"] is not None for r in landed) == COUNT // 10
+        assert "additional_properties" in {f.name for f in bq_client.get_table(cfg.bigquery.table_ref).schema}
+        letters = read_topic(cfg.source.brokers, cfg.dlq.kafka_topic)
+        kinds = {x.error.error_type: x for x in letters}
+        assert set(kinds) == {ErrorType.INVALID_MESSAGE_ERROR, ErrorType.DESERIALIZATION_ERROR}
+        assert "duration_ms" in kinds[ErrorType.INVALID_MESSAGE_ERROR].error.message
+    finally:
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_routed_json_tables_are_created_from_the_schema_file_per_destination(
+        spark, job_env: dict[str, str], bq_client: bigquery.Client) -> None:
+    cfg = Config.from_env(json_env(job_env, SINK_BIGQUERY_TABLE_NAME="telemetry_${header.doc}",
+                                   SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE="false"))
+    topic = cfg.source.topics[0]
+    sample.ensure_topic(cfg.source.brokers, topic, 2)
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    for i in range(40):
+        producer.send(topic, json.dumps(sample.json_document(i)).encode(), headers=[("doc", [b"main", b"crash"][i % 2])])
+    producer.flush()
+    producer.close()
+    try:
+        summary = Pipeline(cfg, spark).run(available_now=True)
+        t = summary.totals
+        assert (t.messages, t.rows_written, t.failed) == (40, 40, 0)
+        # Unknown fields with additional_properties off: written without them, counted, never failed.
+        assert t.unknown_fields == 4
+        for doc in ("main", "crash"):
+            table = f"{cfg.bigquery.project_id}.{cfg.bigquery.dataset}.telemetry_{doc}"
+            assert len(rows(bq_client, table)) == 20
+            assert "additional_properties" not in {f.name for f in bq_client.get_table(table).schema}
+    finally:
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
