@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -59,6 +60,8 @@ WORKER_PYTHON = f"./{ENV_ALIAS}/bin/python"
 START_TIMEOUT_S = 60
 JOB_TIMEOUT_S = 300
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+# An executor's own log (its work dir's stderr) names every task attempt it starts and finishes.
+TASK_LINE = re.compile(r"(Running|Finished) task (\d+)\.(\d+) in stage (\d+)\.\d+ \(TID \d+\)")
 # Run in the executors' Python workers' exact start-up conditions; prints where the imports resolve.
 IMPORT_PROBE = ("import json, sys, firehose_bq, pyarrow, google.cloud.bigquery as bq; "
                 "print(json.dumps({'firehose_bq': firehose_bq.__file__, 'pyarrow': pyarrow.__file__, "
@@ -74,25 +77,30 @@ def run(*args: str | Path, **kwargs: object) -> None:
 def executor_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """README's recipe, once per session: a wheel of the project, a fresh venv with it and its dependencies
     minus pyspark (executors take pyspark from the cluster's own Spark), packed as a tar.gz."""
-    started = time.monotonic()
     root = tmp_path_factory.mktemp("executor-env")
+    marks = [time.monotonic()]
     # Built from a copy, so the test never writes setuptools' build/ into the checkout (nor picks up a stale one).
     source = root / "source"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
         ".git", ".venv", ".stack", ".checkpoints", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"))
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", root / "dist", source)
     (wheel,) = (root / "dist").glob("firehose_bq-*.whl")
+    marks.append(time.monotonic())
     venv = root / "firehose-env"
     run(sys.executable, "-m", "venv", venv)
     run(venv / "bin" / "pip", "install", "--quiet", wheel)
     run(venv / "bin" / "pip", "uninstall", "--quiet", "--yes", "pyspark", "py4j")
+    marks.append(time.monotonic())
     # gzipped: Spark unpacks a .tar.gz with the system's tar; a plain .tar with its own untar, which refuses
     # the venv's bin/python3.x (a symlink to the base interpreter, outside the archive).
     archive = root / "firehose-env.tar.gz"
     run("tar", "-czf", archive, "-C", venv, ".")
+    marks.append(time.monotonic())
+    wheel_s, venv_s, pack_s = (end - start for start, end in zip(marks, marks[1:]))
     # The venv, the archive and the executors' unpacked copies (~1.5 GB in all) stay in pytest's basetemp,
     # which pytest rotates: deleting them here took 40-60 s on a busy disk.
-    print(f"\nexecutor archive built in {time.monotonic() - started:.0f} s: {archive.stat().st_size / 1e6:.0f} MB")
+    print(f"\nexecutor archive, {archive.stat().st_size / 1e6:.0f} MB, built in {marks[-1] - marks[0]:.0f} s "
+          f"(wheel {wheel_s:.0f} s, venv {venv_s:.0f} s, tar.gz {pack_s:.0f} s)")
     return archive
 
 
@@ -244,11 +252,25 @@ class WorkerStart:
         return dict(json.loads(probe.stdout))
 
 
+def task_attempts(executor_dir: Path, state: str) -> set[tuple[int, int, int]]:
+    """(stage, task, attempt) of every task attempt the executor's log says it started (state "Running")
+    or finished ("Finished")."""
+    log = (executor_dir / "stderr").read_text(errors="replace")
+    return {(int(stage), int(task), int(attempt)) for said, task, attempt, stage in TASK_LINE.findall(log)
+            if said == state}
+
+
+@dataclass(frozen=True)
+class Kill:
+    moment: str  # what it looked like, for the test's output
+    executor_dir: Path  # the killed executor's work dir (its log, its unpacked archive)
+    workers: list[WorkerStart]
+
+
 def kill_executor_mid_batch(job: subprocess.Popen[str], log_path: Path, cluster: Standalone,
-                            client: bigquery.Client, cfg: Config) -> tuple[str, list[WorkerStart]]:
+                            client: bigquery.Client, cfg: Config) -> Kill:
     """Once a batch after the first is part-written (the table's count between two batch boundaries: its
-    tasks are still writing), SIGKILL the executor JVM and its Python workers. Returns what the moment
-    looked like and how the workers had been started."""
+    tasks are still writing), SIGKILL the executor JVM and its Python workers."""
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while True:
         assert job.poll() is None, f"job ended before the kill:\n{log_path.read_text()}"
@@ -260,6 +282,7 @@ def kill_executor_mid_batch(job: subprocess.Popen[str], log_path: Path, cluster:
     executors = cluster.executors()
     assert len(executors) == 1, f"expected the one executor of the job, found {executors}"
     executor = executors[0]
+    executor_dir = Path(os.readlink(f"/proc/{executor.pid}/cwd"))
     workers = [WorkerStart.of(p.pid) for p in tree(executor.pid) if p.name.startswith("python")]
     victims = kill_tree(executor.pid)
     assert wait_gone(victims, 10), "the executor survived SIGKILL"
@@ -267,7 +290,7 @@ def kill_executor_mid_batch(job: subprocess.Popen[str], log_path: Path, cluster:
     moment = (f"executor JVM {executor.pid} and {len(victims) - 1} Python processes killed with {landed} rows in "
               f"the table (batch {landed // PER_BATCH} part-written; last batch logged done: "
               f"{done[-1][0] if done else None}), {table_rows(client, cfg)} right after")
-    return moment, workers
+    return Kill(moment, executor_dir, workers)
 
 
 def test_executor_killed_mid_batch_is_replaced_and_no_offset_is_lost(
@@ -286,8 +309,8 @@ def test_executor_killed_mid_batch_is_replaced_and_no_offset_is_lost(
     logs = [tmp_path / "run-0.log"]
     job = start_job(env, logs[0], "--available-now", cwd=driver_dir)
     try:
-        moment, workers = kill_executor_mid_batch(job, logs[0], cluster, bq_client, job_config)
-        print(f"  {moment}")
+        kill = kill_executor_mid_batch(job, logs[0], cluster, bq_client, job_config)
+        print(f"  {kill.moment}")
         job.wait(timeout=JOB_TIMEOUT_S)
         if job.returncode != 0:  # Spark gave up on the batch: a restart on the same checkpoint must finish it
             print(f"  the job failed after the kill (exit {job.returncode}); restarting it")
@@ -301,15 +324,21 @@ def test_executor_killed_mid_batch_is_replaced_and_no_offset_is_lost(
     assert job.returncode == 0, logs[-1].read_text()
     ran = time.monotonic() - started
 
-    # Recovery as Spark does it: the tasks on the lost executor fail and are retried on a new one.
-    first_run = logs[0].read_text()
-    lost = first_run.count("ExecutorLostFailure")
-    executors = sorted(str(d.relative_to(cluster.work_dir)) for d in cluster.work_dir.glob("app-*/*") if d.is_dir())
-    print(f"  tasks lost with the executor: {lost}; executors launched: {executors}; runs: {len(logs)}")
-    assert lost > 0, f"no task was running on the killed executor:\n{first_run}"
-    assert len(executors) >= 2, f"the worker launched no executor after the kill: {executors}\n{cluster.logs()}"
+    # Recovery as Spark does it: the tasks running on the killed executor (started in its log, never
+    # finished) are attempted again on the executor the worker launched in its place.
+    in_flight = task_attempts(kill.executor_dir, "Running") - task_attempts(kill.executor_dir, "Finished")
+    successors = [d for d in kill.executor_dir.parent.iterdir() if d.is_dir() and d != kill.executor_dir]
+    retried = {attempt for d in successors for attempt in task_attempts(d, "Finished")}
+    print(f"  tasks in flight on the killed executor (stage, task, attempt): {sorted(in_flight)}; executors "
+          f"launched after it: {len(successors)}; runs: {len(logs)}")
+    assert in_flight, f"no task was running on the killed executor:\n{(kill.executor_dir / 'stderr').read_text()}"
+    if len(logs) == 1:  # recovered within the run (a restart is a new application with its own executors)
+        assert successors, f"the worker launched no executor after the kill:\n{cluster.logs()}"
+        for stage, task, attempt in in_flight:
+            assert any((s, t) == (stage, task) and a > attempt for s, t, a in retried), (stage, task, attempt)
 
     # The shipped code, not the driver's: the workers ran from the archive unpacked in their executor's dir.
+    workers = kill.workers
     assert workers, "the executor had no Python worker to inspect"
     driver_venv = Path(sys.prefix).resolve()
     for worker in workers:
