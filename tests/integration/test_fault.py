@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -45,11 +46,31 @@ def table_rows(client: bigquery.Client, cfg: Config) -> int:
         return 0  # the run has not created the table yet
 
 
-def start_job(env: dict[str, str], log_path: Path, *extra: str) -> subprocess.Popen[str]:
+def start_job(env: dict[str, str], log_path: Path, *extra: str, cwd: Path = REPO) -> subprocess.Popen[str]:
     # A session of its own: the job's process group is never the test's.
     with open(log_path, "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "firehose_bq.cli", "run", *extra], env=env, cwd=REPO,
+        return subprocess.Popen([sys.executable, "-m", "firehose_bq.cli", "run", *extra], env=env, cwd=cwd,
                                 stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+@dataclass(frozen=True)
+class Landed:
+    """How the table's rows cover the produced offsets."""
+
+    distinct: int
+    missing: list[tuple[int, int]]
+    duplicates: int  # rows beyond the first of their offset
+    unexpected: list[tuple[int, int]]  # offsets that were never produced
+
+
+def landed_offsets(client: bigquery.Client, cfg: Config, produced: dict[int, int]) -> Landed:
+    rows = client.query(f"SELECT message_partition p, message_offset o, COUNT(*) n FROM `{cfg.bigquery.table_ref}` "
+                        "GROUP BY p, o").result()
+    seen = {(r.p, r.o): r.n for r in rows}
+    return Landed(distinct=len(seen),
+                  missing=[(p, o) for p, end in produced.items() for o in range(end) if (p, o) not in seen],
+                  duplicates=sum(n - 1 for n in seen.values()),
+                  unexpected=[po for po in seen if po[0] not in produced or not 0 <= po[1] < produced[po[0]]])
 
 
 def kill_mid_batch(job: subprocess.Popen[str], log_path: Path, client: bigquery.Client, cfg: Config,
@@ -110,17 +131,11 @@ def test_kill_9_mid_batch_then_restart_loses_no_offset(job_env: dict[str, str], 
             kill_tree(final.pid)
     assert final.returncode == 0, final_log.read_text()
 
-    rows = bq_client.query(
-        f"SELECT message_partition p, message_offset o, COUNT(*) n FROM `{job_config.bigquery.table_ref}` "
-        "GROUP BY p, o").result()
-    seen = {(r.p, r.o): r.n for r in rows}
-    missing = [(p, o) for p, end in produced.items() for o in range(end) if (p, o) not in seen]
-    duplicates = sum(n - 1 for n in seen.values())
-    unexpected = [po for po in seen if po[0] not in produced or not 0 <= po[1] < produced[po[0]]]
-    print(f"  after {KILLS} kills and a final run: {len(seen)} distinct offsets of {COUNT}, "
-          f"missing {len(missing)}, duplicate rows {duplicates}")
-    assert missing == [], f"{len(missing)} offsets never reached the table, e.g. {missing[:5]}"
-    assert unexpected == []
+    landed = landed_offsets(bq_client, job_config, produced)
+    print(f"  after {KILLS} kills and a final run: {landed.distinct} distinct offsets of {COUNT}, "
+          f"missing {len(landed.missing)}, duplicate rows {landed.duplicates}")
+    assert landed.missing == [], f"{len(landed.missing)} offsets never reached the table, e.g. {landed.missing[:5]}"
+    assert landed.unexpected == []
     # Pacing: SPARK_MAX_OFFSETS_PER_TRIGGER caps every micro-batch, and a backlog fills batches to the cap.
     sizes = [int(n) for log in tmp_path.glob("*.log") for _, n in BATCH_DONE.findall(log.read_text())]
     assert max(sizes) == PER_BATCH, sizes
