@@ -19,6 +19,7 @@ from google.cloud import bigquery
 
 from firehose_bq import descriptors, sample
 from firehose_bq.bigquery import file_loads
+from firehose_bq.blobstore import GcsOptions, open_blob_store
 from firehose_bq.config import Config
 from firehose_bq.convert import KafkaRecords, RowConverter
 from firehose_bq.errors import BatchFailedError, FirehoseError, SchemaEvolutionError
@@ -153,6 +154,41 @@ def test_a_bad_message_stops_the_batch_before_any_load(spark, file_loads_env, bq
     assert load_jobs(bq_client, cfg) == []
     assert [r.n for r in bq_client.query(f"SELECT COUNT(*) AS n FROM `{cfg.bigquery.table_ref}`").result()] == [0]
     assert staged_leftovers(cfg) == [], "the replay stages the rows again; nothing is kept"
+
+
+def test_emulator_load_from_gcs_is_atomic_and_keeps_its_job_id(bq_client, bq_dataset, stack_env, tmp_path) -> None:
+    """What file loads from `gs://` rely on, as BigQuery behaves: the load job reads the objects (here from
+    the GCS emulator's files), loads all of its files or none, and a job id that is taken answers 409."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = bq_client.create_table(bigquery.Table(f"{bq_client.project}.{bq_dataset}.t",
+                                                  schema=[bigquery.SchemaField("n", "INTEGER")]))
+    store = open_blob_store(f"gs://{stack_env['FIREHOSE_STACK_GCS_BUCKET']}/{bq_dataset}",
+                            GcsOptions(endpoint=stack_env["STORAGE_EMULATOR_HOST"]))
+    uris = []
+    for part in range(2):
+        pq.write_table(pa.table({"n": [part * 10 + i for i in range(3)]}), tmp_path / f"{part}.parquet")
+        uris.append(store.put_file(f"part-{part}.parquet", tmp_path / f"{part}.parquet"))
+    config = file_loads.load_job_config()
+    try:
+        broken = bq_client.load_table_from_uri([uris[0], f"{uris[1]}.missing"], table, job_config=config)
+        with pytest.raises(exceptions.GoogleAPICallError):
+            broken.result()
+        assert broken.error_result is not None
+        assert next(iter(bq_client.query(f"SELECT COUNT(*) AS n FROM `{table.full_table_id.replace(':', '.')}`")
+                         .result())).n == 0, "nothing of a failed job stays"
+
+        job_id = f"test_{bq_dataset}"
+        bq_client.load_table_from_uri(uris, table, job_id=job_id, job_config=config).result()
+        with pytest.raises(exceptions.Conflict):
+            bq_client.load_table_from_uri(uris, table, job_id=job_id, job_config=config)
+
+        rows = bq_client.query(f"SELECT n FROM `{table.full_table_id.replace(':', '.')}` ORDER BY n").result()
+        assert [r.n for r in rows] == [0, 1, 2, 10, 11, 12]
+        assert bq_client.get_job(job_id).source_uris == uris
+    finally:
+        store.delete_prefix("")
 
 
 def test_emulator_keeps_an_uploaded_load_jobs_id_and_decodes_bytes(bq_client, bq_dataset) -> None:
