@@ -166,6 +166,7 @@ class Stack:
             "FIREHOSE_STACK_BIGQUERY_GRPC_ENDPOINT": f"{HOST}:{self.cfg.bigquery_grpc_port}",
             "SINK_BIGQUERY_STORAGE_API_ENDPOINT": f"{HOST}:{self.cfg.bigquery_grpc_port}",
             "DLQ_GCS_API_ENDPOINT": gcs_endpoint(self.cfg),
+            "SINK_BIGQUERY_FILE_LOADS_STAGING_GCS_API_ENDPOINT": gcs_endpoint(self.cfg),
             # google-cloud-storage's own variable, for other clients (scripts, notebooks) pointed at this stack.
             "STORAGE_EMULATOR_HOST": gcs_endpoint(self.cfg),
             "FIREHOSE_STACK_GCS_BUCKET": self.cfg.gcs_bucket,
