@@ -32,6 +32,7 @@ from firehose_bq.bigquery import file_loads
 from firehose_bq.bigquery.client import make_client
 from firehose_bq.bigquery.insert_all import InsertAllWriter
 from firehose_bq.bigquery.storage_write import StorageWriteWriter, make_write_client
+from firehose_bq.blobstore import LocalBlobStore
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.convert import JSON, STORAGE, ConvertedBatch, KafkaRecords, RowConverter, ValueEncoding
 from firehose_bq.decode.reference import ReferenceDecoder
@@ -110,16 +111,16 @@ def run(count: int = ROWS) -> dict[str, float]:
         tables = iter(range(1_000))
 
         def fresh(method: str) -> BigQueryConfig:
-            cfg = dataclasses.replace(base, table=f"{method}_{next(tables)}",
-                                      file_loads_staging_uri=str(file_loads.batch_dir(state / "stage", 0)))
+            cfg = dataclasses.replace(base, table=f"{method}_{next(tables)}")
             client.create_table(bigquery.Table(cfg.table_ref, schema=schema))
             return cfg
 
         def parquet_load(cfg: BigQueryConfig) -> list[Any]:
-            writer = file_loads.StagingWriter(make_client(cfg), cfg)
+            store = LocalBlobStore(state / "stage")
+            writer = file_loads.StagingWriter(make_client(cfg), cfg, store, "batch-0/")
             failures = write_once(writer, rows, ids)
             with make_client(cfg) as loader_client:
-                file_loads.FileLoader(loader_client, cfg, state / "stage", "bench").load(0, [writer.staged])
+                file_loads.FileLoader(loader_client, cfg, store, "bench").load(0, [writer.staged])
             return failures
 
         methods: dict[str, Callable[[BigQueryConfig], list[Any]]] = {

@@ -70,16 +70,21 @@ def open_blob_store(location: str, gcs: GcsOptions = GcsOptions()) -> BlobStore:
     ValueError for any other URL scheme or a `gs://` location without a bucket.
     """
     if location.startswith(GCS_SCHEME):
-        bucket, _, prefix = location.removeprefix(GCS_SCHEME).partition("/")
-        if not bucket:
-            raise ValueError(f"{location!r} names no bucket: expected gs://bucket/prefix")
-        return GcsBlobStore(bucket, prefix, gcs)
+        return GcsBlobStore(*gcs_location(location), gcs)
     parsed = urllib.parse.urlsplit(location)
     if parsed.scheme == "file":
         return LocalBlobStore(urllib.parse.unquote(parsed.path))
     if parsed.scheme and len(parsed.scheme) > 1:  # one letter is a Windows drive, not a scheme
         raise ValueError(f"{location!r}: unsupported blob location; use a directory or gs://bucket/prefix")
     return LocalBlobStore(location)
+
+
+def gcs_location(location: str) -> tuple[str, str]:
+    """`gs://bucket[/prefix]` as (bucket, prefix); ValueError when it names no bucket."""
+    bucket, _, prefix = location.removeprefix(GCS_SCHEME).partition("/")
+    if not bucket:
+        raise ValueError(f"{location!r} names no bucket: expected gs://bucket/prefix")
+    return bucket, prefix
 
 
 class LocalBlobStore:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from firehose_bq import redact
+from firehose_bq.blobstore import GCS_SCHEME, gcs_location
 from firehose_bq.dlq.config import DlqConfig
 from firehose_bq.errors import ConfigError
 from firehose_bq.logs import LogConfig
@@ -259,10 +260,24 @@ class BigQueryConfig:
     )
     file_loads_staging_uri: str = setting(
         "SINK_BIGQUERY_FILE_LOADS_STAGING_URI",
-        "With `file_loads`: directory where tasks stage their rows as Parquet files until the "
-        "batch's load job ran; empty = `<SPARK_CHECKPOINT_LOCATION>/staging`. Must be a local path (or "
-        "`file://`) that the driver and every executor share; `gs://` is not supported yet.",
+        "With `file_loads` or `mixed`: where tasks stage their rows as Parquet until the batch's load job ran. "
+        "`gs://bucket/prefix` (on a cluster): the load job reads the objects from there; or a directory (a path "
+        "or `file://`) that the driver and every executor share: the driver uploads each batch's files. Empty = "
+        "`<SPARK_CHECKPOINT_LOCATION>/staging`, for a local checkpoint only.",
         "",
+    )
+    file_loads_staging_credential_path: str | None = setting(
+        "SINK_BIGQUERY_FILE_LOADS_STAGING_CREDENTIAL_PATH",
+        "With `gs://` staging: service-account JSON key with which the tasks write, and the driver lists and "
+        "deletes, the staged objects; unset = SINK_BIGQUERY_CREDENTIAL_PATH, else Application Default "
+        "Credentials. The load jobs read the objects as the BigQuery identity (`storage.objects.get`).",
+        None,
+    )
+    file_loads_staging_gcs_endpoint: str | None = setting(
+        "SINK_BIGQUERY_FILE_LOADS_STAGING_GCS_API_ENDPOINT",
+        "With `gs://` staging: Cloud Storage JSON API endpoint, e.g. the local emulator `http://127.0.0.1:19023` "
+        "(anonymous credentials; `firehose-bq stack status --env` prints it); unset = real Cloud Storage.",
+        None,
     )
     file_loads_job_timeout_ms: int = setting(
         "SINK_BIGQUERY_FILE_LOADS_JOB_TIMEOUT_MS",
@@ -509,15 +524,26 @@ def label_problems(labels: Mapping[str, str]) -> list[str]:
 
 
 def staging_problems(staging_uri: str, checkpoint_location: str) -> list[str]:
-    """File loads stage through a directory the driver can read: a local (shared) path for now."""
-    if staging_uri:
-        if "://" in staging_uri and not staging_uri.startswith("file://"):
-            return [f"SINK_BIGQUERY_FILE_LOADS_STAGING_URI: {staging_uri!r} is not supported yet: use a local "
-                    "directory (on a cluster, one that the driver and every executor mount)"]
-    elif "://" in checkpoint_location and not checkpoint_location.startswith("file://"):
-        return [f"SINK_BIGQUERY_FILE_LOADS_STAGING_URI: required with SINK_BIGQUERY_WRITE_METHOD=file_loads when "
-                f"SPARK_CHECKPOINT_LOCATION ({checkpoint_location}) is not a local directory"]
+    """File loads stage in Cloud Storage or in a directory that every process of the job shares."""
+    if staging_uri.startswith(GCS_SCHEME):
+        try:
+            gcs_location(staging_uri)
+        except ValueError as exc:
+            return [f"SINK_BIGQUERY_FILE_LOADS_STAGING_URI: {exc}"]
+    elif staging_uri:
+        if _remote(staging_uri):
+            return [f"SINK_BIGQUERY_FILE_LOADS_STAGING_URI: {staging_uri!r}: use gs://bucket/prefix or a directory "
+                    "that the driver and every executor share"]
+    elif _remote(checkpoint_location):
+        # The staging default lives under the checkpoint, which Spark may keep where this job cannot stage
+        # (hdfs://, s3a://); an explicit location says where the objects go and who may read them.
+        return [f"SINK_BIGQUERY_FILE_LOADS_STAGING_URI: required with file loads when SPARK_CHECKPOINT_LOCATION "
+                f"({checkpoint_location}) is not a local directory: set gs://bucket/prefix"]
     return []
+
+
+def _remote(location: str) -> bool:
+    return "://" in location and not location.startswith("file://")
 
 
 def _without_url_credentials(value: Any) -> Any:

@@ -19,7 +19,6 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 
@@ -88,17 +87,17 @@ class StreamingTask(_DestinationTask):
 
 @dataclass(frozen=True)
 class StagingTask(_DestinationTask):
-    """Stage each destination's rows in the batch's directory, for the driver's load job per table."""
+    """Stage each destination's rows under the batch's prefix, for the driver's load job per table."""
 
     bigquery: BigQueryConfig
-    directory: str
+    staging: file_loads.StagingArea
+    prefix: str  # the batch's
 
     def open_writer(self, destination: Destination | None) -> RowWriter:
         table = destination_config(self.bigquery, destination)
-        directory = Path(self.directory) / (f"{table.dataset}.{table.table}" if destination is not None else "")
-        staging = dataclasses.replace(table, file_loads_staging_uri=str(directory))
+        prefix = self.prefix + (f"{table.dataset}.{table.table}/" if destination is not None else "")
         # The client reads the live table: staged rows are fitted to it (rows it cannot take fail here).
-        return file_loads.StagingWriter(make_client(staging), staging)
+        return file_loads.StagingWriter(make_client(table), table, self.staging.store(), prefix)
 
     def report(self, destination: Destination | None, writer: RowWriter) -> str | None:
         staged = file_loads.staged_json(writer)  # None for a mixed task's streaming writers
@@ -151,15 +150,16 @@ class StorageWriteMode(WriteMode):
 
 
 class FileLoadsMode(WriteMode):
-    """Tasks stage files in the batch's directory; the driver loads each table's files in one job per
-    batch, its id derived from `identity()` (what makes a replay of the same batch find its job), the
-    batch and the Kafka offsets staged."""
+    """Tasks stage files under the batch's prefix of the staging area; the driver loads each table's files
+    in one job per batch, its id derived from `identity()` (what makes a replay of the same batch find its
+    job), the batch and the Kafka offsets staged."""
 
     name = FILE_LOADS
 
-    def __init__(self, config: Config, schema: SinkSchema, staging_root: Path, identity: Callable[[], str]) -> None:
+    def __init__(self, config: Config, schema: SinkSchema, staging: file_loads.StagingArea,
+                 identity: Callable[[], str]) -> None:
         super().__init__(config, schema)
-        self.staging_root = staging_root
+        self.staging = staging
         self._identity = identity
 
     def trigger_interval_ms(self) -> int:
@@ -167,26 +167,27 @@ class FileLoadsMode(WriteMode):
         return self.config.bigquery.file_loads_trigger_ms
 
     def task(self, batch: int) -> TaskPlan:
-        return StagingTask(self.config.bigquery, str(file_loads.batch_dir(self.staging_root, batch)))
+        return StagingTask(self.config.bigquery, self.staging, self.staging.batch(batch))
 
     def finish(self, batch: int, results: Sequence[TaskResult]) -> None:
         by_table: dict[str, list[str]] = {}
         for report in (json.loads(r) for result in results for r in result.reports):
             by_table.setdefault(report["table"], []).append(json.dumps(report["staged"]))
         identity = self._identity()
+        store = self.staging.store()
         with make_client(self.config.bigquery) as client:
             for table, staged in sorted(by_table.items()):
                 cfg = self.config.bigquery
                 if table:
                     dataset, name = table.split(".", 1)
                     cfg = dataclasses.replace(cfg, dataset=dataset, table=name)
-                loader = file_loads.FileLoader(client, cfg, self.staging_root, identity)
+                loader = file_loads.FileLoader(client, cfg, store, identity)
                 loader.load(batch, file_loads.parse_staged(staged))
         # Only when every table's rows are in: a failure above leaves the files for the batch's replay.
-        file_loads.discard_batch_dir(self.staging_root, batch)
+        file_loads.discard(store, self.staging.batch(batch))
 
     def abort(self, batch: int) -> None:
-        file_loads.discard_batch_dir(self.staging_root, batch)
+        file_loads.discard(self.staging.store(), self.staging.batch(batch))
 
 
 class MixedMode(FileLoadsMode):
@@ -197,7 +198,7 @@ class MixedMode(FileLoadsMode):
     name = MIXED
 
     def task(self, batch: int) -> TaskPlan:
-        return MixedTask(self.config.bigquery, str(file_loads.batch_dir(self.staging_root, batch)))
+        return MixedTask(self.config.bigquery, self.staging, self.staging.batch(batch))
 
 
 class UpsertMode(WriteMode):
@@ -228,9 +229,9 @@ class UpsertMode(WriteMode):
 
 
 def write_mode(config: Config, descriptor_source: DescriptorSource | None = None, *,
-               staging_root: Path | None = None, identity: Callable[[], str] | None = None) -> WriteMode:
-    """The configured mode. `staging_root` and `identity` (file loads) default to the streaming job's:
-    the checkpoint's staging directory and its query id."""
+               staging: file_loads.StagingArea | None = None, identity: Callable[[], str] | None = None) -> WriteMode:
+    """The configured mode. `staging` and `identity` (file loads) default to the streaming job's: the
+    configured staging area and the checkpoint's query id."""
     if config.upsert.enabled:  # whatever the write method: upserts go through their intermediate table
         return UpsertMode(config, descriptor_source)
     schema = SinkSchema(config, descriptor_source)
@@ -238,7 +239,7 @@ def write_mode(config: Config, descriptor_source: DescriptorSource | None = None
     if method in (FILE_LOADS, MIXED):
         checkpoint = config.spark.checkpoint_location
         kind = MixedMode if method == MIXED else FileLoadsMode
-        return kind(config, schema, staging_root or file_loads.staging_root(config),
+        return kind(config, schema, staging or file_loads.staging_area(config),
                     identity or (lambda: file_loads.checkpoint_identity(checkpoint)))
     return StorageWriteMode(config, schema) if method == STORAGE_WRITE else WriteMode(config, schema)
 

@@ -208,6 +208,10 @@ class _Task:
         for destination, writer in self.writers.items():
             try:
                 writer.close()  # Spark reuses Python workers: an unclosed client per task would pile up
+            except SinkError as exc:
+                # Closing can be the write itself (file loads put their staged file into the staging area
+                # then): the batch cannot be loaded, and the driver hears why like any other stop.
+                self.result.fatal = self.result.fatal or str(exc)
             finally:
                 report = self.plan.report(destination, writer)
                 if report is not None:

@@ -1,19 +1,28 @@
-"""The file-loads write path: tasks stage rows as Parquet files, the driver runs one load job per micro-batch.
+"""The file-loads write path: tasks stage rows as Parquet, the driver runs one load job per table per micro-batch.
 
 BigQuery allows 1,500 load jobs per table per day, so a load job per Spark task is out of the question.
 Instead each task fits its rows to the live table (`conform.py`: the rows BigQuery would refuse fail
 here, each on its own, instead of failing the whole load job later) and appends them to a Parquet file
-of its own in the batch's staging directory, then reports the file (name, row count, Kafka offset
-ranges) in its stats row. The driver, once every task of the micro-batch succeeded, loads all of those
-files in one job (WRITE_APPEND, columns matched by name, REPEATED columns read from Parquet LISTs),
-waits for it, and only then deletes the batch's staging directory and lets Spark commit the offsets.
+of its own on its local disk. When the task ends it puts the file into the staging area under the
+batch's prefix (`blobstore.py`: `gs://bucket/prefix`, or a directory every process of the job mounts;
+whole objects, visible only once complete) and reports the object (name, row count, Kafka offset ranges)
+in its result. The driver, once every task of the micro-batch succeeded, loads each table's objects in
+one job (WRITE_APPEND, columns matched by name, REPEATED columns read from Parquet LISTs), waits for it,
+and only when every table of the batch is loaded drops the batch's prefix and lets Spark commit.
+
+How a load job gets its rows: from Cloud Storage, BigQuery reads the objects itself; the job's source
+URIs are exactly the reported objects (never a wildcard, which would also take a failed task attempt's
+leftovers). From a shared directory the driver uploads them with the job, combined into one file. So
+does it, from either, for a table whose objects differ in columns (the table grew while the batch ran):
+one file under the union of their columns, rather than leaving BigQuery to reconcile per-file schemas.
 
 Parquet rather than newline-delimited JSON: it is written straight from the Arrow batches (no text per
 value), typed (TIMESTAMP, DATE, BYTES and NUMERIC need no text forms), and a fraction of the size.
 
 Replays are idempotent: the job id is derived from the table, the checkpoint, the batch id and the Kafka
-offsets the files hold (never from the file bytes: `load_time` differs in every attempt). A batch
-replayed after a crash between "load done" and "offsets committed" finds its job done and loads nothing.
+offsets the files hold (never from the file bytes or names: `load_time` and the names differ in every
+attempt). A batch replayed after a crash between "load done" and "offsets committed" finds its job done
+and loads nothing.
 """
 
 from __future__ import annotations
@@ -21,11 +30,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import posixpath
 import re
 import shutil
+import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,12 +45,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from google.api_core import exceptions as api_exceptions
+from google.auth import exceptions as auth_exceptions
 from google.cloud import bigquery
 from requests import exceptions as http_exceptions
 
 from firehose_bq.bigquery.classify import REASON_TYPES, classify_exception, classify_row_errors, describe_row_errors
 from firehose_bq.bigquery.client import call_options
 from firehose_bq.bigquery.conform import LiveTable
+from firehose_bq.blobstore import GCS_SCHEME, BlobStore, GcsOptions, open_blob_store
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.errors import ErrorType, RowError, SinkError
 
@@ -53,6 +67,12 @@ MAX_JOB_ATTEMPTS = 20
 # Load-job errors kept in the SinkError's text; BigQuery returns up to ~100 per job.
 ERRORS_SHOWN = 5
 DEFAULT_STAGING_DIR = "staging"
+# A load job takes at most 10,000 source URIs; a batch stages one object per task and table (more only
+# when the table changes during the task).
+MAX_SOURCE_URIS = 10_000
+# What failing to reach the staging area raises: Cloud Storage (API, HTTP, credentials) or a local disk.
+STORE_ERRORS = (api_exceptions.GoogleAPIError, http_exceptions.RequestException, auth_exceptions.GoogleAuthError,
+                OSError)
 # insertId = topic_partition_offset (a topic name may hold `_`, the numbers cannot).
 _COORDINATES = r"^(?P<topic>.*)_(?P<partition>-?[0-9]+)_(?P<offset>-?[0-9]+)$"
 
@@ -70,50 +90,85 @@ class OffsetRange:
 
 @dataclass
 class StagedFile:
-    """What a task staged; travels to the driver as JSON in the task's stats row.
+    """What a task staged for one table; travels to the driver as JSON in the task's result.
 
-    Usually one Parquet file; another one is begun when the rows' columns change within the task (the
-    table gained a column meanwhile), as one Parquet file holds one schema."""
+    Usually one Parquet object; another one is begun when the rows' columns change within the task (the
+    table gained a column meanwhile), as one Parquet file holds one schema. `objects` are names in the
+    staging area; `schemas` a digest of each object's columns, in the same order."""
 
-    paths: list[str] = field(default_factory=list)
+    objects: list[str] = field(default_factory=list)
     rows: int = 0
     ranges: list[OffsetRange] = field(default_factory=list)
+    schemas: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
-        return json.dumps({"paths": self.paths, "rows": self.rows,
+        return json.dumps({"objects": self.objects, "rows": self.rows, "schemas": self.schemas,
                            "ranges": [[r.topic, r.partition, r.first, r.last, r.rows] for r in self.ranges]})
 
     @classmethod
     def from_json(cls, text: str) -> StagedFile:
         data = json.loads(text)
-        return cls(data["paths"], data["rows"], [OffsetRange(*r) for r in data["ranges"]])
+        return cls(data["objects"], data["rows"], [OffsetRange(*r) for r in data["ranges"]], data["schemas"])
 
 
-def staging_root(config: Config) -> Path:
-    """Where micro-batches stage their files; Config.validate has already rejected remote locations."""
-    uri = config.bigquery.file_loads_staging_uri
-    if uri:
-        return Path(uri.removeprefix("file://"))
-    return Path(config.spark.checkpoint_location.removeprefix("file://")) / DEFAULT_STAGING_DIR
+@dataclass(frozen=True)
+class StagingArea:
+    """Where file loads stage: a directory or `gs://bucket/prefix`, how to reach Cloud Storage, and the
+    name prefix of this run's batches (a replay's own `dlq-replay-<id>/`). Picklable: tasks get it."""
+
+    location: str
+    gcs: GcsOptions = GcsOptions()
+    prefix: str = ""
+
+    def store(self) -> BlobStore:
+        return open_blob_store(self.location, self.gcs)
+
+    def batch(self, batch_id: int) -> str:
+        """The name prefix of everything batch `batch_id` stages."""
+        return f"{self.prefix}batch-{batch_id}/"
 
 
-def batch_dir(root: Path, batch_id: int) -> Path:
-    return root / f"batch-{batch_id}"
+def staging_area(config: Config, prefix: str = "") -> StagingArea:
+    """The job's staging area; Config.validate has already refused locations it cannot stage in."""
+    bq = config.bigquery
+    location = bq.file_loads_staging_uri or f"{config.spark.checkpoint_location.rstrip('/')}/{DEFAULT_STAGING_DIR}"
+    if not location.startswith(GCS_SCHEME):
+        location = location.removeprefix("file://")
+    # The load jobs read the objects as the BigQuery identity, so by default the tasks write them as it too.
+    credential, setting_name = bq.credential_path, "SINK_BIGQUERY_CREDENTIAL_PATH"
+    if bq.file_loads_staging_credential_path:
+        credential, setting_name = (bq.file_loads_staging_credential_path,
+                                    "SINK_BIGQUERY_FILE_LOADS_STAGING_CREDENTIAL_PATH")
+    return StagingArea(location, GcsOptions(bq.file_loads_staging_gcs_endpoint, credential, bq.project_id,
+                                            setting_name), prefix)
+
+
+def _schema_digest(schema: pa.Schema) -> str:
+    return hashlib.sha256(schema.remove_metadata().serialize().to_pybytes()).hexdigest()[:16]
+
+
+def _scratch_parent() -> str | None:
+    """Spark's local directories in a Spark task (its scratch space, sized for spills), else the system's
+    temp directory."""
+    return os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] or None
 
 
 class StagingWriter:
-    """A task's RowWriter for file loads: appends the rows that fit the table to Parquet in the batch's
-    directory. Rows the table cannot take fail here (RowErrors), never in the driver's load job.
+    """A task's RowWriter for file loads: appends the rows that fit the table to Parquet on local disk and,
+    on close, puts the file(s) into the staging area under `prefix`. Rows the table cannot take fail here
+    (RowErrors), never in the driver's load job; a file that cannot be stored raises SinkError on close.
 
     `insert_ids` are required: they are the rows' Kafka coordinates (`topic_partition_offset`), from
     which the driver derives the batch's load job id."""
 
-    def __init__(self, client: bigquery.Client, cfg: BigQueryConfig) -> None:
-        self._directory = Path(cfg.file_loads_staging_uri)
-        self._directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, client: bigquery.Client, cfg: BigQueryConfig, store: BlobStore, prefix: str) -> None:
         self._client = client
+        self._store = store
+        self._prefix = prefix
         self._live = LiveTable(client, cfg.table_ref, call_options(cfg))
         self.staged = StagedFile()
+        self._scratch: Path | None = None
+        self._files: list[tuple[Path, str]] = []  # local Parquet files, each with its schema digest
         self._file: pq.ParquetWriter | None = None
         self._ranges: dict[tuple[str, int], list[int]] = {}  # (topic, partition) → [first, last, rows]
         self._closed = False
@@ -135,11 +190,11 @@ class StagingWriter:
             self._file.close()
             self._file = None
         if self._file is None:
-            # A unique name per file and task attempt: a failed attempt's partial file is never among
-            # the reported ones.
-            path = self._directory / f"part-{uuid.uuid4().hex}{STAGED_SUFFIX}"
+            if self._scratch is None:
+                self._scratch = Path(tempfile.mkdtemp(prefix="firehose-staging-", dir=_scratch_parent()))
+            path = self._scratch / f"{len(self._files)}{STAGED_SUFFIX}"
             self._file = pq.ParquetWriter(path, rows.schema)
-            self.staged.paths.append(str(path))
+            self._files.append((path, _schema_digest(rows.schema)))
         self._file.write_batch(rows)
 
     def _cover(self, insert_ids: pa.StringArray) -> None:
@@ -165,10 +220,25 @@ class StagingWriter:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+            self._put_files()
         finally:
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
             self._client.close()
         self.staged.ranges = [OffsetRange(t, p, first, last, rows)
                               for (t, p), (first, last, rows) in sorted(self._ranges.items())]
+
+    def _put_files(self) -> None:
+        for path, digest in self._files:
+            # A unique name per file and task attempt: a failed attempt's object is never among the reported ones.
+            name = f"{self._prefix}part-{uuid.uuid4().hex}{STAGED_SUFFIX}"
+            try:
+                self._store.put_file(name, path)
+            except STORE_ERRORS as exc:
+                raise SinkError(classify_exception(exc), f"staging rows as {self._store.uri(name)} failed: "
+                                f"{exc}") from exc
+            self.staged.objects.append(name)
+            self.staged.schemas.append(digest)
 
 
 def staged_json(writer: object) -> str | None:
@@ -200,11 +270,10 @@ def checkpoint_identity(checkpoint_location: str) -> str:
         return checkpoint_location
 
 
-def combine(files: Iterable[StagedFile], target: Path) -> Path:
-    """The batch's staged Parquet files as one file (a load job takes one upload); a single staged file
-    is taken as it is. Files whose columns differ (the table grew during the batch) are written under
-    the union of their columns, a file's missing ones NULL (empty for REPEATED)."""
-    paths = [Path(p) for staged in files for p in staged.paths]
+def combine(paths: Sequence[Path], target: Path) -> Path:
+    """Staged Parquet files as one file (a load job takes one upload); a single file is taken as it is.
+    Files whose columns differ (the table grew during the batch) are written under the union of their
+    columns, a file's missing ones NULL (empty for REPEATED)."""
     if len(paths) == 1:
         return paths[0]
     schema = _union([pq.read_schema(p).remove_metadata() for p in paths])
@@ -277,12 +346,12 @@ class LoadOutcome:
 
 
 class FileLoader:
-    """Driver side: one load job over the files every task of a micro-batch staged."""
+    """Driver side: one load job over the objects every task of a micro-batch staged in `store`."""
 
-    def __init__(self, client: bigquery.Client, cfg: BigQueryConfig, root: Path, checkpoint: str) -> None:
+    def __init__(self, client: bigquery.Client, cfg: BigQueryConfig, store: BlobStore, checkpoint: str) -> None:
         self._client = client
         self._cfg = cfg
-        self._root = root
+        self._store = store
         self._checkpoint = checkpoint
         self._call = call_options(cfg)
 
@@ -330,32 +399,75 @@ class FileLoader:
             raise SinkError(classify_exception(exc), f"looking up load job {job_id} failed: {exc}") from exc
 
     def _start(self, batch_id: int, job_id: str, staged: Sequence[StagedFile]) -> bigquery.LoadJob | None:
-        directory = batch_dir(self._root, batch_id)
-        combined = directory / f"load-{job_id}{STAGED_SUFFIX}"
-        unseen = next((path for f in staged for path in f.paths if not Path(path).is_file()), None)
+        names = [name for f in staged for name in f.objects]
+        unseen = self._unseen(names)
         if unseen is not None:
             # Typically a cluster whose executors staged to their own local disks.
-            raise SinkError(ErrorType.SINK_UNKNOWN_ERROR, f"a staged file is not visible to the driver "
-                            f"({unseen}): SINK_BIGQUERY_FILE_LOADS_STAGING_URI must be a directory that "
-                            f"the driver and every executor share")
-        source = combine(staged, combined)
-        log.info("batch %d: load job %s: %d rows, %d bytes from %d staged file(s)", batch_id, job_id,
-                 sum(f.rows for f in staged), source.stat().st_size, sum(len(f.paths) for f in staged))
-        try:
+            raise SinkError(ErrorType.SINK_UNKNOWN_ERROR, f"a staged object is not visible to the driver "
+                            f"({self._store.uri(unseen)}): SINK_BIGQUERY_FILE_LOADS_STAGING_URI must be "
+                            f"gs://bucket/prefix or a directory that the driver and every executor share")
+        uris = [self._store.uri(name) for name in names]
+        rows = sum(f.rows for f in staged)
+        if (uris[0].startswith(GCS_SCHEME) and len({d for f in staged for d in f.schemas}) == 1
+                and len(uris) <= MAX_SOURCE_URIS):
+            log.info("batch %d: load job %s: %d rows from %d staged object(s) under %s", batch_id, job_id, rows,
+                     len(uris), self._store.uri())
+            return self._begin(job_id, lambda: self._client.load_table_from_uri(
+                uris, self._cfg.table_ref, job_id=job_id, job_config=load_job_config(), **self._call))
+        return self._upload(batch_id, job_id, names, uris, rows)
+
+    def _unseen(self, names: Sequence[str]) -> str | None:
+        """The first staged object the store does not list (one listing per directory the names are in)."""
+        present: set[str] = set()
+        for directory in sorted({posixpath.dirname(name) for name in names}):
+            try:
+                present.update(self._store.names(f"{directory}/" if directory else ""))
+            except STORE_ERRORS as exc:
+                raise SinkError(classify_exception(exc), f"listing the staged objects under "
+                                f"{self._store.uri(directory)} failed: {exc}") from exc
+        return next((name for name in names if name not in present), None)
+
+    def _upload(self, batch_id: int, job_id: str, names: Sequence[str], uris: Sequence[str],
+                rows: int) -> bigquery.LoadJob | None:
+        """The staged objects combined into one file that the driver uploads with the load job: always from a
+        directory; from Cloud Storage when their columns differ (or they are too many for one job)."""
+        local = not uris[0].startswith(GCS_SCHEME)
+        # Beside the staged files when they are local (that disk holds the batch already), else the scratch space.
+        with tempfile.TemporaryDirectory(prefix=".load-", dir=Path(uris[0]).parent if local else _scratch_parent()) \
+                as scratch:
+            paths = [Path(uri) for uri in uris] if local else self._download(names, Path(scratch))
+            source = combine(paths, Path(scratch) / f"load{STAGED_SUFFIX}")
+            log.info("batch %d: load job %s: %d rows, %d bytes from %d staged object(s), uploaded", batch_id, job_id,
+                     rows, source.stat().st_size, len(uris))
             with open(source, "rb") as data:
                 # No `size`: the client then always takes the resumable upload, which the emulator and
                 # BigQuery both accept (a multipart upload under 5 MB fails on the emulator).
-                return self._client.load_table_from_file(data, self._cfg.table_ref, job_id=job_id,
-                                                         job_config=load_job_config(),
-                                                         timeout=self._call["timeout"])
+                return self._begin(job_id, lambda: self._client.load_table_from_file(
+                    data, self._cfg.table_ref, job_id=job_id, job_config=load_job_config(),
+                    timeout=self._call["timeout"]))
+
+    def _download(self, names: Sequence[str], scratch: Path) -> list[Path]:
+        paths = []
+        for number, name in enumerate(names):
+            path = scratch / f"{number}{STAGED_SUFFIX}"
+            try:
+                path.write_bytes(self._store.get(name))
+            except STORE_ERRORS as exc:
+                raise SinkError(classify_exception(exc), f"reading the staged object {self._store.uri(name)} "
+                                f"failed: {exc}") from exc
+            paths.append(path)
+        return paths
+
+    def _begin(self, job_id: str, start: Callable[[], bigquery.LoadJob]) -> bigquery.LoadJob | None:
+        """Create the load job; None when its id is taken (409: an earlier attempt created it)."""
+        try:
+            return start()
         except api_exceptions.Conflict:
             return None
         except (api_exceptions.GoogleAPIError, http_exceptions.RequestException, ConnectionError,
                 TimeoutError) as exc:
             raise SinkError(classify_exception(exc), f"load job {job_id} into {self._cfg.table_ref} could not "
                             f"be started: {exc}") from exc
-        finally:
-            combined.unlink(missing_ok=True)
 
     def _wait(self, job: bigquery.LoadJob) -> None:
         timeout = self._cfg.file_loads_job_timeout_ms / 1000
@@ -388,6 +500,11 @@ def parse_staged(values: Iterable[str | None]) -> list[StagedFile]:
     return [StagedFile.from_json(v) for v in values if v]
 
 
-def discard_batch_dir(root: Path, batch_id: int) -> None:
-    """Drop what a batch staged: after its load, or when it failed (its replay stages the rows again)."""
-    shutil.rmtree(batch_dir(root, batch_id), ignore_errors=True)
+def discard(store: BlobStore, prefix: str) -> None:
+    """Drop what a batch staged under `prefix`: after its loads, or when it failed (its replay stages the
+    rows again). A failure here loses nothing, so it is logged, not raised: the objects only take room."""
+    try:
+        store.delete_prefix(prefix)
+    except STORE_ERRORS as exc:
+        log.warning("could not delete the staged objects under %s (%s); they are not needed any more",
+                    store.uri(prefix), exc)

@@ -8,7 +8,6 @@ and objects as their (key, value) pairs (so duplicate keys and document order su
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import math
 import re

@@ -10,7 +10,7 @@ Never import ``firehose_bq`` here.
 Usage::
 
     python bqemulator_launcher.py --host 127.0.0.1 --port 9050 --grpc-port 9060 \
-        [--data-dir DIR] [--project PROJECT]
+        [--data-dir DIR] [--project PROJECT] [--gcs-local-root DIR]
 
 Without ``--data-dir`` the emulator keeps everything in memory. With it, the
 emulator's persistent mode stores ``bqemulator.duckdb`` in that directory.
@@ -43,6 +43,8 @@ from bqemulator_patches import (
     ddl_alter_table,
     insert_all,
     json_load_bytes,
+    load_job_atomic,
+    load_job_id_taken,
     load_job_partitioning,
     multipart_upload,
     nested_field_names,
@@ -96,6 +98,8 @@ def apply_patches(args: argparse.Namespace) -> None:
         ("extra uploaded load job keeps its job id", upload_job_id.apply),
         ("extra JSON load decodes BYTES from base64", json_load_bytes.apply),
         ("extra Parquet load matches columns by name", parquet_load_by_name.apply),
+        ("extra a load job with a taken job id answers 409", load_job_id_taken.apply),
+        ("extra a load job loads all its files or none", load_job_atomic.apply),
     ]
     for label, apply in patches:
         targets = apply()
@@ -119,6 +123,9 @@ def build_settings(args: argparse.Namespace) -> Any:
         overrides["data_dir"] = args.data_dir
     if args.project:
         overrides["default_project_id"] = args.project
+    if args.gcs_local_root:
+        # bqemulator's own setting: a load job reads `gs://bucket/name` from DIR/bucket/name.
+        overrides["gcs_local_root"] = args.gcs_local_root
     return settings_cls(**overrides)
 
 
@@ -158,6 +165,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--data-dir", default=None, help="persist DuckDB state here; default is in-memory")
     parser.add_argument("--project", default=None, help="default project id for requests that omit it")
+    parser.add_argument(
+        "--gcs-local-root",
+        default=None,
+        help="read a load job's gs://bucket/name source URIs from DIR/bucket/name: the local Cloud Storage "
+        "emulator's on-disk objects (default: gs:// URIs are refused)",
+    )
     parser.add_argument(
         "--log-level",
         default="warning",

@@ -29,6 +29,10 @@ LAUNCHER = Path(__file__).with_name("bqemulator_launcher.py")
 # noida-db saves its data on SIGTERM (about 2 s); give every service a little more before SIGKILL.
 STOP_GRACE_S = 10.0
 LOG_TAIL_LINES = 15
+# gcp-storage-emulator keeps each object's bytes as a plain file at <data>/.cloudstorage/<bucket>/<name>
+# (its STORAGE_DIR); the BigQuery emulator's load jobs read `gs://bucket/name` from there.
+GCS_DATA_DIR = "gcs-data"
+GCS_OBJECTS_DIR = ".cloudstorage"
 
 
 @dataclass(frozen=True)
@@ -63,12 +67,13 @@ def _kafka_command(cfg: StackConfig, venv: Path, state: Path) -> list[str]:
 def _bigquery_command(cfg: StackConfig, venv: Path, state: Path) -> list[str]:
     persist = ["--data-dir", str(state / "bigquery-data")] if cfg.bigquery_persistent else []
     return [str(venv / "bin" / "python"), str(LAUNCHER), "--host", HOST, "--port", str(cfg.bigquery_port),
-            "--grpc-port", str(cfg.bigquery_grpc_port), "--project", cfg.project_id, *persist]
+            "--grpc-port", str(cfg.bigquery_grpc_port), "--project", cfg.project_id,
+            "--gcs-local-root", str(state / GCS_DATA_DIR / GCS_OBJECTS_DIR), *persist]
 
 
 def _gcs_command(cfg: StackConfig, venv: Path, state: Path) -> list[str]:
-    # On disk, like the broker: objects survive a restart, under <data>/.cloudstorage/<bucket>/<name>.
-    return [str(venv / "bin" / "gcp-storage-emulator"), "--data-dir", str(state / "gcs-data"), "start",
+    # On disk, like the broker: objects survive a restart, and load jobs on the BigQuery emulator read them.
+    return [str(venv / "bin" / "gcp-storage-emulator"), "--data-dir", str(state / GCS_DATA_DIR), "start",
             "--host", HOST, "--port", str(cfg.gcs_port), "--default-bucket", cfg.gcs_bucket]
 
 
@@ -161,6 +166,7 @@ class Stack:
             "FIREHOSE_STACK_BIGQUERY_GRPC_ENDPOINT": f"{HOST}:{self.cfg.bigquery_grpc_port}",
             "SINK_BIGQUERY_STORAGE_API_ENDPOINT": f"{HOST}:{self.cfg.bigquery_grpc_port}",
             "DLQ_GCS_API_ENDPOINT": gcs_endpoint(self.cfg),
+            "SINK_BIGQUERY_FILE_LOADS_STAGING_GCS_API_ENDPOINT": gcs_endpoint(self.cfg),
             # google-cloud-storage's own variable, for other clients (scripts, notebooks) pointed at this stack.
             "STORAGE_EMULATOR_HOST": gcs_endpoint(self.cfg),
             "FIREHOSE_STACK_GCS_BUCKET": self.cfg.gcs_bucket,

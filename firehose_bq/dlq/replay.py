@@ -15,7 +15,6 @@ a message that fails the policy stops the replay without committing, like the st
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,12 +24,12 @@ from typing import Protocol
 import pyarrow as pa
 
 from firehose_bq.batch.core import ATTEMPT_COLUMN, process_batch
-from firehose_bq.bigquery.file_loads import staging_root
+from firehose_bq.bigquery.file_loads import discard, staging_area
 from firehose_bq.config import Config
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.errors import FirehoseError
 from firehose_bq.metrics import BatchStats
-from firehose_bq.modes import batch_stats, handling_of, settle, write_mode
+from firehose_bq.modes import FileLoadsMode, batch_stats, handling_of, settle, write_mode
 from firehose_bq.source.batches import ARROW_SCHEMA
 from firehose_bq.telemetry import Telemetry
 
@@ -165,11 +164,11 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
     from tqdm import tqdm
 
     started = time.monotonic()
-    # File loads stage in a directory of this replay's own and load once per replayed batch; the job id
+    # File loads stage under a prefix of this replay's own and load once per replayed batch; the job id
     # is derived from the DLQ source and the letters' coordinates, so a replay that is run again after
     # a crash between load and commit finds the job done.
-    staging = staging_root(cfg) / f"dlq-replay-{uuid.uuid4().hex}"
-    mode = write_mode(cfg, staging_root=staging, identity=lambda: f"dlq-replay:{source.identity()}")
+    staging = staging_area(cfg, prefix=f"dlq-replay-{uuid.uuid4().hex}/")
+    mode = write_mode(cfg, staging=staging, identity=lambda: f"dlq-replay:{source.identity()}")
     handling = handling_of(cfg)
     summary = ReplaySummary()
     bar = tqdm(total=source.total(), unit="msg", desc="replay-dlq", disable=not progress)
@@ -191,7 +190,8 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
     finally:
         bar.close()
         mode.close()
-        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(mode, FileLoadsMode):  # the others stage nothing (and need no Cloud Storage client)
+            discard(staging.store(), staging.prefix)
         summary.seconds = time.monotonic() - started
     return summary
 

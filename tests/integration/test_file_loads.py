@@ -1,7 +1,9 @@
-"""File loads end to end on the real local stack: staged NDJSON, one load job per micro-batch, replays.
+"""File loads end to end on the real local stack: staged Parquet, one load job per table per micro-batch,
+replays; staged in a local directory (uploaded by the driver) or on the Cloud Storage emulator (read by
+the BigQuery emulator's load job itself, from the GCS emulator's objects on disk).
 
-The emulator runs with the launcher's patches that make uploaded load jobs keep their job id (409 when
-taken) and decode BYTES from base64, as BigQuery does.
+The emulator runs with the launcher's patches that make load jobs keep their job id (409 when taken),
+load all their files or none, and decode BYTES from base64, as BigQuery does.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import io
 import logging
 import os
 import time
+import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,6 +23,7 @@ from google.cloud import bigquery
 
 from firehose_bq import descriptors, sample
 from firehose_bq.bigquery import file_loads
+from firehose_bq.blobstore import GcsOptions, open_blob_store
 from firehose_bq.config import Config
 from firehose_bq.convert import KafkaRecords, RowConverter
 from firehose_bq.errors import BatchFailedError, FirehoseError, SchemaEvolutionError
@@ -52,9 +57,31 @@ def load_jobs(client: bigquery.Client, cfg: Config) -> list[bigquery.LoadJob]:
     return [j for j in client.list_jobs(max_results=1000) if j.job_id.startswith(job_prefix(cfg))]
 
 
-def staged_leftovers(cfg: Config) -> list[Path]:
-    root = file_loads.staging_root(cfg)
-    return sorted(root.rglob("*")) if root.exists() else []
+def staged_leftovers(cfg: Config) -> list[str]:
+    area = file_loads.staging_area(cfg)
+    if area.location.startswith("gs://"):
+        return area.store().names()
+    root = Path(area.location)  # every file and directory, not only what the store lists
+    return sorted(str(p) for p in root.rglob("*")) if root.exists() else []
+
+
+@pytest.fixture
+def gcs_staging(file_loads_env: dict[str, str]) -> Iterator[dict[str, str]]:
+    """File loads staged under a fresh prefix of the GCS emulator's bucket (emptied afterwards)."""
+    location = f"gs://{file_loads_env['FIREHOSE_STACK_GCS_BUCKET']}/it-{uuid.uuid4().hex[:8]}/staging"
+    yield {**file_loads_env, "SINK_BIGQUERY_FILE_LOADS_STAGING_URI": location}
+    endpoint = file_loads_env["SINK_BIGQUERY_FILE_LOADS_STAGING_GCS_API_ENDPOINT"]
+    open_blob_store(location, GcsOptions(endpoint=endpoint)).delete_prefix("")
+
+
+def forget_last_commit(cfg: Config) -> int:
+    """A crash after the last batch's load jobs finished but before Spark committed its offsets: the
+    offsets log still plans that batch, the commit log does not have it. Returns the batch id."""
+    commits = Path(cfg.spark.checkpoint_location) / "commits"
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    (commits / str(last)).unlink()
+    (commits / f".{last}.crc").unlink(missing_ok=True)  # Hadoop's checksum beside it would block the rewrite
+    return last
 
 
 def test_rows_land_exactly_with_one_load_job_per_batch(spark, file_loads_env, bq_client, cleanup) -> None:
@@ -88,12 +115,7 @@ def test_replayed_batch_is_not_loaded_twice(spark, file_loads_env, bq_client, cl
     assert first.totals.rows_written == 250
     jobs_before = {j.job_id for j in load_jobs(bq_client, cfg)}
     assert len(jobs_before) == first.batches
-    # A crash after the last batch's load job finished but before Spark committed its offsets: the
-    # offsets log still plans that batch, the commit log does not have it.
-    commits = Path(cfg.spark.checkpoint_location) / "commits"
-    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
-    (commits / str(last)).unlink()
-    (commits / f".{last}.crc").unlink(missing_ok=True)  # Hadoop's checksum beside it would block the rewrite
+    last = forget_last_commit(cfg)
 
     with caplog.at_level(logging.INFO, logger="firehose_bq.bigquery.file_loads"):
         replay = Pipeline(cfg, spark).run(available_now=True)
@@ -153,6 +175,103 @@ def test_a_bad_message_stops_the_batch_before_any_load(spark, file_loads_env, bq
     assert load_jobs(bq_client, cfg) == []
     assert [r.n for r in bq_client.query(f"SELECT COUNT(*) AS n FROM `{cfg.bigquery.table_ref}`").result()] == [0]
     assert staged_leftovers(cfg) == [], "the replay stages the rows again; nothing is kept"
+
+
+def test_staged_in_cloud_storage_every_row_lands_once_and_a_replayed_batch_finds_its_job(
+        spark, gcs_staging, bq_client, cleanup, caplog) -> None:
+    cfg = Config.from_env({**gcs_staging, "SPARK_MAX_OFFSETS_PER_TRIGGER": "200"})
+    cleanup(cfg)
+    count = 500
+    produce_bookings(cfg, count)
+    started = datetime.now(UTC)
+
+    with caplog.at_level(logging.INFO, logger="firehose_bq.bigquery.file_loads"):
+        summary = Pipeline(cfg, spark).run(available_now=True)
+
+    assert (summary.totals.messages, summary.totals.rows_written, summary.totals.failed) == (count, count, 0)
+    assert_sample_landed(bq_client, cfg, count, started, datetime.now(UTC))
+    jobs = load_jobs(bq_client, cfg)
+    assert summary.batches >= 3 and len(jobs) == summary.batches
+    # BigQuery read each batch's objects itself: the jobs name them, nothing went through the driver.
+    staging = cfg.bigquery.file_loads_staging_uri
+    sources = [uri for job in jobs for uri in bq_client.get_job(job.job_id).source_uris]
+    assert sources and all(uri.startswith(f"{staging}/batch-") and uri.endswith(".parquet") for uri in sources)
+    assert not any("uploaded" in r.getMessage() for r in caplog.records)
+    assert staged_leftovers(cfg) == [], "the objects are deleted once loaded"
+    assert not (Path(cfg.spark.checkpoint_location) / file_loads.DEFAULT_STAGING_DIR).exists()
+
+    last = forget_last_commit(cfg)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="firehose_bq.bigquery.file_loads"):
+        replay = Pipeline(cfg, spark).run(available_now=True)
+
+    assert replay.batches == 1 and replay.totals.messages > 0, "the last batch was replayed"
+    assert len(read_table(bq_client, cfg)) == count
+    assert {j.job_id for j in load_jobs(bq_client, cfg)} == {j.job_id for j in jobs}
+    assert any("already loaded these rows" in r.getMessage() and f"batch {last}:" in r.getMessage()
+               for r in caplog.records)
+    assert staged_leftovers(cfg) == []
+
+
+def test_mixed_mode_streams_its_tables_and_loads_the_others_from_cloud_storage(
+        spark, gcs_staging, bq_client, cleanup) -> None:
+    cfg = Config.from_env({**gcs_staging, "SINK_BIGQUERY_WRITE_METHOD": "mixed",
+                           "SINK_BIGQUERY_TABLE_NAME": "bookings_${partition}",
+                           "SINK_BIGQUERY_MIXED_STREAMING_TABLES": "bookings_0"})
+    cleanup(cfg)
+    count = 150
+    produce_bookings(cfg, count)  # over 3 partitions: one table each
+
+    summary = Pipeline(cfg, spark).run(available_now=True)
+
+    assert (summary.totals.rows_written, summary.totals.failed) == (count, 0)
+    landed = {}
+    for partition in range(3):
+        rows = bq_client.query(f"SELECT message_partition AS p, message_offset AS o FROM "
+                               f"`{cfg.bigquery.project_id}.{cfg.bigquery.dataset}.bookings_{partition}`").result()
+        offsets = [(r.p, r.o) for r in rows]
+        assert {p for p, _ in offsets} <= {partition} and len(offsets) == len(set(offsets))
+        landed[partition] = len(offsets)
+    assert sum(landed.values()) == count and all(landed.values())
+    loaded = {job.destination.table_id for job in bq_client.list_jobs(max_results=1000)
+              if job.job_id.startswith(f"firehose_bq_{cfg.bigquery.dataset}_bookings_")}
+    assert loaded == {"bookings_1", "bookings_2"}, "bookings_0 is streamed, the others are loaded"
+    assert staged_leftovers(cfg) == []
+
+
+def test_emulator_load_from_gcs_is_atomic_and_keeps_its_job_id(bq_client, bq_dataset, stack_env, tmp_path) -> None:
+    """What file loads from `gs://` rely on, as BigQuery behaves: the load job reads the objects (here from
+    the GCS emulator's files), loads all of its files or none, and a job id that is taken answers 409."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = bq_client.create_table(bigquery.Table(f"{bq_client.project}.{bq_dataset}.t",
+                                                  schema=[bigquery.SchemaField("n", "INTEGER")]))
+    store = open_blob_store(f"gs://{stack_env['FIREHOSE_STACK_GCS_BUCKET']}/{bq_dataset}",
+                            GcsOptions(endpoint=stack_env["STORAGE_EMULATOR_HOST"]))
+    uris = []
+    for part in range(2):
+        pq.write_table(pa.table({"n": [part * 10 + i for i in range(3)]}), tmp_path / f"{part}.parquet")
+        uris.append(store.put_file(f"part-{part}.parquet", tmp_path / f"{part}.parquet"))
+    config = file_loads.load_job_config()
+    try:
+        broken = bq_client.load_table_from_uri([uris[0], f"{uris[1]}.missing"], table, job_config=config)
+        with pytest.raises(exceptions.GoogleAPICallError):
+            broken.result()
+        assert broken.error_result is not None
+        assert next(iter(bq_client.query(f"SELECT COUNT(*) AS n FROM `{table.full_table_id.replace(':', '.')}`")
+                         .result())).n == 0, "nothing of a failed job stays"
+
+        job_id = f"test_{bq_dataset}"
+        bq_client.load_table_from_uri(uris, table, job_id=job_id, job_config=config).result()
+        with pytest.raises(exceptions.Conflict):
+            bq_client.load_table_from_uri(uris, table, job_id=job_id, job_config=config)
+
+        rows = bq_client.query(f"SELECT n FROM `{table.full_table_id.replace(':', '.')}` ORDER BY n").result()
+        assert [r.n for r in rows] == [0, 1, 2, 10, 11, 12]
+        assert bq_client.get_job(job_id).source_uris == uris
+    finally:
+        store.delete_prefix("")
 
 
 def test_emulator_keeps_an_uploaded_load_jobs_id_and_decodes_bytes(bq_client, bq_dataset) -> None:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +21,12 @@ from google.cloud import bigquery
 from google.cloud.bigquery import SchemaField as F
 
 from firehose_bq.arrow_schema import TIMESTAMP, arrow_schema
-from firehose_bq.bigquery import file_loads, storage_write
+from firehose_bq.bigquery import storage_write
 from firehose_bq.bigquery.client import make_client
 from firehose_bq.bigquery.file_loads import FileLoader, StagingWriter
 from firehose_bq.bigquery.insert_all import InsertAllWriter
 from firehose_bq.bigquery.storage_write import StorageWriteWriter, make_write_client
+from firehose_bq.blobstore import BlobStore, GcsOptions, LocalBlobStore, open_blob_store
 from firehose_bq.config import BigQueryConfig
 from firehose_bq.errors import ErrorType, RowError
 
@@ -118,8 +120,7 @@ def target(request: pytest.FixtureRequest, stack_env: dict[str, str], bq_client:
     """A fresh table of TABLE's schema and a function that writes a batch into it through one writer."""
     cfg = BigQueryConfig(project_id=stack_env["SINK_BIGQUERY_GOOGLE_CLOUD_PROJECT_ID"], dataset=bq_dataset,
                          table=f"t_{request.param}", api_endpoint=stack_env["SINK_BIGQUERY_API_ENDPOINT"],
-                         storage_api_endpoint=stack_env["SINK_BIGQUERY_STORAGE_API_ENDPOINT"],
-                         file_loads_staging_uri=str(file_loads.batch_dir(tmp_path, 0)))
+                         storage_api_endpoint=stack_env["SINK_BIGQUERY_STORAGE_API_ENDPOINT"])
     bq_client.create_table(bigquery.Table(cfg.table_ref, schema=TABLE))
     return cfg, writer_of(request.param, cfg, tmp_path)
 
@@ -131,14 +132,14 @@ def writer_of(method: str, cfg: BigQueryConfig, root: Path) -> Write:
         elif method == "storage_write":
             writer = StorageWriteWriter(make_client(cfg), make_write_client(cfg), cfg)
         else:
-            writer = StagingWriter(make_client(cfg), cfg)
+            writer = StagingWriter(make_client(cfg), cfg, LocalBlobStore(root), "batch-0/")
         try:
             failures = writer.write(rows, insert_ids)
         finally:
             writer.close()
         if method == "file_loads":
             with make_client(cfg) as client:
-                FileLoader(client, cfg, root, "checkpoint").load(0, [writer.staged])
+                FileLoader(client, cfg, LocalBlobStore(root), "checkpoint").load(0, [writer.staged])
         return failures
 
     return write
@@ -197,28 +198,41 @@ def test_storage_write_spreads_a_large_batch_over_requests(stack_env, bq_client,
     assert (row.n, row.ids) == (300, 300)
 
 
-def test_a_load_of_files_staged_before_and_after_the_table_grew(stack_env, bq_client, bq_dataset, tmp_path) -> None:
+@pytest.fixture(params=["directory", "gcs"])
+def staging_store(request: pytest.FixtureRequest, stack_env: dict[str, str], tmp_path: Path) -> Iterator[BlobStore]:
+    """A local staging directory, or a fresh prefix in the GCS emulator's bucket (emptied afterwards)."""
+    if request.param == "directory":
+        yield LocalBlobStore(tmp_path)
+        return
+    store = open_blob_store(f"gs://{stack_env['FIREHOSE_STACK_GCS_BUCKET']}/writers-{uuid.uuid4().hex[:8]}",
+                            GcsOptions(endpoint=stack_env["SINK_BIGQUERY_FILE_LOADS_STAGING_GCS_API_ENDPOINT"]))
+    yield store
+    store.delete_prefix("")
+
+
+def test_a_load_of_files_staged_before_and_after_the_table_grew(stack_env, bq_client, bq_dataset,
+                                                                staging_store) -> None:
     """Two tasks of one batch saw two versions of the table (a column added between them): one load job
-    takes both files, and each row keeps what it had."""
+    takes both files, and each row keeps what it had (from either kind of staging)."""
     cfg = BigQueryConfig(project_id=stack_env["SINK_BIGQUERY_GOOGLE_CLOUD_PROJECT_ID"], dataset=bq_dataset,
-                         table="grown", api_endpoint=stack_env["SINK_BIGQUERY_API_ENDPOINT"],
-                         file_loads_staging_uri=str(file_loads.batch_dir(tmp_path, 7)))
+                         table="grown", api_endpoint=stack_env["SINK_BIGQUERY_API_ENDPOINT"])
     table = bq_client.create_table(bigquery.Table(cfg.table_ref, schema=TABLE))
     good = good_rows()
-    before = StagingWriter(make_client(cfg), cfg)
+    store = staging_store
+    before = StagingWriter(make_client(cfg), cfg, store, "batch-7/")
     assert before.write(batch(good[:2]), insert_ids(2)) == []
     before.close()
     table.schema = [*TABLE, F("coupon", "STRING")]
     bq_client.update_table(table, ["schema"])
-    after = StagingWriter(make_client(cfg), cfg)
+    after = StagingWriter(make_client(cfg), cfg, store, "batch-7/")
     assert after.write(batch(good[2:], {"coupon": pa.array(["FREE", None])}),
                        pa.array(["topic_1_0", "topic_1_1"])) == []
     after.close()
-    assert [pq.read_schema(p).names[-1] for f in (before.staged, after.staged) for p in f.paths] == ["attributes",
-                                                                                                    "coupon"]
+    assert [pq.read_schema(pa.BufferReader(store.get(n))).names[-1] for f in (before.staged, after.staged)
+            for n in f.objects] == ["attributes", "coupon"]
 
     with make_client(cfg) as client:
-        outcome = FileLoader(client, cfg, tmp_path, "checkpoint").load(7, [before.staged, after.staged])
+        outcome = FileLoader(client, cfg, store, "checkpoint").load(7, [before.staged, after.staged])
 
     assert outcome is not None and outcome.rows == 4
     coupons = [None, None, "FREE", None]

@@ -125,7 +125,8 @@ def test_example_env_file_is_a_valid_config() -> None:
     assert config.unknown_variables(local) == []
 
 
-@pytest.mark.parametrize("layer", ["upsert.env", "dlq.env", "dlq-gcs.env", "storage-write.env", "file-loads.env"])
+@pytest.mark.parametrize("layer", ["upsert.env", "dlq.env", "dlq-gcs.env", "storage-write.env", "file-loads.env",
+                                   "file-loads-gcs.env"])
 def test_example_layers_over_local_env_are_valid_configs(layer: str) -> None:
     env = {**config.read_env_file(README.parent / "config" / "local.env"),
            **config.read_env_file(README.parent / "config" / layer)}

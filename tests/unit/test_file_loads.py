@@ -1,8 +1,10 @@
-"""File loads: Parquet staging, naming, job ids and the driver's one-job-per-batch logic, with a fake client."""
+"""File loads: Parquet staging into a blob store, naming, job ids and the driver's one-job-per-table logic,
+with fake BigQuery and Cloud Storage clients."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,8 @@ from google.api_core import exceptions
 from google.cloud.bigquery import SchemaField as F
 
 from firehose_bq.bigquery import file_loads
-from firehose_bq.bigquery.file_loads import FileLoader, OffsetRange, StagedFile, StagingWriter
+from firehose_bq.bigquery.file_loads import FileLoader, OffsetRange, StagedFile, StagingArea, StagingWriter
+from firehose_bq.blobstore import GcsOptions, LocalBlobStore
 from firehose_bq.config import FILE_LOADS_TRIGGER_MS, BigQueryConfig, Config
 from firehose_bq.errors import ConfigError, ErrorType, SinkError
 from tests.unit.test_config import MINIMAL
@@ -36,6 +39,44 @@ class FakeTableClient:
         self.closed = True
 
 
+class FakeGcs:
+    """A bucket prefix as the blob store presents it: objects by name, `gs://` URIs; `fail` breaks every call."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.fail: Exception | None = None
+
+    def _check(self) -> None:
+        if self.fail is not None:
+            raise self.fail
+
+    def put_file(self, name: str, source: Path) -> str:
+        self._check()
+        self.objects[name] = source.read_bytes()
+        return self.uri(name)
+
+    def get(self, name: str) -> bytes:
+        self._check()
+        return self.objects[name]
+
+    def names(self, prefix: str = "") -> list[str]:
+        self._check()
+        return sorted(n for n in self.objects if n.startswith(prefix))
+
+    def delete_prefix(self, prefix: str) -> int:
+        self._check()
+        gone = self.names(prefix)
+        for name in gone:
+            del self.objects[name]
+        return len(gone)
+
+    def uri(self, name: str = "") -> str:
+        return f"gs://bucket/stage/{name}"
+
+
+Store = LocalBlobStore | FakeGcs
+
+
 def rows(values: list[int], **extra: list[Any]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({"i": pa.array(values, pa.int64()), "s": [f"v{v}" for v in values], **extra})
 
@@ -44,13 +85,12 @@ def ids(partition: int, offsets: list[int], topic: str = "t") -> pa.StringArray:
     return pa.array([f"{topic}_{partition}_{o}" for o in offsets])
 
 
-def writer_in(directory: Path, client: FakeTableClient | None = None) -> StagingWriter:
-    cfg = dataclasses.replace(CFG, file_loads_staging_uri=str(directory))
-    return StagingWriter(client or FakeTableClient(), cfg)  # type: ignore[arg-type]
+def writer_in(store: Store, prefix: str = "batch-3/", client: FakeTableClient | None = None) -> StagingWriter:
+    return StagingWriter(client or FakeTableClient(), CFG, store, prefix)  # type: ignore[arg-type]
 
 
-def stage(directory: Path, *parts: tuple[pa.RecordBatch, pa.StringArray]) -> StagedFile:
-    writer = writer_in(directory)
+def stage(store: Store, *parts: tuple[pa.RecordBatch, pa.StringArray], prefix: str = "batch-2/") -> StagedFile:
+    writer = writer_in(store, prefix)
     for batch, insert_ids in parts:
         assert writer.write(batch, insert_ids) == []
     writer.close()
@@ -59,87 +99,126 @@ def stage(directory: Path, *parts: tuple[pa.RecordBatch, pa.StringArray]) -> Sta
     return StagedFile.from_json(staged)
 
 
-def staged_rows(staged: StagedFile) -> list[dict[str, Any]]:
-    return [row for path in staged.paths for row in pq.read_table(path).to_pylist()]
+def staged_rows(store: Store, staged: StagedFile) -> list[dict[str, Any]]:
+    return [row for name in staged.objects for row in pq.read_table(pa.BufferReader(store.get(name))).to_pylist()]
+
+
+@pytest.fixture
+def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Spark's local directory, where tasks write their Parquet before storing it."""
+    directory = tmp_path / "spark-local"
+    directory.mkdir()
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{directory},/elsewhere")
+    return directory
 
 
 # -- staging (the task side) ----------------------------------------------------------------------------
 
 
-def test_a_task_stages_one_parquet_file_in_the_tables_spelling_with_its_offset_ranges(tmp_path: Path) -> None:
+def test_a_task_stores_one_parquet_object_in_the_tables_spelling_with_its_offset_ranges(
+        tmp_path: Path, scratch: Path) -> None:
     client = FakeTableClient()
-    writer = writer_in(tmp_path / "batch-3", client)
+    store = LocalBlobStore(tmp_path / "staging")
+    writer = writer_in(store, "batch-3/", client)
     assert writer.write(rows([0, 1], tags=[[], None]), ids(1, [10, 11])) == []
     assert writer.write(rows([2], tags=[["a", "ü"]]), ids(1, [12])) == []
+    assert list(scratch.rglob("*.parquet")), "written on the task's local disk first"
+    assert store.names() == [], "nothing is stored before the task ends"
     writer.close()
     staged = StagedFile.from_json(file_loads.staged_json(writer) or "")
 
-    [path] = map(Path, staged.paths)
-    assert path.parent == tmp_path / "batch-3" and path.name.startswith("part-") and path.suffix == ".parquet"
-    assert pq.read_schema(path).names == ["I", "s", "tags"]
-    assert staged_rows(staged) == [{"I": 0, "s": "v0", "tags": []}, {"I": 1, "s": "v1", "tags": []},
-                                   {"I": 2, "s": "v2", "tags": ["a", "ü"]}]
-    assert staged.rows == 3
+    [name] = staged.objects
+    assert name.startswith("batch-3/part-") and name.endswith(".parquet") and store.names() == [name]
+    assert pq.read_schema(store.uri(name)).names == ["I", "s", "tags"]
+    assert staged_rows(store, staged) == [{"I": 0, "s": "v0", "tags": []}, {"I": 1, "s": "v1", "tags": []},
+                                          {"I": 2, "s": "v2", "tags": ["a", "ü"]}]
+    assert staged.rows == 3 and len(staged.schemas) == 1
     assert staged.ranges == [OffsetRange("t", 1, 10, 12, 3)]
-    assert client.closed
+    assert client.closed and list(scratch.iterdir()) == [], "the local copy is gone"
 
 
-def test_rows_that_do_not_fit_fail_in_the_task_and_stay_out_of_the_file_and_its_ranges(tmp_path: Path) -> None:
-    writer = writer_in(tmp_path)
+def test_rows_that_do_not_fit_fail_in_the_task_and_stay_out_of_the_file_and_its_ranges(scratch: Path) -> None:
+    store = FakeGcs()
+    writer = writer_in(store)
     failures = writer.write(rows([0, 1, 2], nope=[None, "x", None]), ids(4, [7, 8, 9]))
     writer.write(rows([3]), ids(5, [1], topic="a_topic_with_underscores"))
     writer.close()
 
     assert [(f.index, f.error_type) for f in failures] == [(1, ErrorType.SINK_4XX_ERROR)]
-    assert [r["I"] for r in staged_rows(writer.staged)] == [0, 2, 3]
+    assert [r["I"] for r in staged_rows(store, writer.staged)] == [0, 2, 3]
     assert writer.staged.ranges == [OffsetRange("a_topic_with_underscores", 5, 1, 1, 1), OffsetRange("t", 4, 7, 9, 2)]
 
 
-def test_a_table_that_grows_during_the_task_starts_another_file(tmp_path: Path) -> None:
-    client = FakeTableClient()
-    writer = writer_in(tmp_path, client)
+def test_a_table_that_grows_during_the_task_starts_another_object(scratch: Path) -> None:
+    client, store = FakeTableClient(), FakeGcs()
+    writer = writer_in(store, client=client)
     writer.write(rows([0]), ids(0, [0]))
     client.schema = [*TABLE, F("coupon", "STRING")]
     writer.write(rows([1], coupon=["FREE"]), ids(0, [1]))
     writer.close()
 
-    assert len(writer.staged.paths) == 2
-    assert staged_rows(writer.staged) == [{"I": 0, "s": "v0"}, {"I": 1, "s": "v1", "coupon": "FREE"}]
+    assert len(writer.staged.objects) == 2 and len(set(writer.staged.schemas)) == 2
+    assert staged_rows(store, writer.staged) == [{"I": 0, "s": "v0"}, {"I": 1, "s": "v1", "coupon": "FREE"}]
 
 
-def test_staging_needs_the_rows_kafka_coordinates(tmp_path: Path) -> None:
-    writer = writer_in(tmp_path)
+def test_staging_needs_the_rows_kafka_coordinates(scratch: Path) -> None:
+    writer = writer_in(FakeGcs())
     with pytest.raises(ValueError, match="insert ids"):
         writer.write(rows([0]), None)
     with pytest.raises(ValueError, match="not topic_partition_offset"):
         writer.write(rows([0]), pa.array(["no-coordinates"]))
 
 
-def test_every_task_attempt_gets_its_own_file(tmp_path: Path) -> None:
-    first = stage(tmp_path, (rows([1]), ids(0, [1])))
-    second = stage(tmp_path, (rows([1]), ids(0, [1])))
-    assert first.paths != second.paths
+def test_every_task_attempt_gets_its_own_object(scratch: Path) -> None:
+    store = FakeGcs()
+    first = stage(store, (rows([1]), ids(0, [1])))
+    second = stage(store, (rows([1]), ids(0, [1])))
+    assert first.objects != second.objects and first.schemas == second.schemas
+
+
+def test_an_object_that_cannot_be_stored_fails_the_close_with_its_type_and_leaves_nothing_local(
+        scratch: Path) -> None:
+    store = FakeGcs()
+    store.fail = exceptions.ServiceUnavailable("gcs is down")
+    client = FakeTableClient()
+    writer = writer_in(store, client=client)
+    writer.write(rows([1]), ids(0, [1]))
+
+    with pytest.raises(SinkError) as failed:
+        writer.close()
+
+    assert failed.value.error_type is ErrorType.SINK_5XX_ERROR
+    assert "staging rows as gs://bucket/stage/batch-3/part-" in str(failed.value) and "gcs is down" in str(failed.value)
+    assert writer.staged.objects == [] and client.closed and list(scratch.iterdir()) == []
+
+
+def test_a_task_that_staged_no_rows_stores_nothing(scratch: Path) -> None:
+    store = FakeGcs()
+    assert stage(store) == StagedFile() and store.objects == {}
 
 
 def test_writers_of_other_methods_stage_nothing() -> None:
     assert file_loads.staged_json(object()) is None
-    assert file_loads.parse_staged([None, "", StagedFile(["/x"], 1).to_json()]) == [StagedFile(["/x"], 1)]
+    one = StagedFile(["batch-0/x.parquet"], 1, [], ["d"])
+    assert file_loads.parse_staged([None, "", one.to_json()]) == [one]
 
 
-def test_staged_files_with_different_columns_are_combined_under_their_union(tmp_path: Path) -> None:
-    old = stage(tmp_path, (rows([0]), ids(0, [0])))
+def test_staged_files_with_different_columns_are_combined_under_their_union(tmp_path: Path, scratch: Path) -> None:
+    store = LocalBlobStore(tmp_path)
+    old = stage(store, (rows([0]), ids(0, [0])))
     client = FakeTableClient([*TABLE, F("rec", "RECORD", fields=[F("a", "INTEGER")]), F("more", "INTEGER",
                                                                                          mode="REPEATED")])
-    grown = writer_in(tmp_path, client)
+    grown = writer_in(store, client=client)
     grown.write(rows([1], rec=[{"a": 5}], more=[[1, 2]], tags=[["t"]]), ids(0, [1]))
     grown.close()
+    paths = [Path(store.uri(name)) for f in (old, grown.staged) for name in f.objects]
 
-    combined = file_loads.combine([old, grown.staged], tmp_path / "all.parquet")
+    combined = file_loads.combine(paths, tmp_path / "all.parquet")
 
     assert pq.read_table(combined).to_pylist() == [
         {"I": 0, "s": "v0", "rec": None, "more": [], "tags": []},
         {"I": 1, "s": "v1", "rec": {"a": 5}, "more": [1, 2], "tags": ["t"]}]
-    assert file_loads.combine([old], tmp_path / "unused.parquet") == Path(old.paths[0])
+    assert file_loads.combine(paths[:1], tmp_path / "unused.parquet") == paths[0]
 
 
 def test_the_load_job_appends_parquet_with_list_inference() -> None:
@@ -154,42 +233,79 @@ def test_the_load_job_appends_parquet_with_list_inference() -> None:
 # -- where staging happens ----------------------------------------------------------------------------------
 
 
-def test_staging_defaults_to_the_checkpoint_and_each_batch_has_its_directory() -> None:
-    cfg = Config.from_env({**MINIMAL, "SINK_BIGQUERY_WRITE_METHOD": "file_loads"})
-    assert file_loads.staging_root(cfg) == Path("/ck/staging")
-    assert file_loads.batch_dir(Path("/ck/staging"), 7) == Path("/ck/staging/batch-7")
-    other = Config.from_env({**MINIMAL, "SINK_BIGQUERY_WRITE_METHOD": "file_loads",
-                             "SINK_BIGQUERY_FILE_LOADS_STAGING_URI": "file:///shared/stage"})
-    assert file_loads.staging_root(other) == Path("/shared/stage")
+def loads_config(**env: str) -> Config:
+    return Config.from_env({**MINIMAL, "SINK_BIGQUERY_WRITE_METHOD": "file_loads", **env})
+
+
+def test_staging_defaults_to_the_checkpoint_and_each_batch_has_its_prefix() -> None:
+    area = file_loads.staging_area(loads_config())
+    assert area.location == "/ck/staging" and area.prefix == ""
+    assert isinstance(area.store(), LocalBlobStore) and area.store().uri() == "/ck/staging"
+    assert area.batch(7) == "batch-7/"
+    replay = file_loads.staging_area(loads_config(), prefix="dlq-replay-1/")
+    assert replay.batch(7) == "dlq-replay-1/batch-7/"
+    shared = file_loads.staging_area(loads_config(SINK_BIGQUERY_FILE_LOADS_STAGING_URI="file:///shared/stage"))
+    assert shared.location == "/shared/stage"
+
+
+def test_gcs_staging_uses_its_own_endpoint_and_the_bigquery_identity_unless_told_otherwise(
+        tmp_path: Path) -> None:
+    cfg = loads_config(SINK_BIGQUERY_FILE_LOADS_STAGING_URI="gs://bucket/stage",
+                       SINK_BIGQUERY_CREDENTIAL_PATH="/keys/bq.json")
+    assert file_loads.staging_area(cfg) == StagingArea(
+        "gs://bucket/stage", GcsOptions(None, "/keys/bq.json", "proj", "SINK_BIGQUERY_CREDENTIAL_PATH"))
+    own = loads_config(SINK_BIGQUERY_FILE_LOADS_STAGING_URI="gs://bucket/stage",
+                       SINK_BIGQUERY_CREDENTIAL_PATH="/keys/bq.json",
+                       SINK_BIGQUERY_FILE_LOADS_STAGING_CREDENTIAL_PATH="/keys/gcs.json",
+                       SINK_BIGQUERY_FILE_LOADS_STAGING_GCS_API_ENDPOINT="http://127.0.0.1:1",
+                       DLQ_GCS_API_ENDPOINT="http://127.0.0.1:2", DLQ_GCS_CREDENTIAL_PATH="/keys/dlq.json")
+    assert file_loads.staging_area(own).gcs == GcsOptions(
+        "http://127.0.0.1:1", "/keys/gcs.json", "proj", "SINK_BIGQUERY_FILE_LOADS_STAGING_CREDENTIAL_PATH")
+    # A bad key file is named by the setting it came from, when the store is opened (driver or task).
+    with pytest.raises(ConfigError, match="SINK_BIGQUERY_CREDENTIAL_PATH: no such file /keys/bq.json"):
+        file_loads.staging_area(cfg).store()
 
 
 def test_the_trigger_default_keeps_a_table_under_the_daily_load_job_quota() -> None:
-    cfg = Config.from_env({**MINIMAL, "SINK_BIGQUERY_WRITE_METHOD": "file_loads"})
+    cfg = loads_config()
     assert cfg.bigquery.file_loads_trigger_ms == FILE_LOADS_TRIGGER_MS
     assert 86_400_000 // FILE_LOADS_TRIGGER_MS <= 1500
 
 
-@pytest.mark.parametrize(("env", "problem"), [
-    ({"SINK_BIGQUERY_FILE_LOADS_STAGING_URI": "gs://bucket/prefix"}, "'gs://bucket/prefix' is not supported yet"),
-    ({"SPARK_CHECKPOINT_LOCATION": "hdfs://nn/ck"}, "required with SINK_BIGQUERY_WRITE_METHOD=file_loads"),
+@pytest.mark.parametrize("env", [
+    {"SINK_BIGQUERY_FILE_LOADS_STAGING_URI": "gs://bucket/prefix"},
+    {"SINK_BIGQUERY_FILE_LOADS_STAGING_URI": "gs://bucket"},
+    {"SINK_BIGQUERY_FILE_LOADS_STAGING_URI": "gs://bucket/prefix", "SPARK_CHECKPOINT_LOCATION": "gs://b/ck"},
+    {"SINK_BIGQUERY_FILE_LOADS_STAGING_URI": "/mnt/shared", "SPARK_CHECKPOINT_LOCATION": "hdfs://nn/ck"},
 ])
-def test_remote_staging_is_a_config_error_for_now(env: dict[str, str], problem: str) -> None:
+def test_staging_in_cloud_storage_or_a_shared_directory_is_accepted(env: dict[str, str]) -> None:
+    for method in ("file_loads", "mixed"):
+        loads_config(SINK_BIGQUERY_WRITE_METHOD=method, SINK_BIGQUERY_STORAGE_API_ENDPOINT="h:1", **env)
+
+
+@pytest.mark.parametrize(("env", "problem"), [
+    ({"SINK_BIGQUERY_FILE_LOADS_STAGING_URI": "s3://bucket/prefix"}, "'s3://bucket/prefix': use gs://bucket/prefix"),
+    ({"SINK_BIGQUERY_FILE_LOADS_STAGING_URI": "gs:///prefix"}, "names no bucket"),
+    ({"SPARK_CHECKPOINT_LOCATION": "hdfs://nn/ck"}, "required with file loads when SPARK_CHECKPOINT_LOCATION"),
+    ({"SPARK_CHECKPOINT_LOCATION": "gs://b/ck"}, "is not a local directory: set gs://bucket/prefix"),
+])
+def test_staging_nowhere_every_process_reaches_is_a_config_error(env: dict[str, str], problem: str) -> None:
     with pytest.raises(ConfigError, match=problem):
-        Config.from_env({**MINIMAL, "SINK_BIGQUERY_WRITE_METHOD": "file_loads", **env})
+        loads_config(**env)
     Config.from_env({**MINIMAL, **env})  # other write methods do not stage
 
 
 # -- job ids --------------------------------------------------------------------------------------------
 
 
-def staged_files(*ranges: tuple[int, int, int], path: str = "/a") -> list[StagedFile]:
+def staged_files(*ranges: tuple[int, int, int], path: str = "a") -> list[StagedFile]:
     return [StagedFile([f"{path}{p}"], last - first + 1, [OffsetRange("t", p, first, last, last - first + 1)])
             for p, first, last in ranges]
 
 
-def test_a_replay_of_a_batch_gets_the_same_job_id_whatever_its_file_names() -> None:
+def test_a_replay_of_a_batch_gets_the_same_job_id_whatever_its_object_names() -> None:
     one = file_loads.load_job_id("p.ds.tbl", "ck-id", 5, staged_files((0, 0, 9), (1, 0, 4)))
-    replay = file_loads.load_job_id("p.ds.tbl", "ck-id", 5, staged_files((1, 0, 4), (0, 0, 9), path="/other"))
+    replay = file_loads.load_job_id("p.ds.tbl", "ck-id", 5, staged_files((1, 0, 4), (0, 0, 9), path="other"))
     assert one == replay
     assert one.startswith("firehose_bq_ds_tbl_b5_")
     assert all(c.isalnum() or c in "_-" for c in one) and len(one) <= 1024
@@ -234,6 +350,14 @@ class FakeJob:
             raise exceptions.BadRequest(self.error_result["message"])
 
 
+@dataclasses.dataclass
+class Load:
+    job_id: str
+    config: Any
+    data: bytes | None = None  # an upload through the driver
+    uris: list[str] | None = None  # objects BigQuery reads itself
+
+
 class FakeClient:
     """Jobs by id as BigQuery keeps them; a load job's outcome is decided by `fail_with`."""
 
@@ -242,7 +366,7 @@ class FakeClient:
         self.jobs = dict(jobs or {})
         self.fail_with = fail_with
         self.conflict_once = conflict_once
-        self.loads: list[tuple[str, bytes, Any]] = []
+        self.loads: list[Load] = []
 
     def get_job(self, job_id: str, **_: Any) -> FakeJob:
         if job_id not in self.jobs:
@@ -250,140 +374,226 @@ class FakeClient:
         return self.jobs[job_id]
 
     def load_table_from_file(self, source: Any, table: Any, *, job_id: str, job_config: Any, timeout: float) -> FakeJob:
+        return self._create(Load(job_id, job_config, data=source.read()))
+
+    def load_table_from_uri(self, uris: list[str], table: Any, *, job_id: str, job_config: Any, retry: Any,
+                            timeout: float) -> FakeJob:
+        return self._create(Load(job_id, job_config, uris=list(uris)))
+
+    def _create(self, load: Load) -> FakeJob:
         if self.conflict_once is not None:  # another driver created it between our lookup and our request
-            self.jobs[job_id], self.conflict_once = self.conflict_once, None
-            raise exceptions.Conflict(f"Already Exists: Job {job_id}")
-        if job_id in self.jobs:
-            raise exceptions.Conflict(f"Already Exists: Job {job_id}")
-        self.loads.append((job_id, source.read(), job_config))
+            self.jobs[load.job_id], self.conflict_once = self.conflict_once, None
+            raise exceptions.Conflict(f"Already Exists: Job {load.job_id}")
+        if load.job_id in self.jobs:
+            raise exceptions.Conflict(f"Already Exists: Job {load.job_id}")
+        self.loads.append(load)
         error = self.fail_with[0] if self.fail_with else None
-        self.jobs[job_id] = FakeJob(job_id, error, self.fail_with)
-        return self.jobs[job_id]
+        self.jobs[load.job_id] = FakeJob(load.job_id, error, self.fail_with)
+        return self.jobs[load.job_id]
 
 
-def loader(client: FakeClient, root: Path) -> FileLoader:
-    return FileLoader(client, CFG, root, "ck")  # type: ignore[arg-type]
+def loader(client: FakeClient, store: Store) -> FileLoader:
+    return FileLoader(client, CFG, store, "ck")  # type: ignore[arg-type]
 
 
-def two_tasks(root: Path, batch_id: int = 2) -> list[StagedFile]:
-    directory = file_loads.batch_dir(root, batch_id)
-    return [stage(directory, (rows([0, 1]), ids(0, [0, 1]))), stage(directory, (rows([2]), ids(1, [0])))]
+def two_tasks(store: Store, batch_id: int = 2) -> list[StagedFile]:
+    prefix = f"batch-{batch_id}/"
+    return [stage(store, (rows([0, 1]), ids(0, [0, 1])), prefix=prefix), stage(store, (rows([2]), ids(1, [0])),
+                                                                              prefix=prefix)]
 
 
-def test_one_load_job_over_every_staged_file(tmp_path: Path) -> None:
-    staged = two_tasks(tmp_path)
-    orphan = file_loads.batch_dir(tmp_path, 2) / "part-of-a-failed-attempt.parquet"
+def loaded_rows(data: bytes) -> list[dict[str, Any]]:
+    return pq.read_table(pa.BufferReader(data)).to_pylist()
+
+
+@pytest.fixture(params=["directory", "gcs"])
+def store(request: pytest.FixtureRequest, tmp_path: Path, scratch: Path) -> Store:
+    return LocalBlobStore(tmp_path / "staging") if request.param == "directory" else FakeGcs()
+
+
+def test_from_a_directory_the_driver_uploads_every_staged_file_as_one(tmp_path: Path, scratch: Path) -> None:
+    store = LocalBlobStore(tmp_path / "staging")
+    staged = two_tasks(store)
+    orphan = tmp_path / "staging" / "batch-2" / "part-of-a-failed-attempt.parquet"
     orphan.write_bytes(b"partial")
     client = FakeClient()
 
-    outcome = loader(client, tmp_path).load(2, staged)
+    outcome = loader(client, store).load(2, staged)
 
     assert outcome is not None and not outcome.already_loaded and outcome.rows == 3
-    [(job_id, data, config)] = client.loads
-    assert job_id == file_loads.load_job_id(CFG.table_ref, "ck", 2, staged) == outcome.job_id
-    assert pq.read_table(pa.py_buffer(data)).to_pylist() == [{"I": i, "s": f"v{i}"} for i in range(3)]
-    assert config.to_api_repr() == file_loads.load_job_config().to_api_repr()
-    # The directory is the write mode's to drop, once every table of the batch is loaded.
-    assert orphan.exists() and all(Path(p).exists() for f in staged for p in f.paths)
+    [load] = client.loads
+    assert load.job_id == file_loads.load_job_id(CFG.table_ref, "ck", 2, staged) == outcome.job_id
+    assert load.uris is None and loaded_rows(load.data or b"") == [{"I": i, "s": f"v{i}"} for i in range(3)]
+    assert load.config.to_api_repr() == file_loads.load_job_config().to_api_repr()
+    # The prefix is the write mode's to drop, once every table of the batch is loaded; no combined file is left.
+    orphan_name = "batch-2/part-of-a-failed-attempt.parquet"
+    assert store.names() == sorted([*(n for f in staged for n in f.objects), orphan_name])
 
 
-def test_a_replay_whose_job_already_ran_loads_nothing(tmp_path: Path) -> None:
-    staged = two_tasks(tmp_path)
+def test_from_cloud_storage_bigquery_reads_exactly_the_reported_objects(scratch: Path) -> None:
+    store = FakeGcs()
+    staged = two_tasks(store)
+    store.objects["batch-2/part-of-a-failed-attempt.parquet"] = b"partial"
+    client = FakeClient()
+
+    outcome = loader(client, store).load(2, staged)
+
+    assert outcome is not None and outcome.rows == 3 and not outcome.already_loaded
+    [load] = client.loads
+    assert load.data is None, "nothing goes through the driver"
+    assert load.uris == [f"gs://bucket/stage/{n}" for f in staged for n in f.objects]
+    assert load.job_id == file_loads.load_job_id(CFG.table_ref, "ck", 2, staged)
+    assert load.config.to_api_repr() == file_loads.load_job_config().to_api_repr()
+
+
+def test_objects_whose_columns_differ_are_combined_and_uploaded_by_the_driver(scratch: Path) -> None:
+    store = FakeGcs()
+    old = stage(store, (rows([0]), ids(0, [0])))
+    grown = writer_in(store, "batch-2/", FakeTableClient([*TABLE, F("coupon", "STRING")]))
+    grown.write(rows([1], coupon=["FREE"]), ids(1, [0]))
+    grown.close()
+    client = FakeClient()
+
+    loader(client, store).load(2, [old, grown.staged])
+
+    [load] = client.loads
+    assert load.uris is None
+    assert loaded_rows(load.data or b"") == [{"I": 0, "s": "v0", "coupon": None}, {"I": 1, "s": "v1", "coupon": "FREE"}]
+    assert list(scratch.iterdir()) == [], "the downloaded copies are gone"
+
+
+def test_more_objects_than_one_job_takes_are_uploaded_by_the_driver(scratch: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(file_loads, "MAX_SOURCE_URIS", 1)
+    store = FakeGcs()
+    client = FakeClient()
+    loader(client, store).load(2, two_tasks(store))
+    [load] = client.loads
+    assert load.uris is None and len(loaded_rows(load.data or b"")) == 3
+
+
+def test_a_replay_whose_job_already_ran_loads_nothing(store: Store) -> None:
+    staged = two_tasks(store)
     job_id = file_loads.load_job_id(CFG.table_ref, "ck", 2, staged)
     done = FakeJob(job_id)
     client = FakeClient({job_id: done})
 
-    outcome = loader(client, tmp_path).load(2, staged)
+    outcome = loader(client, store).load(2, staged)
 
     assert outcome is not None and outcome.already_loaded and outcome.job_id == job_id
     assert client.loads == [] and done.waits == 1
 
 
-def test_a_job_created_concurrently_is_taken_as_ours(tmp_path: Path) -> None:
-    staged = two_tasks(tmp_path)
+def test_a_job_created_concurrently_is_taken_as_ours(store: Store) -> None:
+    staged = two_tasks(store)
     job_id = file_loads.load_job_id(CFG.table_ref, "ck", 2, staged)
     client = FakeClient(conflict_once=FakeJob(job_id))
 
-    outcome = loader(client, tmp_path).load(2, staged)
+    outcome = loader(client, store).load(2, staged)
 
     assert outcome is not None and outcome.already_loaded and client.loads == []
 
 
-def test_after_a_failed_job_the_retry_takes_the_next_id(tmp_path: Path) -> None:
-    staged = two_tasks(tmp_path)
+def test_after_a_failed_job_the_retry_takes_the_next_id(store: Store) -> None:
+    staged = two_tasks(store)
     base = file_loads.load_job_id(CFG.table_ref, "ck", 2, staged)
     client = FakeClient({base: FakeJob(base, {"reason": "backendError", "message": "boom"})})
 
-    outcome = loader(client, tmp_path).load(2, staged)
+    outcome = loader(client, store).load(2, staged)
 
     assert outcome is not None and outcome.job_id == f"{base}_retry1"
-    assert [job_id for job_id, _, _ in client.loads] == [f"{base}_retry1"]
+    assert [load.job_id for load in client.loads] == [f"{base}_retry1"]
 
 
-def test_a_failed_job_raises_a_classified_error_with_its_errors_and_keeps_the_files(tmp_path: Path) -> None:
-    staged = two_tasks(tmp_path)
+def test_a_failed_job_raises_a_classified_error_with_its_errors_and_keeps_the_objects(store: Store) -> None:
+    staged = two_tasks(store)
     errors = [{"reason": "invalid", "location": "file-00000000", "message": f"row {i}: bad value"}
               for i in range(7)]
     client = FakeClient(fail_with=errors)
 
     with pytest.raises(SinkError) as failed:
-        loader(client, tmp_path).load(2, staged)
+        loader(client, store).load(2, staged)
 
     assert failed.value.error_type is ErrorType.SINK_4XX_ERROR
     text = str(failed.value)
     assert text.startswith("SINK_4XX_ERROR: load job firehose_bq_ds_tbl_b2_")
     assert "invalid at file-00000000: row 0: bad value" in text and "row 4" in text
     assert "row 5" not in text and "(and 2 more)" in text
-    assert all(Path(p).exists() for f in staged for p in f.paths)
+    assert store.names() == sorted(n for f in staged for n in f.objects)
 
 
 @pytest.mark.parametrize(("reason", "kind"), [("rateLimitExceeded", ErrorType.SINK_RETRYABLE_ERROR),
                                               ("backendError", ErrorType.SINK_5XX_ERROR),
                                               ("somethingNew", ErrorType.SINK_UNKNOWN_ERROR)])
-def test_the_job_error_result_names_the_error_type(tmp_path: Path, reason: str, kind: ErrorType) -> None:
+def test_the_job_error_result_names_the_error_type(store: Store, reason: str, kind: ErrorType) -> None:
     client = FakeClient(fail_with=[{"reason": reason, "message": "x"}])
     with pytest.raises(SinkError) as failed:
-        loader(client, tmp_path).load(2, two_tasks(tmp_path))
+        loader(client, store).load(2, two_tasks(store))
     assert failed.value.error_type is kind
 
 
 @pytest.mark.parametrize(("error", "kind"), [(exceptions.ServiceUnavailable("polling failed"), ErrorType.SINK_5XX_ERROR),
                                              (TimeoutError(), ErrorType.SINK_RETRYABLE_ERROR)])
 def test_a_job_whose_outcome_is_unknown_fails_the_batch_without_a_second_job(
-        tmp_path: Path, error: Exception, kind: ErrorType) -> None:
-    staged = two_tasks(tmp_path)
+        store: Store, error: Exception, kind: ErrorType) -> None:
+    staged = two_tasks(store)
     job_id = file_loads.load_job_id(CFG.table_ref, "ck", 2, staged)
     client = FakeClient({job_id: FakeJob(job_id, state="RUNNING", poll_error=error)})
 
     with pytest.raises(SinkError) as failed:
-        loader(client, tmp_path).load(2, staged)
+        loader(client, store).load(2, staged)
 
     assert failed.value.error_type is kind and job_id in str(failed.value)
-    assert client.loads == [] and all(Path(p).exists() for f in staged for p in f.paths)
+    assert client.loads == [] and store.names() == sorted(n for f in staged for n in f.objects)
 
 
-def test_a_staged_file_the_driver_cannot_see_is_named(tmp_path: Path) -> None:
-    staged = two_tasks(tmp_path)
-    Path(staged[1].paths[0]).unlink()  # as if staged on another machine's local disk
-    with pytest.raises(SinkError, match="not visible to the driver .*part-.*must be a directory that the driver"):
-        loader(FakeClient(), tmp_path).load(2, staged)
-
-
-def test_a_batch_that_staged_no_rows_runs_no_job(tmp_path: Path) -> None:
-    empty = stage(file_loads.batch_dir(tmp_path, 4))
+def test_a_staged_object_the_driver_cannot_see_is_named(store: Store) -> None:
+    staged = two_tasks(store)
+    store.delete_prefix(staged[1].objects[0])  # as if staged on another machine's local disk
     client = FakeClient()
-    assert loader(client, tmp_path).load(4, [empty]) is None
+    with pytest.raises(SinkError, match="not visible to the driver .*batch-2/part-.*must be gs://bucket/prefix or "
+                                        "a directory that the driver and every executor share"):
+        loader(client, store).load(2, staged)
     assert client.loads == []
 
 
-def test_a_lookup_that_fails_is_a_classified_sink_error(tmp_path: Path) -> None:
+def test_a_staging_area_the_driver_cannot_list_is_a_classified_error(scratch: Path) -> None:
+    store = FakeGcs()
+    staged = two_tasks(store)
+    store.fail = exceptions.Forbidden("no storage.objects.list")
+    with pytest.raises(SinkError, match="listing the staged objects under gs://bucket/stage/batch-2 failed") as failed:
+        loader(FakeClient(), store).load(2, staged)
+    assert failed.value.error_type is ErrorType.SINK_4XX_ERROR
+
+
+def test_a_batch_that_staged_no_rows_runs_no_job(store: Store) -> None:
+    client = FakeClient()
+    assert loader(client, store).load(4, [stage(store, prefix="batch-4/")]) is None
+    assert client.loads == []
+
+
+def test_a_lookup_that_fails_is_a_classified_sink_error(store: Store) -> None:
     class Down(FakeClient):
         def get_job(self, job_id: str, **_: Any) -> FakeJob:
             raise exceptions.ServiceUnavailable("down")
 
     with pytest.raises(SinkError) as failed:
-        loader(Down(), tmp_path).load(2, two_tasks(tmp_path))
+        loader(Down(), store).load(2, two_tasks(store))
     assert failed.value.error_type is ErrorType.SINK_5XX_ERROR
+
+
+def test_discarding_a_batch_drops_its_prefix_only_and_never_fails_the_batch(
+        store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    two_tasks(store, 1)
+    kept = two_tasks(store, 10)
+    file_loads.discard(store, "batch-1/")
+    assert store.names() == sorted(n for f in kept for n in f.objects)
+
+    if isinstance(store, FakeGcs):
+        store.fail = exceptions.ServiceUnavailable("gcs is down")
+        with caplog.at_level(logging.WARNING):
+            file_loads.discard(store, "batch-10/")
+        assert "could not delete the staged objects under gs://bucket/stage/batch-10/" in caplog.text
 
 
 def test_a_streaming_run_with_file_loads_triggers_at_the_file_loads_interval() -> None:

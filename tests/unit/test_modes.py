@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from firehose_bq import modes
 from firehose_bq.batch.core import TaskResult
 from firehose_bq.bigquery import file_loads
+from firehose_bq.blobstore import LocalBlobStore
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.errors import BatchFailedError, ErrorType, FirehoseError, MessageError
 from firehose_bq.metrics import BatchStats
@@ -55,9 +57,11 @@ def test_the_mode_is_chosen_once_from_config(env: dict[str, str], kind: type, tr
 
 def test_each_mode_plans_its_tasks(tmp_path: Path) -> None:
     assert write_mode(config()).task(3) == StreamingTask(config().bigquery, "insertall")
-    loads = write_mode(config(SINK_BIGQUERY_WRITE_METHOD="file_loads"), staging_root=tmp_path, identity=lambda: "q")
+    area = file_loads.StagingArea(str(tmp_path), prefix="dlq-replay-1/")
+    loads = write_mode(config(SINK_BIGQUERY_WRITE_METHOD="file_loads"), staging=area, identity=lambda: "q")
     task = loads.task(7)
-    assert isinstance(task, StagingTask) and task.directory == str(tmp_path / "batch-7")
+    assert isinstance(task, StagingTask) and task.staging == area and task.prefix == "dlq-replay-1/batch-7/"
+    assert pickle.loads(pickle.dumps(task)) == task  # Spark ships it to every task
     upsert = write_mode(config(SINK_BIGQUERY_UPSERT_ENABLED="true", INPUT_SCHEMA_PROTO_KEY_CLASS="x.K",
                                SINK_BIGQUERY_KAFKA_KEY_FIELD_NAME="key"))
     plan = upsert.task(4)
@@ -103,23 +107,29 @@ def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, mon
     loads: list[tuple[str, int, list[str]]] = []
 
     class Loader:
-        def __init__(self, client: object, cfg: BigQueryConfig, root: Path, identity: str) -> None:
-            assert root == tmp_path and identity == "query-1"
+        def __init__(self, client: object, cfg: BigQueryConfig, store: LocalBlobStore, identity: str) -> None:
+            assert store.uri() == str(tmp_path) and identity == "query-1"
             self.table = cfg.table_ref
 
         def load(self, batch: int, staged: list[file_loads.StagedFile]) -> None:
-            loads.append((self.table, batch, [path for f in staged for path in f.paths]))
+            loads.append((self.table, batch, [name for f in staged for name in f.objects]))
 
     monkeypatch.setattr(file_loads, "FileLoader", Loader)
     monkeypatch.setattr(modes, "make_client", lambda cfg: contextlib.nullcontext())
-    mode = write_mode(config(SINK_BIGQUERY_WRITE_METHOD="file_loads"), staging_root=tmp_path,
+    mode = write_mode(config(SINK_BIGQUERY_WRITE_METHOD="file_loads"), staging=file_loads.StagingArea(str(tmp_path)),
                       identity=lambda: "query-1")
-    file_loads.batch_dir(tmp_path, 3).mkdir()
+    store = LocalBlobStore(tmp_path)
+    for name in ("batch-3/a", "batch-3/ds.other/b", "batch-3/c", "batch-30/x"):
+        store.put(name, b"")
 
-    def report(table: str, path: str) -> str:
-        return json.dumps({"table": table, "staged": json.loads(file_loads.StagedFile([path], 1).to_json())})
+    def report(table: str, name: str) -> str:
+        return json.dumps({"table": table, "staged": json.loads(file_loads.StagedFile([name], 1).to_json())})
 
-    results = [TaskResult(reports=[report("", "a"), report("ds.other", "b")]), TaskResult(reports=[report("", "c")])]
+    results = [TaskResult(reports=[report("", "batch-3/a"), report("ds.other", "batch-3/ds.other/b")]),
+               TaskResult(reports=[report("", "batch-3/c")])]
     mode.finish(3, results)
-    assert loads == [("my-project.d.t", 3, ["a", "c"]), ("my-project.ds.other", 3, ["b"])]
-    assert not file_loads.batch_dir(tmp_path, 3).exists()
+    assert loads == [("my-project.d.t", 3, ["batch-3/a", "batch-3/c"]),
+                     ("my-project.ds.other", 3, ["batch-3/ds.other/b"])]
+    assert store.names() == ["batch-30/x"]
+    mode.abort(30)
+    assert store.names() == [] and list(tmp_path.iterdir()) == []

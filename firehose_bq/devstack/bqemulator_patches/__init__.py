@@ -21,6 +21,12 @@ shows the gap; each exposes `apply(...) -> list[str]` (the dotted names it repla
 | - | `upload_job_id` | an uploaded load job keeps its job id; a taken id answers 409 |
 | - | `json_load_bytes` | a JSON load reads BYTES as base64 |
 | - | `parquet_load_by_name` | a Parquet load matches columns by name |
+| - | `load_job_id_taken` | a load job (`sourceUris`) whose job id is taken answers 409 and runs nothing |
+| - | `load_job_atomic` | a load job over several files loads all of them or none |
+
+A load job's `gs://bucket/name` source URIs need no patch: bqemulator reads them from
+`<gcs_local_root>/bucket/name`, and the launcher's `--gcs-local-root` (set by `devstack/stack.py`) points that
+at the local Cloud Storage emulator's objects on disk.
 
 Gap numbers are those of /work/shared/local-stack.md and of the `test_gapN_*` tests in
 tests/integration/test_emulator_gaps.py.

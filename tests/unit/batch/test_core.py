@@ -29,6 +29,7 @@ class FakeWriter:
 
     bad: set[str] = field(default_factory=set)
     error: SinkError | None = None
+    close_error: SinkError | None = None
     written: list[dict[str, Any]] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     closed: bool = False
@@ -47,6 +48,8 @@ class FakeWriter:
 
     def close(self) -> None:
         self.closed = True
+        if self.close_error:
+            raise self.close_error
 
 
 @dataclass
@@ -160,6 +163,14 @@ def test_a_sink_failure_is_fatal_and_the_writer_is_closed(test_descriptors: Desc
     plan = FakePlan(FakeWriter(error=SinkError(ErrorType.SINK_4XX_ERROR, "Not found: Table p:d.t")))
     result = process_batch([source_batch(values(test_descriptors, "a"))], spec(test_descriptors), plan, handling())
     assert result.fatal == "SINK_4XX_ERROR: Not found: Table p:d.t" and plan.writer.closed and not letters
+
+
+def test_a_writer_that_cannot_finish_on_close_is_fatal(test_descriptors: Descriptors,
+                                                       letters: list[DeadLetter]) -> None:
+    """File loads store their staged file when the writer closes: failing there stops the batch cleanly."""
+    plan = FakePlan(FakeWriter(close_error=SinkError(ErrorType.SINK_5XX_ERROR, "staging rows failed: 503")))
+    result = process_batch([source_batch(values(test_descriptors, "a"))], spec(test_descriptors), plan, handling())
+    assert result.fatal == "SINK_5XX_ERROR: staging rows failed: 503" and result.reports == ["1 rows"]
 
 
 def test_decode_only_opens_no_writer(test_descriptors: Descriptors, letters: list[DeadLetter]) -> None:
