@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import io
 import logging
-import os
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -21,14 +19,11 @@ import pytest
 from google.api_core import exceptions
 from google.cloud import bigquery
 
-from firehose_bq import descriptors, sample
 from firehose_bq.bigquery import file_loads
 from firehose_bq.blobstore import GcsOptions, open_blob_store
 from firehose_bq.config import Config
-from firehose_bq.convert import KafkaRecords, RowConverter
 from firehose_bq.errors import BatchFailedError, FirehoseError, SchemaEvolutionError
 from firehose_bq.pipeline import Pipeline
-from firehose_bq.schema import MetadataColumns, parse_metadata_columns
 from tests.integration.test_end_to_end import assert_sample_landed, produce_bookings, read_table
 
 pytestmark = pytest.mark.integration
@@ -292,37 +287,3 @@ def test_emulator_keeps_an_uploaded_load_jobs_id_and_decodes_bytes(bq_client, bq
     rows = sorted((dict(r) for r in bq_client.query(f"SELECT * FROM `{table.full_table_id.replace(':', '.')}`")
                    .result()), key=lambda r: r["b"] is None)
     assert rows == [{"b": b"\x01\x02", "h": [{"v": b"\xff"}, {"v": b""}]}, {"b": None, "h": []}]
-
-
-@pytest.mark.skipif(not os.environ.get("FIREHOSE_BQ_BENCH"), reason="a measurement: set FIREHOSE_BQ_BENCH=1")
-def test_throughput_against_a_direct_load(spark, file_loads_env, bq_client, cleanup, caplog) -> None:
-    count = 20_000
-    cfg = Config.from_env({**file_loads_env, "SPARK_MAX_OFFSETS_PER_TRIGGER": "-1"})
-    cleanup(cfg)
-    produce_bookings(cfg, count)
-
-    with caplog.at_level(logging.INFO, logger="firehose_bq"):
-        summary = Pipeline(cfg, spark).run(available_now=True)
-    assert summary.totals.rows_written == count
-    batch_lines = [r.getMessage() for r in caplog.records if r.name == "firehose_bq.pipeline"]
-
-    # The same rows as NDJSON, loaded straight into a twin table: what a load job costs by itself.
-    cls = descriptors.load(cfg.input_schema.stencil_urls).message_class(cfg.input_schema.proto_class)
-    converter = RowConverter(cls, MetadataColumns(True, "", parse_metadata_columns("")))
-    records = KafkaRecords(topics=["t"] * count, partitions=[0] * count, offsets=list(range(count)),
-                           timestamps_ms=[1_700_000_000_000] * count,
-                           values=[sample.booking(i, cls).SerializeToString() for i in range(count)])
-    ndjson = b"".join(file_loads.encode_row(r) for r in converter.convert(records, "2026-01-01T00:00:00Z").rows)
-    twin = bq_client.create_table(bigquery.Table(f"{cfg.bigquery.table_ref}_twin",
-                                                 schema=bq_client.get_table(cfg.bigquery.table_ref).schema))
-    started = time.monotonic()
-    job = bq_client.load_table_from_file(io.BytesIO(ndjson), twin, job_config=bigquery.LoadJobConfig(
-        source_format="NEWLINE_DELIMITED_JSON", schema=twin.schema))
-    job.result()
-    direct = time.monotonic() - started
-    assert job.output_rows == count
-
-    loads = [r for r in caplog.records if "loaded" in r.getMessage() and "rows from" in r.getMessage()]
-    print(f"\nfile loads, whole pipeline: {count} rows in {summary.seconds:.2f} s = {count / summary.seconds:,.0f} "
-          f"rows/s over {summary.batches} batch(es); batches: {batch_lines}; load step: {[r.getMessage() for r in loads]}\n"
-          f"direct load_table_from_file of {len(ndjson):,} bytes NDJSON: {direct:.2f} s = {count / direct:,.0f} rows/s")
