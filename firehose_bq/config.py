@@ -192,8 +192,9 @@ class BigQueryConfig:
         "SINK_BIGQUERY_WRITE_METHOD",
         "How rows reach the table: `insertall` (streaming inserts), `storage_write` (Storage Write API), "
         "`file_loads` (staged files, one load job per table per trigger) or `mixed` (the tables in "
-        "SINK_BIGQUERY_MIXED_STREAMING_TABLES by Storage Write, the others by file loads).",
-        "insertall",
+        "SINK_BIGQUERY_MIXED_STREAMING_TABLES by Storage Write, the others by file loads). The default is the "
+        "fastest that keeps every guarantee (see Output modes).",
+        "storage_write",
         choices=WRITE_METHODS,
     )
     mixed_streaming_tables: tuple[str, ...] = setting(

@@ -101,8 +101,9 @@ def test_mixed_stream_ends_in_table_or_dlq_and_replay_lands_the_fixed_ones(
         writer_type: str, spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object],
         bq_client: bigquery.Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake, _server = registry
+    # insertAll: the oversized row below is over an insertAll request's size (not an Arrow append's).
     job = DlqJob.start(fake, job_env, tmp_path, DLQ_WRITER_TYPE=writer_type,
-                       DLQ_BLOB_LOCAL_DIRECTORY=str(tmp_path / "dlq"))
+                       DLQ_BLOB_LOCAL_DIRECTORY=str(tmp_path / "dlq"), SINK_BIGQUERY_WRITE_METHOD="insertall")
     paths, env, cfg, topic, dlq_topic, v1, v2 = (job.paths, job.env, job.cfg, job.topic, job.dlq_topic, job.v1,
                                                  job.v2)
     whole = v1(id="truncated-in-its-id", amount=5).SerializeToString()

@@ -42,7 +42,8 @@ def test_defaults() -> None:
 def test_values_are_parsed_by_type() -> None:
     cfg = Config.from_env({**MINIMAL, "SOURCE_KAFKA_TOPIC": "a, b,", "SINK_BIGQUERY_ROW_INSERT_ID_ENABLE": "FALSE",
                            "SPARK_MAX_OFFSETS_PER_TRIGGER": "-1", "SINK_BIGQUERY_METADATA_NAMESPACE": "kafka",
-                           "SINK_BIGQUERY_API_ENDPOINT": "http://127.0.0.1:1"})
+                           "SINK_BIGQUERY_API_ENDPOINT": "http://127.0.0.1:1",
+                           "SINK_BIGQUERY_STORAGE_API_ENDPOINT": "127.0.0.1:2"})
     assert cfg.source.topics == ("a", "b")
     assert cfg.bigquery.row_insert_id_enable is False
     assert cfg.spark.max_offsets_per_trigger == -1
@@ -125,8 +126,7 @@ def test_example_env_file_is_a_valid_config() -> None:
     assert config.unknown_variables(local) == []
 
 
-@pytest.mark.parametrize("layer", ["upsert.env", "dlq.env", "dlq-gcs.env", "storage-write.env", "file-loads.env",
-                                   "file-loads-gcs.env"])
+@pytest.mark.parametrize("layer", sorted(p.name for p in (README.parent / "config").glob("*.env") if p.name != "local.env"))
 def test_example_layers_over_local_env_are_valid_configs(layer: str) -> None:
     env = {**config.read_env_file(README.parent / "config" / "local.env"),
            **config.read_env_file(README.parent / "config" / layer)}

@@ -40,9 +40,8 @@ def config(**env: str) -> Config:
 
 
 @pytest.mark.parametrize(("env", "kind", "trigger"), [
-    ({}, WriteMode, 5000),
-    ({"SINK_BIGQUERY_WRITE_METHOD": "storage_write", "SINK_BIGQUERY_STORAGE_API_ENDPOINT": "h:1"}, StorageWriteMode,
-     5000),
+    ({}, StorageWriteMode, 5000),
+    ({"SINK_BIGQUERY_WRITE_METHOD": "insertall"}, WriteMode, 5000),
     ({"SINK_BIGQUERY_STORAGE_API_ENABLE": "true"}, StorageWriteMode, 5000),
     ({"SINK_BIGQUERY_WRITE_METHOD": "file_loads", "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS": "60000"}, FileLoadsMode,
      60000),
@@ -56,7 +55,7 @@ def test_the_mode_is_chosen_once_from_config(env: dict[str, str], kind: type, tr
 
 
 def test_each_mode_plans_its_tasks(tmp_path: Path) -> None:
-    assert write_mode(config()).task(3) == StreamingTask(config().bigquery, "insertall")
+    assert write_mode(config()).task(3) == StreamingTask(config().bigquery, "storage_write")
     area = file_loads.StagingArea(str(tmp_path), prefix="dlq-replay-1/")
     loads = write_mode(config(SINK_BIGQUERY_WRITE_METHOD="file_loads"), staging=area, identity=lambda: "q")
     task = loads.task(7)
