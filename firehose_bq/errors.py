@@ -90,6 +90,20 @@ class SinkError(FirehoseError):
         return f"{self.error_type.value}: {self.message}"
 
 
+class PartialWriteError(SinkError):
+    """A write of several requests failed as a whole part-way: the rows at `unsent` (positions in what the
+    writer was given) are not in the table, `failures` are the rows it had found bad by then, and every
+    other row was written. A retry sends only `unsent` again (the Storage Write default stream has no
+    insertIds to drop rows written twice)."""
+
+    def __init__(self, error_type: ErrorType, message: str, unsent: tuple[int, ...],
+                 failures: tuple[RowError, ...] = ()) -> None:
+        super().__init__(error_type, message)
+        self.args = (error_type, message, unsent, failures)  # all of them: Spark pickles exceptions
+        self.unsent = unsent
+        self.failures = failures
+
+
 class BatchFailedError(FirehoseError):
     """A micro-batch holds messages that could not be written; offsets are not committed."""
 

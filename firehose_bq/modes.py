@@ -251,7 +251,7 @@ def handling_of(config: Config) -> ErrorHandling:
         # Written like dead letters (the original record plus why), with the DLQ's retry settings.
         fallback = dataclasses.replace(dlq, enabled=True, writer_type=KAFKA, kafka_brokers=config.source.brokers,
                                        kafka_topic=config.bigquery.route_fallback_topic)
-    return ErrorHandling(config.errors, dlq, fallback)
+    return ErrorHandling(config.errors, dlq, fallback, config.bigquery.retry_deadline_ms)
 
 
 def batch_stats(results: Sequence[TaskResult]) -> BatchStats:

@@ -88,12 +88,15 @@ def read_schema(client: bigquery.Client, table_ref: str, call: Mapping[str, Any]
 
 class LiveTable:
     """The table's schema as one writer knows it: read for its first batch, and read once more for a batch
-    that holds values in a column it lacks (the driver may have added that column since)."""
+    that holds values in a column it lacks (the driver may have added that column since).
+
+    The read is part of the writer's write, which the error policy retries: it is made once, whatever
+    retry `call` carries (retries here would multiply the policy's)."""
 
     def __init__(self, client: bigquery.Client, table_ref: str, call: Mapping[str, Any]) -> None:
         self._client = client
         self.table_ref = table_ref
-        self._call = call
+        self._call = {**call, "retry": None}
         self._schema: list[SchemaField] | None = None
 
     def fit(self, rows: pa.RecordBatch) -> Fitted:

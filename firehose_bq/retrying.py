@@ -1,0 +1,98 @@
+"""Retrying, written once: attempts with exponential backoff inside a time budget, on tenacity.
+
+Every retry of the sink goes through `retry_call`, and each kind of failure is retried by exactly one
+layer, so that a dead service holds the job for a sum of waits and timeouts that can be stated, not a
+product of nested retry loops:
+
+| failure                                            | retried by                       | schedule               |
+| -------------------------------------------------- | -------------------------------- | ---------------------- |
+| a BigQuery write in a task (insertAll, AppendRows, | the error policy (policy.py):    | RETRY_* within         |
+| the writer's table read), or rows in it            | only what failed goes again      | SINK_BIGQUERY_RETRY_   |
+| a load job or a MERGE on the driver                | FileLoader, the upsert flush     | DEADLINE_MS            |
+| any other single BigQuery call (tables, schemas)   | the BigQuery client's own retry  | SINK_BIGQUERY_RETRY_   |
+|                                                    | (bigquery/client.call_options)   | DEADLINE_MS            |
+| a dead-letter write                                | dlq/writers.dead_letter          | DLQ_RETRY_*            |
+| a schema registry fetch                            | registry/cache.DescriptorCache   | SCHEMA_REGISTRY_*      |
+
+Inside a layer nothing retries again: the BigQuery client gets `retry=None` (bigquery/client.
+attempt_options), GCS calls `retry=None`, the Kafka producer a delivery timeout; and every request has
+a timeout. So a call retried here takes at most `Backoff.bound_s(the longest attempt)`.
+
+tenacity rather than google.api_core's Retry: the settings users have count attempts
+(RETRY_MAX_ATTEMPTS, DLQ_RETRY_MAX_ATTEMPTS, SCHEMA_REGISTRY_STENCIL_FETCH_RETRIES), which api_core's
+Retry cannot; its waits are jittered between 0 and the nominal wait, which would change what
+RETRY_EXPONENTIAL_BACKOFF_INITIAL_MS means; and its sleep cannot be cut short (a stopping descriptor
+cache) or faked (unit tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import tenacity
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How a caller retries: at most `attempts` tries (the first included), waiting `first_s` before the
+    first retry and `rate` times longer before each further one, never longer than `max_s`; no retry
+    starts later than `budget_s` after the first try started (the wait before the last one is cut to fit)."""
+
+    attempts: int
+    first_s: float
+    rate: float = 2.0
+    max_s: float = math.inf
+    budget_s: float = math.inf
+
+    def wait_s(self, retry: int) -> float:
+        """The nominal wait before retry number `retry` (1 = the first), before the budget cuts it."""
+        return min(self.max_s, self.first_s * self.rate ** (retry - 1))
+
+    def bound_s(self, attempt_s: float) -> float:
+        """The longest a call can take when each attempt ends (fails) within `attempt_s`: the whole
+        schedule, or the budget plus one last attempt begun just before it ended, whichever is shorter."""
+        schedule = self.attempts * attempt_s + sum(self.wait_s(r) for r in range(1, self.attempts))
+        return min(schedule, self.budget_s + attempt_s)
+
+
+def retry_call(call: Callable[[], T], backoff: Backoff, *, retry_on: Callable[[BaseException], bool], what: str,
+               sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> T:
+    """`call()`, tried again per `backoff` while it raises an exception that `retry_on` accepts; the
+    last exception is raised when attempts or budget run out, any other one at once.
+
+    `what` names the call in the warning logged before each retry; an exception carrying an `error_type`
+    (SinkError) adds it to that line's context. `sleep` may raise to cut the retries short."""
+    started = clock()
+
+    def spent(_state: tenacity.RetryCallState) -> float:
+        return clock() - started
+
+    def stop(state: tenacity.RetryCallState) -> bool:
+        return state.attempt_number >= backoff.attempts or spent(state) >= backoff.budget_s
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        return max(0.0, min(backoff.wait_s(state.attempt_number), backoff.budget_s - spent(state)))
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        assert state.outcome is not None
+        failure = state.outcome.exception()
+        error_type = getattr(failure, "error_type", None)
+        log.warning("%s: attempt %d of %d failed (%s); retrying in %.2f s", what, state.attempt_number,
+                    backoff.attempts, failure, state.upcoming_sleep,
+                    extra={"error_type": error_type} if error_type is not None else None)
+
+    retrying = tenacity.Retrying(
+        stop=stop, wait=wait, retry=tenacity.retry_if_exception(retry_on), sleep=sleep, before_sleep=before_sleep,
+        # When retries run out: the last exception itself, not tenacity's RetryError around it.
+        retry_error_callback=lambda state: state.outcome.result() if state.outcome is not None else None,
+    )
+    return retrying(call)
