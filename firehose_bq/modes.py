@@ -180,7 +180,7 @@ class FileLoadsMode(WriteMode):
                 if table:
                     dataset, name = table.split(".", 1)
                     cfg = dataclasses.replace(cfg, dataset=dataset, table=name)
-                loader = file_loads.FileLoader(client, cfg, self.staging_root, identity)
+                loader = file_loads.FileLoader(client, cfg, self.staging_root, identity, handling_of(self.config))
                 loader.load(batch, file_loads.parse_staged(staged))
         # Only when every table's rows are in: a failure above leaves the files for the batch's replay.
         file_loads.discard_batch_dir(self.staging_root, batch)
@@ -208,7 +208,7 @@ class UpsertMode(WriteMode):
     def __init__(self, config: Config, descriptor_source: DescriptorSource | None) -> None:
         from firehose_bq.upsert.flush import UpsertSession
 
-        self.session = UpsertSession(config, descriptor_source)
+        self.session = UpsertSession(config, descriptor_source, handling_of(config))
         super().__init__(config, self.session.schema)
 
     def trigger_interval_ms(self) -> int:

@@ -212,17 +212,11 @@ def write_with_policy(handling: ErrorHandling, pending: Writable, failures: Sequ
     done = Handled()
     if writer is not None and len(pending):
         write = _Write(pending, writer, handling.policy.retry_types)
-        started = clock()
         try:
-            retry_call(write, handling.write_backoff(), what="write", sleep=sleep, clock=clock,
+            retry_call(write, handling.write_backoff(), what="write", give_up=gave_up, sleep=sleep, clock=clock,
                        retry_on=lambda e: isinstance(e, _RowsFailed) or handling.retries(e))
         except _RowsFailed as exc:
             final.extend((f, True) for f in exc.rows)  # their retries ran out
-        except SinkError as exc:
-            if write.attempts == 1:
-                raise
-            raise SinkError(exc.error_type, f"{exc.message} (gave up after {write.attempts} attempts in "
-                                            f"{clock() - started:.1f} s)") from exc
         final.extend(write.settled)
         done.retried = len(write.retried)
         done.written = len(pending) - len({f.index for f, _ in final} & set(pending.sources.tolist()))
@@ -230,6 +224,13 @@ def write_with_policy(handling: ErrorHandling, pending: Writable, failures: Sequ
         outcome = handling.final_outcome(failure.error_type, was_retried)
         (done.dead if outcome == DLQ else done.failed).append(failure)
     return done
+
+
+def gave_up(error: BaseException, attempts: int, seconds: float) -> BaseException:
+    """A write's SinkError as the reason the job stops once its retries ran out: it says how long it tried."""
+    if not isinstance(error, SinkError) or attempts == 1:
+        return error
+    return SinkError(error.error_type, f"{error.message} (gave up after {attempts} attempts in {seconds:.1f} s)")
 
 
 class _RowsFailed(FirehoseError):

@@ -64,10 +64,16 @@ class Backoff:
         return min(schedule, self.budget_s + attempt_s)
 
 
+# What a caller raises instead of the last exception once retries ran out: (exception, attempts, seconds).
+GiveUp = Callable[[BaseException, int, float], BaseException]
+
+
 def retry_call(call: Callable[[], T], backoff: Backoff, *, retry_on: Callable[[BaseException], bool], what: str,
-               sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> T:
+               give_up: GiveUp | None = None, sleep: Callable[[float], None] = time.sleep,
+               clock: Callable[[], float] = time.monotonic) -> T:
     """`call()`, tried again per `backoff` while it raises an exception that `retry_on` accepts; the
-    last exception is raised when attempts or budget run out, any other one at once.
+    last exception (or what `give_up` makes of it) is raised when attempts or budget run out, any other
+    one at once.
 
     `what` names the call in the warning logged before each retry; an exception carrying an `error_type`
     (SinkError) adds it to that line's context. `sleep` may raise to cut the retries short."""
@@ -90,9 +96,16 @@ def retry_call(call: Callable[[], T], backoff: Backoff, *, retry_on: Callable[[B
                     backoff.attempts, failure, state.upcoming_sleep,
                     extra={"error_type": error_type} if error_type is not None else None)
 
-    retrying = tenacity.Retrying(
-        stop=stop, wait=wait, retry=tenacity.retry_if_exception(retry_on), sleep=sleep, before_sleep=before_sleep,
-        # When retries run out: the last exception itself, not tenacity's RetryError around it.
-        retry_error_callback=lambda state: state.outcome.result() if state.outcome is not None else None,
-    )
+    def exhausted(state: tenacity.RetryCallState) -> T:
+        # The last exception itself (or the caller's word for it), not tenacity's RetryError around it.
+        assert state.outcome is not None
+        failure = state.outcome.exception()
+        if failure is not None and give_up is not None:
+            reason = give_up(failure, state.attempt_number, spent(state))
+            if reason is not failure:
+                raise reason from failure
+        return state.outcome.result()  # type: ignore[no-any-return]
+
+    retrying = tenacity.Retrying(stop=stop, wait=wait, retry=tenacity.retry_if_exception(retry_on), sleep=sleep,
+                                 before_sleep=before_sleep, retry_error_callback=exhausted)
     return retrying(call)

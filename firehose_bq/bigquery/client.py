@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from google.api_core.client_options import ClientOptions
+from google.api_core.exceptions import GoogleAPIError
+from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import bigquery
+from requests import exceptions as http_exceptions
 
 from firehose_bq.config import BigQueryConfig
 from firehose_bq.gcp_auth import service_account_credentials
 
 SCOPES = ("https://www.googleapis.com/auth/bigquery",)
+# What a BigQuery call raises when it fails as a whole and the client did not retry it: an API error, the
+# HTTP library's own (refused, reset, timed out), or a token refresh that could not reach Google.
+REQUEST_ERRORS = (GoogleAPIError, http_exceptions.RequestException, ConnectionError, TimeoutError,
+                  auth_exceptions.TransportError)
 
 
 def call_options(cfg: BigQueryConfig) -> dict[str, object]:

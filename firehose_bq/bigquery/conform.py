@@ -31,13 +31,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from google.api_core.exceptions import GoogleAPIError
 from google.cloud import bigquery
 from google.cloud.bigquery import SchemaField
-from requests import exceptions as http_exceptions
 
 from firehose_bq.arrow_schema import UnsupportedColumnError, arrow_field
 from firehose_bq.bigquery.classify import classify_exception
+from firehose_bq.bigquery.client import REQUEST_ERRORS
 from firehose_bq.errors import ErrorType, RowError, SinkError
 
 # BigQuery's TIMESTAMP and DATE range, 0001-01-01 .. 9999-12-31, in microseconds and days since the epoch.
@@ -82,7 +81,7 @@ def read_schema(client: bigquery.Client, table_ref: str, call: Mapping[str, Any]
     """The live table's columns; SinkError (classified) when the table cannot be read."""
     try:
         return list(client.get_table(table_ref, **call).schema)
-    except (GoogleAPIError, http_exceptions.RequestException, ConnectionError, TimeoutError) as exc:
+    except REQUEST_ERRORS as exc:
         raise SinkError(classify_exception(exc), f"reading the schema of {table_ref} failed: {exc}") from exc
 
 

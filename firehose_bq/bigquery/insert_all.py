@@ -19,9 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from google.api_core.exceptions import GoogleAPIError
 from google.cloud import bigquery
-from requests import exceptions as http_exceptions
 
 from firehose_bq.bigquery.classify import (
     classify_exception,
@@ -29,7 +27,7 @@ from firehose_bq.bigquery.classify import (
     describe_row_errors,
     is_only_stopped,
 )
-from firehose_bq.bigquery.client import attempt_options
+from firehose_bq.bigquery.client import REQUEST_ERRORS, attempt_options
 from firehose_bq.bigquery.conform import fit
 from firehose_bq.bigquery.json_rows import json_string, row_texts
 from firehose_bq.config import BigQueryConfig
@@ -134,8 +132,7 @@ class InsertAllWriter:
                 method="POST", path=self._path, data=body, content_type="application/json",
                 timeout=self._call["timeout"],
             )
-        # GoogleAPIError covers HTTP errors.
-        except (GoogleAPIError, http_exceptions.RequestException, ConnectionError, TimeoutError) as exc:
+        except REQUEST_ERRORS as exc:
             raise SinkError(classify_exception(exc), f"insertAll into {self._table} failed: {exc}") from exc
         return [{"index": int(e["index"]), "errors": e.get("errors", [])} for e in response.get("insertErrors", ())]
 

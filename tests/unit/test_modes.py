@@ -14,6 +14,7 @@ from firehose_bq.bigquery import file_loads
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.errors import BatchFailedError, ErrorType, FirehoseError, MessageError
 from firehose_bq.metrics import BatchStats
+from firehose_bq.policy import ErrorHandling
 from firehose_bq.modes import (
     FileLoadsMode,
     StagingTask,
@@ -103,8 +104,10 @@ def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, mon
     loads: list[tuple[str, int, list[str]]] = []
 
     class Loader:
-        def __init__(self, client: object, cfg: BigQueryConfig, root: Path, identity: str) -> None:
+        def __init__(self, client: object, cfg: BigQueryConfig, root: Path, identity: str,
+                     handling: ErrorHandling) -> None:
             assert root == tmp_path and identity == "query-1"
+            assert handling.retry_deadline_ms == cfg.retry_deadline_ms  # a failed load retries like a write
             self.table = cfg.table_ref
 
         def load(self, batch: int, staged: list[file_loads.StagedFile]) -> None:

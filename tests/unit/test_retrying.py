@@ -99,3 +99,15 @@ def test_each_retry_is_logged_with_the_error_type_of_the_failure(caplog: pytest.
     assert record.getMessage() == ("write: attempt 1 of 3 failed (SINK_5XX_ERROR: backendError); retrying in "
                                    "0.25 s")
     assert record.error_type is ErrorType.SINK_5XX_ERROR  # type: ignore[attr-defined]
+
+
+def test_give_up_names_the_reason_raised_once_retries_ran_out() -> None:
+    clock = Clock()
+
+    def reason(error: BaseException, attempts: int, seconds: float) -> BaseException:
+        return RuntimeError(f"{error} (gave up after {attempts} attempts in {seconds:.0f} s)")
+
+    with pytest.raises(RuntimeError, match=r"refused \(gave up after 3 attempts in 3 s\)") as failed:
+        retry_call(Failing(clock, OSError("refused")), Backoff(attempts=3, first_s=1), what="fetch", give_up=reason,
+                   retry_on=lambda e: isinstance(e, OSError), sleep=clock.sleep, clock=clock)
+    assert isinstance(failed.value.__cause__, OSError)
