@@ -70,6 +70,10 @@ class SchemaError(FirehoseError):
     """A descriptor cannot be loaded, found, or mapped to a BigQuery schema."""
 
 
+class RegistryUnavailableError(SchemaError):
+    """A schema registry did not answer (refused, timed out, HTTP 5xx or 429): worth another try."""
+
+
 class SchemaEvolutionError(SchemaError):
     """The live table and the proto disagree in a way BigQuery cannot apply (type or mode change)."""
 

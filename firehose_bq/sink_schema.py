@@ -21,7 +21,7 @@ from firehose_bq.bigquery.tables import ensure_dataset, ensure_table, table_defi
 from firehose_bq.config import Config
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import FirehoseError, SinkError
-from firehose_bq.registry.cache import DescriptorCache
+from firehose_bq.registry.cache import DescriptorCache, Fetch, fetch_retrying
 from firehose_bq.registry.confluent import ConfluentRegistry
 from firehose_bq.registry.stencil import StencilFetcher
 from firehose_bq.routing import Destination, Router
@@ -216,12 +216,17 @@ class SinkSchema:
 
 
 def load_descriptors(config: Config) -> Descriptors:
-    """The configured descriptors, once: the Stencil URLs, or the Confluent subject's latest schema."""
+    """The configured descriptors, once: the Stencil URLs, or the Confluent subject's latest schema;
+    retried as a job's first load is (someone waits)."""
     registry = ConfluentRegistry.from_config(config.registry)
+    fetch: Fetch
     if registry is not None:
-        return registry.latest(config.confluent_subject).descriptors
-    # Through the Stencil fetcher: headers, timeout and refresh strategy as the running job uses them.
-    return StencilFetcher(config.input_schema.stencil_urls, config.registry).fetch(threading.Event())
+        confluent, subject = registry, config.confluent_subject
+        fetch = lambda: confluent.latest(subject).descriptors  # noqa: E731
+    else:
+        # Through the Stencil fetcher: headers, timeout and refresh strategy as the running job uses them.
+        fetch = StencilFetcher(config.input_schema.stencil_urls, config.registry).fetch
+    return fetch_retrying(fetch, config.registry.quick_backoff(), "loading the descriptors")
 
 
 def descriptor_cache(config: Config) -> DescriptorCache:
