@@ -223,7 +223,19 @@ def write_with_policy(handling: ErrorHandling, pending: Writable, failures: Sequ
     for failure, was_retried in final:
         outcome = handling.final_outcome(failure.error_type, was_retried)
         (done.dead if outcome == DLQ else done.failed).append(failure)
+    _log_outcomes(done)
     return done
+
+
+def _log_outcomes(done: Handled) -> None:
+    """A line per error type and outcome (its `error_type` in the JSON line's context), naming the first."""
+    for outcome, failures in (("go to the DLQ", done.dead), ("fail the batch", done.failed)):
+        by_type: dict[ErrorType, list[RowError]] = {}
+        for failure in failures:
+            by_type.setdefault(failure.error_type, []).append(failure)
+        for error_type, group in by_type.items():
+            log.warning("%d record(s) %s with %s, first record %d of the batch: %s", len(group), outcome,
+                        error_type.value, group[0].index, group[0].message, extra={"error_type": error_type})
 
 
 def gave_up(error: BaseException, attempts: int, seconds: float) -> BaseException:

@@ -103,7 +103,8 @@ class LogDlqWriter:
             e = letter.error
             log.warning("dead letter %s", json.dumps({
                 "error_type": e.error_type.value, "topic": e.topic, "partition": e.partition, "offset": e.offset,
-                "attempt": letter.attempt, "value_bytes": len(letter.value or b""), "error": e.message}))
+                "attempt": letter.attempt, "value_bytes": len(letter.value or b""), "error": e.message}),
+                extra={"error_type": e.error_type, "topic": e.topic, "partition": e.partition})
 
     def close(self) -> None:
         pass
