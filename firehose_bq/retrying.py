@@ -4,19 +4,19 @@ Every retry of the sink goes through `retry_call`, and each kind of failure is r
 layer, so that a dead service holds the job for a sum of waits and timeouts that can be stated, not a
 product of nested retry loops:
 
-| failure                                            | retried by                       | schedule               |
-| -------------------------------------------------- | -------------------------------- | ---------------------- |
-| a BigQuery write in a task (insertAll, AppendRows, | the error policy (policy.py):    | RETRY_* within         |
-| the writer's table read), or rows in it            | only what failed goes again      | SINK_BIGQUERY_RETRY_   |
-| a load job or a MERGE on the driver                | FileLoader, the upsert flush     | DEADLINE_MS            |
-| any other single BigQuery call (tables, schemas)   | the BigQuery client's own retry  | SINK_BIGQUERY_RETRY_   |
-|                                                    | (bigquery/client.call_options)   | DEADLINE_MS            |
-| a dead-letter write                                | dlq/writers.dead_letter          | DLQ_RETRY_*            |
-| a schema registry fetch                            | registry/cache.DescriptorCache   | SCHEMA_REGISTRY_*      |
+- a BigQuery write in a task (insertAll, AppendRows, the writer's read of the table) and the rows that
+  fail in it: the error policy (policy.py), RETRY_* within SINK_BIGQUERY_RETRY_DEADLINE_MS; the driver's
+  load job (bigquery/file_loads.py) and MERGE (upsert/flush.py) the same way;
+- any other single BigQuery call (creating and evolving tables): the BigQuery client's own retry, for
+  SINK_BIGQUERY_RETRY_DEADLINE_MS (bigquery/client.call_options);
+- a dead-letter write: dlq/writers.dead_letter, DLQ_RETRY_* within DLQ_RETRY_DEADLINE_MS;
+- a schema registry fetch: registry/cache.DescriptorCache, patiently in the background, once and soon
+  when someone waits.
 
-Inside a layer nothing retries again: the BigQuery client gets `retry=None` (bigquery/client.
-attempt_options), GCS calls `retry=None`, the Kafka producer a delivery timeout; and every request has
-a timeout. So a call retried here takes at most `Backoff.bound_s(the longest attempt)`.
+Inside a layer nothing retries again (the BigQuery client gets `retry=None`, bigquery/client.
+attempt_options; GCS calls `retry=None`; the Kafka producer's retries end with its delivery timeout),
+and every request has a timeout. So a call retried here takes at most `Backoff.bound_s(the longest
+attempt)`: README, "How long an outage can hold the job".
 
 tenacity rather than google.api_core's Retry: the settings users have count attempts
 (RETRY_MAX_ATTEMPTS, DLQ_RETRY_MAX_ATTEMPTS, SCHEMA_REGISTRY_STENCIL_FETCH_RETRIES), which api_core's

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -111,3 +113,21 @@ def test_give_up_names_the_reason_raised_once_retries_ran_out() -> None:
         retry_call(Failing(clock, OSError("refused")), Backoff(attempts=3, first_s=1), what="fetch", give_up=reason,
                    retry_on=lambda e: isinstance(e, OSError), sleep=clock.sleep, clock=clock)
     assert isinstance(failed.value.__cause__, OSError)
+
+
+def test_the_readme_states_the_bounds_the_default_settings_give() -> None:
+    from firehose_bq.config import BigQueryConfig
+    from firehose_bq.dlq import writers
+    from firehose_bq.dlq.config import DlqConfig
+    from firehose_bq.policy import ErrorHandling
+    from firehose_bq.registry.config import RegistryConfig
+
+    request_s = next(f.default for f in dataclasses.fields(BigQueryConfig) if f.name == "client_timeout_ms") / 1000
+    bigquery = ErrorHandling().write_backoff().bound_s(request_s)
+    dlq = DlqConfig().backoff().bound_s(writers.CONNECT_TIMEOUT_S + writers.SEND_TIMEOUT_S)
+    registry = RegistryConfig().quick_backoff().bound_s(RegistryConfig().fetch_timeout_ms / 1000)
+    assert (bigquery, dlq, registry) == (180, 160, 21)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### How long an outage can hold the job")[1].split("\n## ")[0]
+    assert f"**{bigquery / 60:.0f} min** per task" in section
+    assert f"**{dlq:.0f} s** per task" in section and f"**{registry:.0f} s** at start" in section
