@@ -187,8 +187,10 @@ class _Task:
         pending, refused = self.plan.shape(_without_unknown(rows, handling, stats), part, insert_ids(part))
         failures = sorted(rows.failures + refused + _unknown_errors(rows, handling), key=lambda f: f.index)
         table = destination.name if destination is not None else ""
-        # A routed destination names its table; the job's one table is in every line already (cli).
-        with log_context(**({"table": table} if table else {})):
+        # A routed destination names its table (dataset.table); a job with one table has it on every line
+        # already, as project.dataset.table (the driver's process fields, shipped with the task).
+        routed = self.spec.router is not None and not self.spec.router.is_static
+        with log_context(**({"table": table} if routed else {})):
             done = write_with_policy(handling, pending, failures,
                                      (lambda: _Timed(self._writer(destination), stats)) if self.spec.write else None)
         _count(stats, table, part.num_rows, done.written, done.retried, part, done.dead, done.failed)
