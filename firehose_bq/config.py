@@ -19,7 +19,7 @@ from firehose_bq.blobstore import GCS_SCHEME, gcs_location
 from firehose_bq.dlq.config import DlqConfig
 from firehose_bq.errors import ConfigError
 from firehose_bq.logs import LogConfig
-from firehose_bq.policy import ErrorPolicyConfig
+from firehose_bq.policy import DEFAULT_RETRY_DEADLINE_MS, ErrorPolicyConfig
 from firehose_bq.registry.config import RegistryConfig, Secret
 from firehose_bq.routing import PLACEHOLDER, NameTemplate, Router, TemplateError, parse_class_routes
 from firehose_bq.schema import parse_metadata_columns
@@ -295,12 +295,16 @@ class BigQueryConfig:
         maximum=INSERT_ALL_MAX_ROWS_LIMIT,
     )
     client_timeout_ms: int = setting(
-        "SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS", "Timeout of one BigQuery HTTP request.", 60_000, minimum=1
+        "SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS", "Timeout of one BigQuery request.", 60_000, minimum=1
     )
     retry_deadline_ms: int = setting(
         "SINK_BIGQUERY_RETRY_DEADLINE_MS",
-        "How long transient BigQuery failures (5xx, connection errors) are retried before the batch fails.",
-        120_000,
+        "How long a failed BigQuery write (a request failing as a whole, or rows with a type in "
+        "ERROR_TYPES_FOR_RETRY) is retried, from its first attempt, before the job stops (or the rows go to "
+        "the DLQ); the waits follow RETRY_*. Other BigQuery calls are retried by the client as long. A dead "
+        "BigQuery thus holds a task at most this plus one SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS (3 minutes with "
+        "the defaults). (Formerly the client's own deadline per call, under the policy's attempts: their waits multiplied.)",
+        DEFAULT_RETRY_DEADLINE_MS,
         minimum=0,
     )
 

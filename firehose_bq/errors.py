@@ -92,6 +92,10 @@ class SchemaError(FirehoseError):
     """A descriptor cannot be loaded, found, or mapped to a BigQuery schema."""
 
 
+class RegistryUnavailableError(SchemaError):
+    """A schema registry did not answer (refused, timed out, HTTP 5xx or 429): worth another try."""
+
+
 class SchemaEvolutionError(SchemaError):
     """The live table and the proto disagree in a way BigQuery cannot apply (type or mode change)."""
 
@@ -110,6 +114,20 @@ class SinkError(FirehoseError):
 
     def __str__(self) -> str:
         return f"{self.error_type.value}: {self.message}"
+
+
+class PartialWriteError(SinkError):
+    """A write of several requests failed as a whole part-way: the rows at `unsent` (positions in what the
+    writer was given) are not in the table, `failures` are the rows it had found bad by then, and every
+    other row was written. A retry sends only `unsent` again (the Storage Write default stream has no
+    insertIds to drop rows written twice)."""
+
+    def __init__(self, error_type: ErrorType, message: str, unsent: tuple[int, ...],
+                 failures: tuple[RowError, ...] = ()) -> None:
+        super().__init__(error_type, message)
+        self.args = (error_type, message, unsent, failures)  # all of them: Spark pickles exceptions
+        self.unsent = unsent
+        self.failures = failures
 
 
 class BatchFailedError(FirehoseError):

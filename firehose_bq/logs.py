@@ -6,6 +6,10 @@ was logged: `batch_id`, `topic`, `partition`, `table`, `error_type`. A line gets
 `extra={"batch_id": 3}` on the call, from an enclosing `with log_context(batch_id=3):` (same thread), or
 from `add_fields(...)` for the whole process (the job's table). Every line, in either format, passes
 through a `Redactor`: URL credentials and the values of secret settings never reach the output.
+
+Spark's Python workers are processes of their own, where nothing else configures logging: the driver
+ships `for_workers(batch_id=...)` with each task, and the task entry applies it (`apply_in_worker`), so
+lines logged in tasks (retries, dead letters) have the driver's format, masking and context.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, TextIO
@@ -68,8 +72,48 @@ def configure(level: str, environ: Mapping[str, str], secret_settings: tuple[str
     problems: list[str] = []
     cfg = load_section(LogConfig, environ, problems) or LogConfig()
     redactor = Redactor.of(environ.get(name, "") for name in secret_settings)
+    _install(cfg.format, redactor, level)
+    if problems:
+        raise ConfigError(problems)
+    if cfg.format == JSON:
+        final = logging.getLogger("firehose_bq")
+        return lambda line: final.error("%s", line)
+    return lambda line: print(redactor.text(line), file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class WorkerLogging:
+    """The driver's logging, for a Spark task to log the same way; small and picklable (shipped with
+    each task). `fields`: the context of every line the task logs (the job's table, the batch id)."""
+
+    format: str
+    level: int
+    redactor: Redactor = field(repr=False)  # holds the secrets it masks: never printed
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+def for_workers(**fields: Any) -> WorkerLogging | None:
+    """How this process logs (as `configure` set it up), plus `fields`; None when it was never configured
+    (a library caller's own logging, which tasks then leave alone too)."""
+    handler = next((h for h in logging.getLogger().handlers if isinstance(h, _StderrHandler)), None)
+    if handler is None or not isinstance(handler.formatter, TextFormatter | JsonFormatter):
+        return None
+    process = next((f.fields for f in handler.filters if isinstance(f, _Fields)), {})
+    return WorkerLogging(JSON if isinstance(handler.formatter, JsonFormatter) else TEXT,
+                         logging.getLogger().level, handler.formatter.redactor, {**process, **fields})
+
+
+def apply_in_worker(settings: WorkerLogging | None) -> None:
+    """Log like the driver in this process (a Spark Python worker), whose `fields` a `log_context` of
+    the task adds; safe to call for every task (Spark reuses its workers)."""
+    if settings is not None:
+        _install(settings.format, settings.redactor, settings.level)
+
+
+def _install(format_: str, redactor: Redactor, level: int | str) -> None:
+    """Our one handler on the root logger (replacing an earlier one of ours, nothing else's)."""
     handler = _StderrHandler()
-    handler.setFormatter(JsonFormatter(redactor) if cfg.format == JSON else TextFormatter(redactor))
+    handler.setFormatter(JsonFormatter(redactor) if format_ == JSON else TextFormatter(redactor))
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _StderrHandler)]:
         root.removeHandler(old)
@@ -77,12 +121,6 @@ def configure(level: str, environ: Mapping[str, str], secret_settings: tuple[str
     root.setLevel(level)
     for chatty in CHATTY:
         logging.getLogger(chatty).setLevel(max(logging.WARNING, root.level))
-    if problems:
-        raise ConfigError(problems)
-    if cfg.format == JSON:
-        final = logging.getLogger("firehose_bq")
-        return lambda line: final.error("%s", line)
-    return lambda line: print(redactor.text(line), file=sys.stderr)
 
 
 def say_plain(line: str) -> None:
@@ -107,10 +145,10 @@ class TextFormatter(logging.Formatter):
 
     def __init__(self, redactor: Redactor) -> None:
         super().__init__(TEXT_FORMAT)
-        self._redactor = redactor
+        self.redactor = redactor
 
     def format(self, record: logging.LogRecord) -> str:
-        return self._redactor.text(super().format(record))
+        return self.redactor.text(super().format(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -118,24 +156,24 @@ class JsonFormatter(logging.Formatter):
 
     def __init__(self, redactor: Redactor) -> None:
         super().__init__()
-        self._redactor = redactor
+        self.redactor = redactor
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "message": self._redactor.text(record.getMessage()),
+            "message": self.redactor.text(record.getMessage()),
         }
         fields = {**getattr(record, "_firehose_fields", {}), **_context.get()}
         fields.update({name: getattr(record, name) for name in CONTEXT_FIELDS if hasattr(record, name)})
         for name in CONTEXT_FIELDS:
             if fields.get(name) is not None:
-                entry[name] = _plain(fields[name], self._redactor)
+                entry[name] = _plain(fields[name], self.redactor)
         if record.exc_info:
-            entry["exception"] = self._redactor.text(self.formatException(record.exc_info))
+            entry["exception"] = self.redactor.text(self.formatException(record.exc_info))
         if record.stack_info:
-            entry["stack"] = self._redactor.text(self.formatStack(record.stack_info))
+            entry["stack"] = self.redactor.text(self.formatStack(record.stack_info))
         return json.dumps(entry, ensure_ascii=False)
 
 

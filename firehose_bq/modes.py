@@ -181,7 +181,7 @@ class FileLoadsMode(WriteMode):
                 if table:
                     dataset, name = table.split(".", 1)
                     cfg = dataclasses.replace(cfg, dataset=dataset, table=name)
-                loader = file_loads.FileLoader(client, cfg, store, identity)
+                loader = file_loads.FileLoader(client, cfg, store, identity, handling_of(self.config))
                 loader.load(batch, file_loads.parse_staged(staged))
         # Only when every table's rows are in: a failure above leaves the files for the batch's replay.
         file_loads.discard(store, self.staging.batch(batch))
@@ -209,7 +209,7 @@ class UpsertMode(WriteMode):
     def __init__(self, config: Config, descriptor_source: DescriptorSource | None) -> None:
         from firehose_bq.upsert.flush import UpsertSession
 
-        self.session = UpsertSession(config, descriptor_source)
+        self.session = UpsertSession(config, descriptor_source, handling_of(config))
         super().__init__(config, self.session.schema)
 
     def trigger_interval_ms(self) -> int:
@@ -252,7 +252,7 @@ def handling_of(config: Config) -> ErrorHandling:
         # Written like dead letters (the original record plus why), with the DLQ's retry settings.
         fallback = dataclasses.replace(dlq, enabled=True, writer_type=KAFKA, kafka_brokers=config.source.brokers,
                                        kafka_topic=config.bigquery.route_fallback_topic)
-    return ErrorHandling(config.errors, dlq, fallback)
+    return ErrorHandling(config.errors, dlq, fallback, config.bigquery.retry_deadline_ms)
 
 
 def batch_stats(results: Sequence[TaskResult]) -> BatchStats:

@@ -23,6 +23,7 @@ import pyarrow as pa
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
+from firehose_bq import logs
 from firehose_bq.batch.core import TaskPlan, TaskResult, process_batch
 from firehose_bq.config import Config
 from firehose_bq.errors import FirehoseError
@@ -41,10 +42,13 @@ RESULT_SCHEMA = "result STRING"
 POLL_SECONDS = 0.5
 
 
-def run_task(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling,
+def run_task(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, worker_logging: logs.WorkerLogging | None,
              batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """One Spark task: the batch core over its Kafka partition's records; yields its TaskResult."""
-    result = process_batch(batches, spec, plan, handling)
+    """One Spark task: the batch core over its Kafka partition's records; yields its TaskResult. It runs
+    in a Python worker, which logs as the driver does (`worker_logging`: format, masking, batch id)."""
+    logs.apply_in_worker(worker_logging)
+    with logs.log_context(**(worker_logging.fields if worker_logging is not None else {})):
+        result = process_batch(batches, spec, plan, handling)
     yield pa.RecordBatch.from_pydict({"result": [result.to_json()]})
 
 
@@ -157,7 +161,8 @@ class Pipeline:
 
     def _tasks(self, df: DataFrame, batch_id: int, spec: SinkSpec) -> list[TaskResult]:
         try:
-            task = functools.partial(run_task, spec, self.mode.task(batch_id), self._handling)
+            task = functools.partial(run_task, spec, self.mode.task(batch_id), self._handling,
+                                     logs.for_workers(batch_id=batch_id))
             return [TaskResult.from_json(row.result) for row in df.mapInArrow(task, RESULT_SCHEMA).collect()]
         except Exception as exc:
             # A task died (source unreachable, a bug): Spark's error wraps the worker's traceback in
@@ -167,6 +172,10 @@ class Pipeline:
             raise self._failure from exc
 
     def _on_batch(self, df: DataFrame, batch_id: int) -> None:
+        with logs.log_context(batch_id=batch_id):
+            self._batch(df, batch_id)
+
+    def _batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         hold = self._refresh is not None and time.monotonic() >= self._accept_unknown_until
         results = self._tasks(df, batch_id, self._spec(batch_id, hold))

@@ -9,6 +9,10 @@ ERROR_TYPES_FOR_DLQ and the DLQ is enabled; anything else fails the job. No type
 A request that fails as a whole (SinkError: the table is gone, BigQuery is unreachable) says nothing
 about the messages in it: it is retried like a row, and when retries run out the job stops with that
 reason rather than dead-letter a whole batch because the sink was down.
+
+The policy is the only layer that retries a write (retrying.py): the writers make one attempt per call
+(the BigQuery client's own retry is off inside them), and the retries of one write end after
+RETRY_MAX_ATTEMPTS attempts or SINK_BIGQUERY_RETRY_DEADLINE_MS, whichever comes first.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from firehose_bq.errors import RowError
 from firehose_bq.dlq.config import DlqConfig
-from firehose_bq.errors import ConfigError, ErrorType, SinkError
+from firehose_bq.errors import ConfigError, ErrorType, FirehoseError, PartialWriteError, RowError, SinkError
+from firehose_bq.retrying import Backoff, retry_call
 from firehose_bq.settings import setting
 
 if TYPE_CHECKING:  # the policy is configuration too (config.py imports it): no Arrow at import time
@@ -37,9 +41,13 @@ ALL_OTHER_TYPES = "*"
 NOT_RETRYABLE = frozenset({ErrorType.DESERIALIZATION_ERROR, ErrorType.INVALID_MESSAGE_ERROR,
                            ErrorType.UNKNOWN_FIELDS_ERROR, ErrorType.PAYLOAD_TOO_LARGE, ErrorType.ROUTING_ERROR})
 TRANSIENT = (ErrorType.SINK_5XX_ERROR, ErrorType.SINK_RETRYABLE_ERROR)
-# With the backoff defaults (10 ms doubling up to 60 s), 15 attempts wait 10 ms, 20 ms, ... 41 s, 60 s:
-# about 142 s in all, so a BigQuery outage of a minute or two is ridden out without dead-lettering.
+# With the backoff defaults (10 ms doubling up to 60 s), 15 attempts would wait 10 ms, 20 ms, ... 41 s,
+# 60 s: 142 s in all. The deadline below ends them first.
 DEFAULT_MAX_ATTEMPTS = 15
+# SINK_BIGQUERY_RETRY_DEADLINE_MS: how long a failed write is retried. Two minutes ride out the short
+# outages BigQuery has (a minute or two) and keep a dead BigQuery from holding a task much longer: the
+# last attempt starts by then, and ends within one request timeout.
+DEFAULT_RETRY_DEADLINE_MS = 120_000
 
 
 def _type_list(env: str, raw: str, problems: list[str]) -> frozenset[ErrorType]:
@@ -83,8 +91,9 @@ class ErrorPolicyConfig:
     )
     max_attempts: int = setting(
         "RETRY_MAX_ATTEMPTS",
-        "Attempts (the first write included) for a retryable failure; the defaults wait about 142 s in "
-        "all, so an outage of BigQuery of a minute or two is survived.",
+        "Attempts (the first write included) for a retryable failure, within SINK_BIGQUERY_RETRY_DEADLINE_MS "
+        "of the first: whichever runs out first ends the retries. With the defaults the deadline does (the "
+        "waits would add up to 142 s), so a failed write is retried for 2 minutes.",
         DEFAULT_MAX_ATTEMPTS,
         minimum=1,
     )
@@ -136,9 +145,10 @@ class ErrorPolicyConfig:
     def retry_types(self) -> frozenset[ErrorType]:
         return self._parse([])[2]
 
-    def backoff_ms(self, retry: int) -> int:
-        """Wait before retry number `retry` (1 = the first)."""
-        return min(self.backoff_max_ms, self.backoff_initial_ms * self.backoff_rate ** (retry - 1))
+    def backoff(self, deadline_ms: int) -> Backoff:
+        """The RETRY_* schedule, its retries ending `deadline_ms` after the first attempt."""
+        return Backoff(self.max_attempts, self.backoff_initial_ms / 1000, self.backoff_rate,
+                       self.backoff_max_ms / 1000, deadline_ms / 1000)
 
 
 @dataclass(frozen=True)
@@ -150,6 +160,15 @@ class ErrorHandling:
     # Where unrouted records go (SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC, written like dead letters);
     # None: they are ROUTING_ERRORs for the policy.
     fallback: DlqConfig | None = None
+    retry_deadline_ms: int = DEFAULT_RETRY_DEADLINE_MS  # SINK_BIGQUERY_RETRY_DEADLINE_MS
+
+    def write_backoff(self) -> Backoff:
+        """How a failed write is retried: RETRY_* within SINK_BIGQUERY_RETRY_DEADLINE_MS."""
+        return self.policy.backoff(self.retry_deadline_ms)
+
+    def retries(self, error: BaseException) -> bool:
+        """A whole write that failed with `error` is worth another attempt (its type is in ERROR_TYPES_FOR_RETRY)."""
+        return isinstance(error, SinkError) and error.error_type in self.policy.retry_types
 
     def final_outcome(self, error_type: ErrorType, retried: bool) -> str:
         """`dlq` or `failed` for a message whose error (after any retries) is `error_type`."""
@@ -182,7 +201,8 @@ class Handled:
 
 
 def write_with_policy(handling: ErrorHandling, pending: Writable, failures: Sequence[RowError],
-                      writer: Callable[[], RowWriter] | None, sleep: Callable[[float], None] = time.sleep) -> Handled:
+                      writer: Callable[[], RowWriter] | None, sleep: Callable[[float], None] = time.sleep,
+                      clock: Callable[[], float] = time.monotonic) -> Handled:
     """Write `pending`, retry what the policy retries, and sort every record into written/dead/failed.
 
     `failures`: the records that never became rows (decoding, the mode's own checks); they take no retry.
@@ -191,46 +211,88 @@ def write_with_policy(handling: ErrorHandling, pending: Writable, failures: Sequ
     final: list[tuple[RowError, bool]] = [(f, False) for f in failures]
     done = Handled()
     if writer is not None and len(pending):
-        retry_types = handling.policy.retry_types
-        retried: set[int] = set()
-        batch, attempt = pending, 1
-        while True:
-            try:
-                rejected = [_at_source(batch, f) for f in writer().write(batch.rows, batch.insert_ids)]
-                request_error = None
-            except SinkError as exc:
-                rejected, request_error = [], exc
-            again = [f for f in rejected if f.error_type in retry_types]
-            if request_error is None and not again:
-                break
-            if request_error is not None and request_error.error_type not in retry_types:
-                raise request_error
-            if attempt >= handling.policy.max_attempts:
-                if request_error is not None:
-                    raise SinkError(request_error.error_type,
-                                    f"{request_error.message} (gave up after {attempt} attempts)")
-                break
-            wait = handling.policy.backoff_ms(attempt) / 1000
-            log.warning("attempt %d of %d: %s; retrying %s in %.2f s", attempt, handling.policy.max_attempts,
-                        request_error or f"{len(again)} row(s) failed, first: {again[0].message}",
-                        "the request" if request_error else "those rows", wait)
-            sleep(wait)
-            attempt += 1
-            if request_error is None:
-                # Rows that failed for good stay failed; only the retryable ones go out again.
-                final.extend((f, False) for f in rejected if f.error_type not in retry_types)
-                retried.update(f.index for f in again)
-                batch = pending.of_sources([f.index for f in again])
-            else:
-                retried.update(int(i) for i in batch.sources)
-        # A retryable type still here means its attempts ran out.
-        final.extend((f, f.error_type in retry_types) for f in rejected)
-        done.retried = len(retried)
+        write = _Write(pending, writer, handling.policy.retry_types)
+        try:
+            retry_call(write, handling.write_backoff(), what="write", give_up=gave_up, sleep=sleep, clock=clock,
+                       retry_on=lambda e: isinstance(e, _RowsFailed) or handling.retries(e))
+        except _RowsFailed as exc:
+            final.extend((f, True) for f in exc.rows)  # their retries ran out
+        final.extend(write.settled)
+        done.retried = len(write.retried)
         done.written = len(pending) - len({f.index for f, _ in final} & set(pending.sources.tolist()))
     for failure, was_retried in final:
         outcome = handling.final_outcome(failure.error_type, was_retried)
         (done.dead if outcome == DLQ else done.failed).append(failure)
+    _log_outcomes(done)
     return done
+
+
+def _log_outcomes(done: Handled) -> None:
+    """A line per error type and outcome (its `error_type` in the JSON line's context), naming the first."""
+    for outcome, failures in (("go to the DLQ", done.dead), ("fail the batch", done.failed)):
+        by_type: dict[ErrorType, list[RowError]] = {}
+        for failure in failures:
+            by_type.setdefault(failure.error_type, []).append(failure)
+        for error_type, group in by_type.items():
+            log.warning("%d record(s) %s with %s, first record %d of the batch: %s", len(group), outcome,
+                        error_type.value, group[0].index, group[0].message, extra={"error_type": error_type})
+
+
+def gave_up(error: BaseException, attempts: int, seconds: float) -> BaseException:
+    """A write's SinkError as the reason the job stops once its retries ran out: it says how long it tried."""
+    if not isinstance(error, SinkError) or attempts == 1:
+        return error
+    return SinkError(error.error_type, f"{error.message} (gave up after {attempts} attempts in {seconds:.1f} s)")
+
+
+class _RowsFailed(FirehoseError):
+    """Rows of a write failed with a type the policy retries: the write goes again with only them."""
+
+    def __init__(self, rows: list[RowError]) -> None:
+        super().__init__(rows)
+        self.rows = rows
+        self.error_type = rows[0].error_type  # the retry's log line names it
+
+    def __str__(self) -> str:
+        return f"{len(self.rows)} row(s) failed, first: {self.rows[0].error_type.value}: {self.rows[0].message}"
+
+
+class _Write:
+    """One write, an attempt per call: the first sends every row, each retry only the rows still owed:
+    those that failed with a retried type, and those a failed request did not get into the table."""
+
+    def __init__(self, pending: Writable, writer: Callable[[], RowWriter], retry_types: frozenset[ErrorType]) -> None:
+        self.pending, self.owed = pending, pending
+        self.writer = writer
+        self.retry_types = retry_types
+        self.settled: list[tuple[RowError, bool]] = []  # failed for good, by source index
+        self.retried: set[int] = set()  # source indices sent more than once
+        self.attempts = 0
+
+    def __call__(self) -> None:
+        batch = self.owed
+        if self.attempts:
+            self.retried.update(batch.sources.tolist())
+        self.attempts += 1
+        request_error: SinkError | None = None
+        unsent: list[int] = []
+        try:
+            rejected = [_at_source(batch, f) for f in self.writer().write(batch.rows, batch.insert_ids)]
+        except PartialWriteError as exc:
+            request_error, rejected = exc, [_at_source(batch, f) for f in exc.failures]
+            unsent = [int(batch.sources[p]) for p in exc.unsent]
+        except SinkError as exc:
+            request_error, rejected, unsent = exc, [], batch.sources.tolist()
+        if request_error is not None and request_error.error_type not in self.retry_types:
+            raise request_error
+        # Rows that failed for good stay failed; only the retryable ones (and the unsent) go out again.
+        self.settled.extend((f, False) for f in rejected if f.error_type not in self.retry_types)
+        again = [f for f in rejected if f.error_type in self.retry_types]
+        self.owed = self.pending.of_sources(sorted({f.index for f in again} | set(unsent)))
+        if request_error is not None and len(self.owed):
+            raise request_error  # when retries run out, the job stops with it: an outage is no message's fault
+        if again:
+            raise _RowsFailed(again)
 
 
 def _at_source(batch: Writable, failure: RowError) -> RowError:

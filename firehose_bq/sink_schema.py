@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING
 
 from google.cloud import bigquery
 
-from firehose_bq.bigquery.client import call_options, make_client
+from firehose_bq.bigquery.classify import classify_exception
+from firehose_bq.bigquery.client import REQUEST_ERRORS, call_options, make_client
 from firehose_bq.bigquery.tables import ensure_dataset, ensure_table, table_definition
 from firehose_bq.config import Config
 from firehose_bq.descriptors import Descriptors
-from firehose_bq.errors import FirehoseError
-from firehose_bq.registry.cache import DescriptorCache
+from firehose_bq.errors import FirehoseError, SinkError
+from firehose_bq.registry.cache import DescriptorCache, Fetch, fetch_retrying
 from firehose_bq.registry.confluent import ConfluentRegistry
 from firehose_bq.registry.stencil import StencilFetcher
 from firehose_bq.routing import Destination, Router
@@ -126,13 +127,19 @@ class TableKeeper:
         columns (json_tables.schema_json), which are what its records are coerced to."""
         from firehose_bq import json_tables
 
-        with make_client(self.config.bigquery) as client:
-            if loaded is None:
-                metadata = metadata_of(self.config)
-                live = json_tables.ensure_json_table(client, self.config, destination, metadata)
-                return json_tables.schema_json(json_tables.payload_columns(live, metadata))
-            apply_plan(client, self.config, plan_table(self.config, loaded, destination))
-            return None
+        try:
+            with make_client(self.config.bigquery) as client:
+                if loaded is None:
+                    metadata = metadata_of(self.config)
+                    live = json_tables.ensure_json_table(client, self.config, destination, metadata)
+                    return json_tables.schema_json(json_tables.payload_columns(live, metadata))
+                apply_plan(client, self.config, plan_table(self.config, loaded, destination))
+                return None
+        except REQUEST_ERRORS as exc:
+            # After the client's own retries: a reason for the task to stop (a SinkError), not a crash
+            # that Spark would run again (spark.task.maxFailures times on a cluster).
+            raise SinkError(classify_exception(exc), f"creating or evolving table {destination.name} failed: "
+                                                     f"{exc}") from exc
 
 
 DescriptorSource = Callable[[], Descriptors]
@@ -209,12 +216,17 @@ class SinkSchema:
 
 
 def load_descriptors(config: Config) -> Descriptors:
-    """The configured descriptors, once: the Stencil URLs, or the Confluent subject's latest schema."""
+    """The configured descriptors, once: the Stencil URLs, or the Confluent subject's latest schema;
+    retried as a job's first load is (someone waits)."""
     registry = ConfluentRegistry.from_config(config.registry)
+    fetch: Fetch
     if registry is not None:
-        return registry.latest(config.confluent_subject).descriptors
-    # Through the Stencil fetcher: headers, timeout and refresh strategy as the running job uses them.
-    return StencilFetcher(config.input_schema.stencil_urls, config.registry).fetch(threading.Event())
+        confluent, subject = registry, config.confluent_subject
+        fetch = lambda: confluent.latest(subject).descriptors  # noqa: E731
+    else:
+        # Through the Stencil fetcher: headers, timeout and refresh strategy as the running job uses them.
+        fetch = StencilFetcher(config.input_schema.stencil_urls, config.registry).fetch
+    return fetch_retrying(fetch, config.registry.quick_backoff(), "loading the descriptors")
 
 
 def descriptor_cache(config: Config) -> DescriptorCache:

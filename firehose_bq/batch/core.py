@@ -22,6 +22,7 @@ from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from firehose_bq.batch.rows import RowBuilder, Rows, Writable, insert_ids
 from firehose_bq.bigquery.writers import RowWriter
@@ -29,6 +30,7 @@ from firehose_bq.decode import make_value_decoder
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.dlq.writers import dead_letter
 from firehose_bq.errors import DeadLetterError, ErrorType, FirehoseError, MessageError, RowError, SinkError, cause_of
+from firehose_bq.logs import log_context
 from firehose_bq.metrics import BatchStats
 from firehose_bq.policy import DLQ, FAILED, FALLBACK, RETRIED, ErrorHandling, write_with_policy
 from firehose_bq.routing import Destination
@@ -123,6 +125,10 @@ class _Task:
 
     def process(self, source: pa.RecordBatch) -> bool:
         """Decode, write and settle one source batch; False when the task must hold (unknown fields)."""
+        with log_context(**_kafka_fields(source)):
+            return self._process(source)
+
+    def _process(self, source: pa.RecordBatch) -> bool:
         load_time_us = time.time_ns() // 1000
         if self.spec.router is None:
             groups: list[tuple[Destination | None, np.ndarray | None]] = [(None, None)]
@@ -180,9 +186,13 @@ class _Task:
         stats, handling = self.result.stats, self.handling
         pending, refused = self.plan.shape(_without_unknown(rows, handling, stats), part, insert_ids(part))
         failures = sorted(rows.failures + refused + _unknown_errors(rows, handling), key=lambda f: f.index)
-        done = write_with_policy(handling, pending, failures,
-                                 (lambda: _Timed(self._writer(destination), stats)) if self.spec.write else None)
         table = destination.name if destination is not None else ""
+        # A routed destination names its table (dataset.table); a job with one table has it on every line
+        # already, as project.dataset.table (the driver's process fields, shipped with the task).
+        routed = self.spec.router is not None and not self.spec.router.is_static
+        with log_context(**({"table": table} if routed else {})):
+            done = write_with_policy(handling, pending, failures,
+                                     (lambda: _Timed(self._writer(destination), stats)) if self.spec.write else None)
         _count(stats, table, part.num_rows, done.written, done.retried, part, done.dead, done.failed)
         self.letters.extend(_letter(part, f, table) for f in done.dead)
 
@@ -252,6 +262,18 @@ def process_batch(sources: Iterable[pa.RecordBatch], spec: SinkSpec, plan: TaskP
     finally:
         task.close()
     return task.result
+
+
+def _kafka_fields(source: pa.RecordBatch) -> dict[str, object]:
+    """The topic and partition of a source batch's records, for its log lines, when they share them (a
+    task reads one Kafka partition; a replayed batch of dead letters may mix them)."""
+    fields: dict[str, object] = {}
+    for name in ("topic", "partition"):
+        if name in source.schema.names and source.num_rows:
+            values = pc.unique(source[name])
+            if len(values) == 1 and values[0].is_valid:
+                fields[name] = values[0].as_py()
+    return fields
 
 
 def _without_unknown(rows: Rows, handling: ErrorHandling, stats: BatchStats) -> Rows:

@@ -7,6 +7,7 @@ from typing import Any
 
 import grpc
 from google.api_core import exceptions as api_exceptions
+from google.auth import exceptions as auth_exceptions
 from requests import exceptions as http_exceptions
 
 from firehose_bq.errors import ErrorType
@@ -76,7 +77,7 @@ def classify_exception(exc: BaseException) -> ErrorType:
         if code >= 500:
             return ErrorType.SINK_5XX_ERROR
     if isinstance(exc, (api_exceptions.RetryError, http_exceptions.ConnectionError, http_exceptions.Timeout,
-                        ConnectionError, TimeoutError)):
+                        ConnectionError, TimeoutError, auth_exceptions.TransportError)):
         return ErrorType.SINK_RETRYABLE_ERROR
     return ErrorType.SINK_UNKNOWN_ERROR
 

@@ -31,13 +31,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from google.api_core.exceptions import GoogleAPIError
 from google.cloud import bigquery
 from google.cloud.bigquery import SchemaField
-from requests import exceptions as http_exceptions
 
 from firehose_bq.arrow_schema import UnsupportedColumnError, arrow_field
 from firehose_bq.bigquery.classify import classify_exception
+from firehose_bq.bigquery.client import REQUEST_ERRORS
 from firehose_bq.errors import ErrorType, RowError, SinkError
 
 # BigQuery's TIMESTAMP and DATE range, 0001-01-01 .. 9999-12-31, in microseconds and days since the epoch.
@@ -82,18 +81,21 @@ def read_schema(client: bigquery.Client, table_ref: str, call: Mapping[str, Any]
     """The live table's columns; SinkError (classified) when the table cannot be read."""
     try:
         return list(client.get_table(table_ref, **call).schema)
-    except (GoogleAPIError, http_exceptions.RequestException, ConnectionError, TimeoutError) as exc:
+    except REQUEST_ERRORS as exc:
         raise SinkError(classify_exception(exc), f"reading the schema of {table_ref} failed: {exc}") from exc
 
 
 class LiveTable:
     """The table's schema as one writer knows it: read for its first batch, and read once more for a batch
-    that holds values in a column it lacks (the driver may have added that column since)."""
+    that holds values in a column it lacks (the driver may have added that column since).
+
+    The read is part of the writer's write, which the error policy retries: it is made once, whatever
+    retry `call` carries (retries here would multiply the policy's)."""
 
     def __init__(self, client: bigquery.Client, table_ref: str, call: Mapping[str, Any]) -> None:
         self._client = client
         self.table_ref = table_ref
-        self._call = call
+        self._call = {**call, "retry": None}
         self._schema: list[SchemaField] | None = None
 
     def fit(self, rows: pa.RecordBatch) -> Fitted:

@@ -22,7 +22,9 @@ value), typed (TIMESTAMP, DATE, BYTES and NUMERIC need no text forms), and a fra
 Replays are idempotent: the job id is derived from the table, the checkpoint, the batch id and the Kafka
 offsets the files hold (never from the file bytes or names: `load_time` and the names differ in every
 attempt). A batch replayed after a crash between "load done" and "offsets committed" finds its job done
-and loads nothing.
+and loads nothing. The same makes a failed load safe to retry: the driver's retry (the error policy's
+retry types, RETRY_* within SINK_BIGQUERY_RETRY_DEADLINE_MS) looks the job up again, waits for it if it
+runs, and starts the next one only when it failed; the client's own retries are off inside it.
 """
 
 from __future__ import annotations
@@ -47,14 +49,15 @@ import pyarrow.parquet as pq
 from google.api_core import exceptions as api_exceptions
 from google.auth import exceptions as auth_exceptions
 from google.cloud import bigquery
-from requests import exceptions as http_exceptions
 
 from firehose_bq.bigquery.classify import REASON_TYPES, classify_exception, classify_row_errors, describe_row_errors
-from firehose_bq.bigquery.client import call_options
+from firehose_bq.bigquery.client import REQUEST_ERRORS, attempt_options, call_options
 from firehose_bq.bigquery.conform import LiveTable
 from firehose_bq.blobstore import GCS_SCHEME, BlobStore, GcsOptions, open_blob_store
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.errors import ErrorType, RowError, SinkError
+from firehose_bq.policy import ErrorHandling, gave_up
+from firehose_bq.retrying import retry_call
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +69,14 @@ _JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 MAX_JOB_ATTEMPTS = 20
 # Load-job errors kept in the SinkError's text; BigQuery returns up to ~100 per job.
 ERRORS_SHOWN = 5
+# Polling a running load job: soon at first (small loads take about a second), then less often.
+FIRST_POLL_S, MAX_POLL_S = 0.2, 5.0
 DEFAULT_STAGING_DIR = "staging"
 # A load job takes at most 10,000 source URIs; a batch stages one object per task and table (more only
 # when the table changes during the task).
 MAX_SOURCE_URIS = 10_000
 # What failing to reach the staging area raises: Cloud Storage (API, HTTP, credentials) or a local disk.
-STORE_ERRORS = (api_exceptions.GoogleAPIError, http_exceptions.RequestException, auth_exceptions.GoogleAuthError,
-                OSError)
+STORE_ERRORS = (*REQUEST_ERRORS, auth_exceptions.GoogleAuthError, OSError)
 # insertId = topic_partition_offset (a topic name may hold `_`, the numbers cannot).
 _COORDINATES = r"^(?P<topic>.*)_(?P<partition>-?[0-9]+)_(?P<offset>-?[0-9]+)$"
 
@@ -346,23 +350,36 @@ class LoadOutcome:
 
 
 class FileLoader:
-    """Driver side: one load job over the objects every task of a micro-batch staged in `store`."""
+    """Driver side: one load job over the objects every task of a micro-batch staged in `store`.
 
-    def __init__(self, client: bigquery.Client, cfg: BigQueryConfig, store: BlobStore, checkpoint: str) -> None:
+    `handling`: whose retry types and schedule a failed load follows (default: the policy's defaults
+    within cfg's SINK_BIGQUERY_RETRY_DEADLINE_MS)."""
+
+    def __init__(self, client: bigquery.Client, cfg: BigQueryConfig, store: BlobStore, checkpoint: str,
+                 handling: ErrorHandling | None = None, sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._client = client
         self._cfg = cfg
         self._store = store
         self._checkpoint = checkpoint
-        self._call = call_options(cfg)
+        self._handling = handling or ErrorHandling(retry_deadline_ms=cfg.retry_deadline_ms)
+        self._call = attempt_options(cfg)
+        self._sleep, self._clock = sleep, clock
 
     def load(self, batch_id: int, staged: Sequence[StagedFile]) -> LoadOutcome | None:
         """Load the batch's files into the table, or find that an earlier attempt did; raise SinkError on
-        failure. The files stay: the caller drops the batch's directory once all its tables are loaded."""
-        rows = sum(f.rows for f in staged)
-        if rows == 0:
+        failure (after the retries of a retryable one). The files stay: the caller drops the batch's
+        staging once all its tables are loaded."""
+        if sum(f.rows for f in staged) == 0:
             return None
+        return retry_call(lambda: self._load(batch_id, staged), self._handling.write_backoff(),
+                          retry_on=self._handling.retries, give_up=gave_up,
+                          what=f"batch {batch_id}: load into {self._cfg.table_ref}", sleep=self._sleep, clock=self._clock)
+
+    def _load(self, batch_id: int, staged: Sequence[StagedFile]) -> LoadOutcome:
+        rows = sum(f.rows for f in staged)
         base = load_job_id(self._cfg.table_ref, self._checkpoint, batch_id, staged)
-        started = time.monotonic()
+        started = self._clock()
         for attempt in range(MAX_JOB_ATTEMPTS):
             job_id = attempt_job_id(base, attempt)
             job = self._existing(job_id)
@@ -384,8 +401,7 @@ class FileLoader:
                          batch_id, job_id)
             else:
                 log.info("batch %d: load job %s loaded %d rows from %d file(s) into %s in %.2f s", batch_id, job_id,
-                         rows, len(staged), self._cfg.table_ref,
-                         time.monotonic() - started)
+                         rows, len(staged), self._cfg.table_ref, self._clock() - started)
             return LoadOutcome(job_id, rows, already)
         raise SinkError(ErrorType.SINK_UNKNOWN_ERROR,
                         f"batch {batch_id}: {MAX_JOB_ATTEMPTS} load jobs for it failed ({base}...); stopping")
@@ -395,7 +411,7 @@ class FileLoader:
             return self._client.get_job(job_id, **self._call)  # type: ignore[return-value]
         except api_exceptions.NotFound:
             return None
-        except (api_exceptions.GoogleAPIError, http_exceptions.RequestException, ConnectionError) as exc:
+        except REQUEST_ERRORS as exc:
             raise SinkError(classify_exception(exc), f"looking up load job {job_id} failed: {exc}") from exc
 
     def _start(self, batch_id: int, job_id: str, staged: Sequence[StagedFile]) -> bigquery.LoadJob | None:
@@ -441,9 +457,10 @@ class FileLoader:
                      rows, source.stat().st_size, len(uris))
             with open(source, "rb") as data:
                 # No `size`: the client then always takes the resumable upload, which the emulator and
-                # BigQuery both accept (a multipart upload under 5 MB fails on the emulator).
+                # BigQuery both accept (a multipart upload under 5 MB fails on the emulator). No retries
+                # of the upload's own (num_retries=0): a failed upload is a failed attempt of the load.
                 return self._begin(job_id, lambda: self._client.load_table_from_file(
-                    data, self._cfg.table_ref, job_id=job_id, job_config=load_job_config(),
+                    data, self._cfg.table_ref, job_id=job_id, job_config=load_job_config(), num_retries=0,
                     timeout=self._call["timeout"]))
 
     def _download(self, names: Sequence[str], scratch: Path) -> list[Path]:
@@ -464,26 +481,29 @@ class FileLoader:
             return start()
         except api_exceptions.Conflict:
             return None
-        except (api_exceptions.GoogleAPIError, http_exceptions.RequestException, ConnectionError,
-                TimeoutError) as exc:
+        except REQUEST_ERRORS as exc:
             raise SinkError(classify_exception(exc), f"load job {job_id} into {self._cfg.table_ref} could not "
                             f"be started: {exc}") from exc
 
     def _wait(self, job: bigquery.LoadJob) -> None:
+        """Poll until the job is done (its outcome is then in `error_result`), each poll one request
+        with the read timeout: not `job.result()`, whose polls wait up to 128 s each whatever the
+        settings say. A poll that fails leaves the job's outcome unknown: SinkError, and the retry (or
+        the batch's replay) looks the same job id up again instead of loading the rows a second time."""
         timeout = self._cfg.file_loads_job_timeout_ms / 1000
-        try:
-            job.result(timeout=timeout, retry=self._call["retry"])
-        except api_exceptions.GoogleAPICallError as exc:
-            if job.error_result:
-                return  # the job finished with an error: the caller reports the job's own errors
-            # Polling the job failed (after the client's retries): its outcome is unknown.
-            raise SinkError(classify_exception(exc), f"waiting for load job {job.job_id} failed: {exc}") from exc
-        except (TimeoutError, http_exceptions.RequestException, ConnectionError,
-                api_exceptions.RetryError) as exc:
-            # concurrent.futures.TimeoutError is TimeoutError: the job may still be running; the replay
-            # of this batch looks the same job id up again instead of loading the rows a second time.
-            raise SinkError(ErrorType.SINK_RETRYABLE_ERROR, f"load job {job.job_id} did not finish within "
-                            f"{timeout:.0f} s: {exc or type(exc).__name__}") from exc
+        deadline = self._clock() + timeout
+        interval = FIRST_POLL_S
+        while True:
+            try:
+                if job.done(retry=None, timeout=self._call["timeout"]):
+                    return
+            except REQUEST_ERRORS as exc:
+                raise SinkError(classify_exception(exc), f"waiting for load job {job.job_id} failed: {exc}") from exc
+            if self._clock() >= deadline:
+                raise SinkError(ErrorType.SINK_RETRYABLE_ERROR, f"load job {job.job_id} did not finish within "
+                                f"{timeout:.0f} s")
+            self._sleep(min(interval, max(0.0, deadline - self._clock())))
+            interval = min(interval * 1.5, MAX_POLL_S)
 
     def _failure(self, job: bigquery.LoadJob) -> SinkError:
         result = job.error_result or {}

@@ -3,8 +3,8 @@
 Rows become BigQuery's JSON text column by column (`json_rows.py`) and go out in requests kept under
 BigQuery's limits, each row with its insertId. Per-row rejections come back as RowErrors; valid rows
 that BigQuery only *stopped* because another row of the request was bad are sent again without the bad
-ones, so one bad message never takes good ones down with it. A request that fails as a whole (after the
-client's own retries) raises SinkError.
+ones, so one bad message never takes good ones down with it. A request that fails as a whole raises
+PartialWriteError naming the rows not sent yet; the client does not retry it: the error policy does.
 
 BigQuery judges each row itself (unknown fields, REQUIRED, types), so no table is read here; only values
 no BigQuery column can hold (a TIMESTAMP past 9999) fail before sending, as they do on the other paths.
@@ -19,9 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from google.api_core.exceptions import GoogleAPIError
 from google.cloud import bigquery
-from requests import exceptions as http_exceptions
 
 from firehose_bq.bigquery.classify import (
     classify_exception,
@@ -29,11 +27,11 @@ from firehose_bq.bigquery.classify import (
     describe_row_errors,
     is_only_stopped,
 )
-from firehose_bq.bigquery.client import call_options
+from firehose_bq.bigquery.client import REQUEST_ERRORS, attempt_options
 from firehose_bq.bigquery.conform import fit
 from firehose_bq.bigquery.json_rows import json_string, row_texts
 from firehose_bq.config import BigQueryConfig
-from firehose_bq.errors import ErrorType, RowError, SinkError
+from firehose_bq.errors import ErrorType, PartialWriteError, RowError, SinkError
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +51,7 @@ class InsertAllWriter:
         self._path = f"{bigquery.TableReference.from_string(cfg.table_ref).path}/insertAll"
         self._batch_size = cfg.insert_all_batch_size
         self._use_ids = cfg.row_insert_id_enable
-        self._call = call_options(cfg)
+        self._call = attempt_options(cfg)
 
     def close(self) -> None:
         self._client.close()
@@ -72,8 +70,15 @@ class InsertAllWriter:
                 failures.append(RowError(int(checked.positions[i]), ErrorType.PAYLOAD_TOO_LARGE,
                                            f"row is {sizes[i] - 1} bytes of JSON; an insertAll request takes at "
                                            f"most {MAX_REQUEST_BYTES}"))
-            for chunk in self._chunks(sizes, too_large):
-                failures.extend(self._send([int(checked.positions[i]) for i in chunk], [texts[i] for i in chunk]))
+            chunks = list(self._chunks(sizes, too_large))
+            for n, chunk in enumerate(chunks):
+                try:
+                    failures.extend(self._send([int(checked.positions[i]) for i in chunk], [texts[i] for i in chunk]))
+                except SinkError as exc:
+                    # The requests before this one are in: a retry sends this one and the rest.
+                    unsent = tuple(int(checked.positions[i]) for later in chunks[n:] for i in later)
+                    raise PartialWriteError(exc.error_type, exc.message, unsent,
+                                            tuple(sorted(failures, key=lambda f: f.index))) from exc
         failures.sort(key=lambda f: f.index)
         return failures
 
@@ -120,15 +125,14 @@ class InsertAllWriter:
         try:
             # The rows are JSON text already: Client.insert_rows_json would take them as dicts and encode
             # them again (to_pylist + json.dumps cost 3-5x what building the text does). _call_api is the
-            # call insert_rows_json itself makes, with the same retry and timeout; a str or bytes body is
+            # call insert_rows_json itself makes (here with no retry of its own); a str or bytes body is
             # sent as it is.
             response = self._client._call_api(  # noqa: SLF001
                 self._call["retry"], span_name="BigQuery.insertRowsJson", span_attributes={"path": self._path},
                 method="POST", path=self._path, data=body, content_type="application/json",
                 timeout=self._call["timeout"],
             )
-        # GoogleAPIError covers HTTP errors and RetryError (the client's retry deadline ran out).
-        except (GoogleAPIError, http_exceptions.RequestException, ConnectionError, TimeoutError) as exc:
+        except REQUEST_ERRORS as exc:
             raise SinkError(classify_exception(exc), f"insertAll into {self._table} failed: {exc}") from exc
         return [{"index": int(e["index"]), "errors": e.get("errors", [])} for e in response.get("insertErrors", ())]
 

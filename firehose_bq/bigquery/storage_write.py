@@ -11,15 +11,14 @@ type this sink produces has a documented Arrow form.
 Requests are kept under the 10 MB AppendRows limit by splitting the batch by rows on its serialized
 size; a single row over it is PAYLOAD_TOO_LARGE. BigQuery rejects a request as a whole when any of its
 rows is bad and names those rows in `row_errors`: the named rows become RowErrors and the rest of the
-request is sent again. A request that fails for another reason is retried while the failure is transient
-(until SINK_BIGQUERY_RETRY_DEADLINE_MS), else it raises SinkError classified like any BigQuery failure.
+request is sent again. A request that fails for another reason ends the write with a PartialWriteError,
+classified like any BigQuery failure, naming the rows not appended: the error policy retries those (and
+only those: the default stream has no insertIds, so rows appended twice would stay twice).
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,10 +30,10 @@ from google.cloud import bigquery
 from google.cloud.bigquery_storage_v1 import BigQueryWriteClient, types
 
 from firehose_bq.bigquery.classify import classify_exception
-from firehose_bq.bigquery.client import call_options, credentials
+from firehose_bq.bigquery.client import attempt_options, credentials
 from firehose_bq.bigquery.conform import LiveTable
 from firehose_bq.config import BigQueryConfig
-from firehose_bq.errors import ErrorType, RowError, SinkError
+from firehose_bq.errors import ErrorType, PartialWriteError, RowError
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +43,6 @@ MAX_REQUEST_BYTES = 9 * 1024 * 1024
 # As insertAll's stopped rows: one round re-sends the good rows of a rejected request; more rounds
 # only guard against a backend that keeps rejecting them.
 ROW_ERROR_RESEND_ROUNDS = 3
-# Back-off between attempts after a transient failure (quota, unavailable), doubling up to the cap.
-FIRST_BACKOFF_S = 0.5
-MAX_BACKOFF_S = 10.0
-# Transient failures worth another attempt with the same rows.
-RETRYABLE = (api_exceptions.ServiceUnavailable, api_exceptions.TooManyRequests, api_exceptions.Aborted,
-             api_exceptions.DeadlineExceeded, api_exceptions.InternalServerError)
 
 
 @dataclass
@@ -89,17 +82,13 @@ def make_write_client(cfg: BigQueryConfig) -> BigQueryWriteClient:
 class StorageWriteWriter:
     """RowWriter into the table's default stream; one per Spark task, closed when the task ends."""
 
-    def __init__(self, client: bigquery.Client, write_client: BigQueryWriteClient, cfg: BigQueryConfig,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, client: bigquery.Client, write_client: BigQueryWriteClient, cfg: BigQueryConfig) -> None:
         self._client = client
         self._write_client = write_client
         self._table = cfg.table_ref
         self._stream = f"projects/{cfg.project_id}/datasets/{cfg.dataset}/tables/{cfg.table}/streams/_default"
-        self._call = call_options(cfg)
         self._read_timeout_s = cfg.client_timeout_ms / 1000
-        self._retry_deadline_s = cfg.retry_deadline_ms / 1000
-        self._sleep = sleep
-        self._live = LiveTable(client, cfg.table_ref, self._call)
+        self._live = LiveTable(client, cfg.table_ref, attempt_options(cfg))
 
     def close(self) -> None:
         try:
@@ -115,28 +104,23 @@ class StorageWriteWriter:
         if fitted.rows.num_rows:
             chunks, too_large = _chunks(fitted.rows, fitted.positions)
             failures.extend(too_large)
-            failures.extend(self._append(chunks))
+            self._append(chunks, failures)
         failures.sort(key=lambda f: f.index)
         return failures
 
     # --- requests --------------------------------------------------------------------------------
 
-    def _append(self, queue: list[Chunk]) -> list[RowError]:
-        failures: list[RowError] = []
-        deadline = time.monotonic() + self._retry_deadline_s
-        backoff = FIRST_BACKOFF_S
+    def _append(self, queue: list[Chunk], failures: list[RowError]) -> None:
+        """Append every chunk, adding the rows BigQuery rejects to `failures`; PartialWriteError when a
+        request fails as a whole (the rows of the chunks not appended are its `unsent`)."""
         while queue:
             again: list[Chunk] = []
-            transient: Exception | None = None
+            failed: list[tuple[Chunk, Exception]] = []
             for chunk, outcome in zip(queue, self._send(queue), strict=True):
                 if outcome.appended:
                     continue
                 if outcome.failure is not None:
-                    if not isinstance(outcome.failure, RETRYABLE):
-                        raise SinkError(classify_exception(outcome.failure),
-                                        f"AppendRows into {self._table} failed: {outcome.failure}")
-                    transient = outcome.failure
-                    again.append(chunk)
+                    failed.append((chunk, outcome.failure))
                     continue
                 failures.extend(RowError(int(chunk.positions[i]), ErrorType.SINK_4XX_ERROR, text)
                                 for i, text in sorted(outcome.row_errors.items()) if i < len(chunk.positions))
@@ -151,16 +135,13 @@ class StorageWriteWriter:
                 log.info("re-sending %d row(s) of a request BigQuery rejected for %d other row(s)", len(rest),
                          len(outcome.row_errors))
                 again.append(_chunk(chunk.rows.take(pa.array(rest)), chunk.positions[rest], chunk.resends + 1))
-            if transient is not None:
-                if time.monotonic() + backoff > deadline:
-                    raise SinkError(classify_exception(transient), f"AppendRows into {self._table} kept failing "
-                                    f"for {self._retry_deadline_s:.0f} s: {transient}")
-                log.warning("AppendRows into %s: %s; retrying %d request(s) in %.1f s", self._table, transient,
-                            len(again), backoff)
-                self._sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+            if failed:
+                error = failed[0][1]
+                unsent = sorted(int(p) for chunk in [c for c, _ in failed] + again for p in chunk.positions)
+                raise PartialWriteError(classify_exception(error), f"AppendRows into {self._table} failed ({len(failed)} "
+                                        f"of {len(queue)} request(s)): {error}", tuple(unsent),
+                                        tuple(sorted(failures, key=lambda f: f.index)))
             queue = again
-        return failures
 
     def _send(self, chunks: list[Chunk]) -> list[Outcome]:
         """One AppendRows connection carrying `chunks`, one request each; an Outcome per chunk.

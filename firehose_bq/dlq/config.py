@@ -7,10 +7,13 @@ from dataclasses import dataclass
 
 from firehose_bq.blobstore import GcsOptions
 from firehose_bq.errors import ConfigError
+from firehose_bq.retrying import Backoff
 from firehose_bq.settings import setting
 
 KAFKA, BLOB, LOG = "KAFKA", "BLOB", "LOG"
 LOCAL, GCS = "LOCAL", "GCS"
+# The longest wait between two attempts of a DLQ write.
+MAX_BACKOFF_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -32,13 +35,21 @@ class DlqConfig:
     )
     retry_max_attempts: int = setting(
         "DLQ_RETRY_MAX_ATTEMPTS",
-        "Attempts of one DLQ write; when they run out the job stops and offsets are not committed.",
+        "Attempts of one DLQ write, within DLQ_RETRY_DEADLINE_MS of the first; when either runs out the job "
+        "stops and offsets are not committed.",
         10,
         minimum=1,
     )
     retry_backoff_ms: int = setting(
         "DLQ_RETRY_BACKOFF_MS", "Wait before the first retry of a DLQ write; doubles per retry, at most 30 s.",
         500, minimum=0,
+    )
+    retry_deadline_ms: int = setting(
+        "DLQ_RETRY_DEADLINE_MS",
+        "How long a failed DLQ write is retried, from its first attempt. Each attempt waits at most 40 s for "
+        "the DLQ (Kafka: 10 s to connect, 30 s to deliver; GCS: 30 s per object), so a dead DLQ holds a task "
+        "at most this plus 40 s (under 3 minutes with the defaults, whose attempts would wait 121.5 s).",
+        120_000, minimum=0,
     )
     kafka_brokers: str = setting(
         "DLQ_KAFKA_BROKERS", "Bootstrap servers of the DLQ topic; empty = SOURCE_KAFKA_BROKERS.", ""
@@ -79,6 +90,11 @@ class DlqConfig:
                                "DLQ_BLOB_STORAGE_TYPE=LOCAL"])
         if self.writer_type == BLOB and self.blob_storage_type == GCS and not self.gcs_bucket:
             raise ConfigError(["DLQ_GCS_BUCKET_NAME: required with DLQ_WRITER_TYPE=BLOB and DLQ_BLOB_STORAGE_TYPE=GCS"])
+
+    def backoff(self) -> Backoff:
+        """How a failed DLQ write is retried."""
+        return Backoff(self.retry_max_attempts, self.retry_backoff_ms / 1000, 2, MAX_BACKOFF_S,
+                       self.retry_deadline_ms / 1000)
 
     def blob_location(self) -> str:
         """Root of the BLOB writer's files: the local directory or `gs://bucket/prefix`."""

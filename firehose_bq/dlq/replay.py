@@ -23,6 +23,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
+from firehose_bq import logs
 from firehose_bq.batch.core import ATTEMPT_COLUMN, process_batch
 from firehose_bq.bigquery.file_loads import discard, staging_area
 from firehose_bq.config import Config
@@ -179,12 +180,13 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
             letters = list({_coords(x): x for x in read}.values())
             if len(letters) < len(read):
                 log.info("%d duplicate dead letter(s) in this batch replayed once", len(read) - len(letters))
-            results = [process_batch([letters_batch(letters)], spec, mode.task(number), handling)]
-            stats = batch_stats(results)
-            summary.stats.merge(stats)
-            if telemetry is not None:
-                telemetry.observe_replay(stats)
-            settle(mode, number, results, stats)
+            with logs.log_context(batch_id=number):
+                results = [process_batch([letters_batch(letters)], spec, mode.task(number), handling)]
+                stats = batch_stats(results)
+                summary.stats.merge(stats)
+                if telemetry is not None:
+                    telemetry.observe_replay(stats)
+                settle(mode, number, results, stats)
             commit()  # only now: every letter of the batch is in the table or the DLQ again
             bar.update(len(read))
     finally:

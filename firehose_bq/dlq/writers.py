@@ -3,6 +3,10 @@
 A writer runs inside the Spark task, after the batch's rows were written and before the task reports
 success: a DLQ write that keeps failing fails the task's batch, so its offsets are not committed and
 no message is in neither the table nor the DLQ.
+
+`dead_letter` is the only layer that retries (DLQ_RETRY_* through retrying.py); inside an attempt each
+writer waits a bounded time: the Kafka producer's own retries end with its delivery timeout, GCS calls
+make one request each (blobstore.GCS_REQUEST_TIMEOUT_S).
 """
 
 from __future__ import annotations
@@ -20,13 +24,16 @@ from firehose_bq.blobstore import BlobStore, open_blob_store
 from firehose_bq.dlq.config import BLOB, KAFKA, DlqConfig
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.errors import DeadLetterError
+from firehose_bq.retrying import retry_call
 
 log = logging.getLogger(__name__)
 
-MAX_BACKOFF_S = 30.0
 # kafka-python's default is 1 MB; a dead letter is the original record plus headers, so allow what a
 # broker commonly allows for a topic (messages over it fail the DLQ write, loudly).
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
+# One attempt of a Kafka DLQ write: so long to reach the broker, then so long for every letter to be
+# acknowledged (the producer's own retries included). A healthy broker needs milliseconds.
+CONNECT_TIMEOUT_S = 10.0
 SEND_TIMEOUT_S = 30.0
 
 
@@ -45,16 +52,20 @@ class KafkaDlqWriter:
 
         acks: int | str = cfg.kafka_acks if cfg.kafka_acks == "all" else int(cfg.kafka_acks)
         self._topic = cfg.kafka_topic
+        send_ms = int(SEND_TIMEOUT_S * 1000)
         self._producer = KafkaProducer(bootstrap_servers=cfg.kafka_brokers, acks=acks,
-                                       max_request_size=MAX_REQUEST_BYTES, retries=3)
+                                       max_request_size=MAX_REQUEST_BYTES, retries=3,
+                                       bootstrap_timeout_ms=int(CONNECT_TIMEOUT_S * 1000), max_block_ms=send_ms,
+                                       request_timeout_ms=send_ms, delivery_timeout_ms=send_ms)
 
     def write(self, letters: Sequence[DeadLetter]) -> None:
+        deadline = time.monotonic() + SEND_TIMEOUT_S
         futures = [self._producer.send(self._topic, key=letter.key, value=letter.value,
                                        headers=letter.kafka_headers(), timestamp_ms=letter.timestamp_ms)
                    for letter in letters]
-        self._producer.flush(SEND_TIMEOUT_S)
+        self._producer.flush(max(0.0, deadline - time.monotonic()))
         for future in futures:
-            future.get(timeout=SEND_TIMEOUT_S)  # raises the send's own error
+            future.get(timeout=max(0.001, deadline - time.monotonic()))  # raises the send's own error
 
     def close(self) -> None:
         self._producer.close(timeout=5)
@@ -92,7 +103,8 @@ class LogDlqWriter:
             e = letter.error
             log.warning("dead letter %s", json.dumps({
                 "error_type": e.error_type.value, "topic": e.topic, "partition": e.partition, "offset": e.offset,
-                "attempt": letter.attempt, "value_bytes": len(letter.value or b""), "error": e.message}))
+                "attempt": letter.attempt, "value_bytes": len(letter.value or b""), "error": e.message}),
+                extra={"error_type": e.error_type, "topic": e.topic, "partition": e.partition})
 
     def close(self) -> None:
         pass
@@ -107,28 +119,32 @@ def open_dlq_writer(cfg: DlqConfig) -> DlqWriter:
 
 
 def dead_letter(cfg: DlqConfig, letters: Sequence[DeadLetter], opener: Callable[[DlqConfig], DlqWriter] = open_dlq_writer,
-                sleep: Callable[[float], None] = time.sleep) -> None:
-    """Write `letters` with DLQ_RETRY_MAX_ATTEMPTS attempts; raise DeadLetterError when all failed."""
+                sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
+    """Write `letters`, retried per DLQ_RETRY_*; DeadLetterError when every attempt failed."""
     if not letters:
         return
-    wait = cfg.retry_backoff_ms / 1000
-    for attempt in range(1, cfg.retry_max_attempts + 1):
-        writer = None
+    first = letters[0].error
+
+    def attempt() -> None:
+        writer = opener(cfg)  # a new one per attempt: a producer or client may be what broke
         try:
-            writer = opener(cfg)
             writer.write(letters)
-            return
-        except Exception as exc:  # noqa: BLE001 - any failure of the DLQ is retried, then reported
-            if attempt == cfg.retry_max_attempts:
-                first = letters[0].error
-                raise DeadLetterError(
-                    f"{cfg.writer_type} dead-letter write of {len(letters)} message(s) (first "
-                    f"{first.topic}/{first.partition}@{first.offset}) failed {attempt} time(s): "
-                    f"{type(exc).__name__}: {exc}") from exc
-            log.warning("DLQ write attempt %d of %d failed (%s: %s); retrying in %.1f s", attempt,
-                        cfg.retry_max_attempts, type(exc).__name__, exc, wait)
-            sleep(wait)
-            wait = min(MAX_BACKOFF_S, max(wait * 2, 0.1))
         finally:
-            if writer is not None:
-                writer.close()
+            _close(writer)
+
+    def gave_up(error: BaseException, attempts: int, seconds: float) -> BaseException:
+        return DeadLetterError(
+            f"{cfg.writer_type} dead-letter write of {len(letters)} message(s) (first {first.topic}/"
+            f"{first.partition}@{first.offset}) failed {attempts} time(s) in {seconds:.1f} s: "
+            f"{type(error).__name__}: {error}")
+
+    # Any failure of the DLQ is retried, then reported: which ones could pass is the store's business.
+    retry_call(attempt, cfg.backoff(), retry_on=lambda e: isinstance(e, Exception), give_up=gave_up,
+               what=f"{cfg.writer_type} dead-letter write of {len(letters)} message(s)", sleep=sleep, clock=clock)
+
+
+def _close(writer: DlqWriter) -> None:
+    try:
+        writer.close()
+    except Exception as exc:  # noqa: BLE001 - the letters are stored or the write failed already: no retry for this
+        log.warning("closing the DLQ writer failed: %s: %s", type(exc).__name__, exc)

@@ -3,6 +3,10 @@
 `get()` only reads memory once the first load is done, so decoding never waits on a registry. A
 refresh that fails keeps the last good descriptors (a registry outage must not stop the job); only the
 first load has nothing to fall back on, so its failure is raised.
+
+The cache is the one layer that retries a registry that does not answer (the fetchers make one request
+per URL): a background refresh patiently (SCHEMA_REGISTRY_STENCIL_FETCH_RETRIES, minutes of backoff,
+cut short by `stop()`), the first load and on-demand refreshes quickly, since someone waits for them.
 """
 
 from __future__ import annotations
@@ -16,19 +20,25 @@ from dataclasses import dataclass
 
 from firehose_bq import redact
 from firehose_bq.descriptors import Descriptors
-from firehose_bq.errors import SchemaError
+from firehose_bq.errors import RegistryUnavailableError, SchemaError
 from firehose_bq.registry.config import RegistryConfig
 from firehose_bq.registry.confluent import ConfluentRegistry
 from firehose_bq.registry.stencil import StencilFetcher
+from firehose_bq.retrying import Backoff, retry_call
 
 log = logging.getLogger(__name__)
 
-QUICK_RETRIES = 1
-QUICK_BACKOFF_MS = 1000
-
-# Fetches the current descriptors; `stop` is set when the cache stops, to cut retry waits short.
-Fetch = Callable[[threading.Event], Descriptors]
+# Fetches the current descriptors, once: RegistryUnavailableError when another try may succeed.
+Fetch = Callable[[], Descriptors]
 Listener = Callable[[Descriptors], None]
+NO_RETRIES = Backoff(attempts=1, first_s=0)
+
+
+def fetch_retrying(fetch: Fetch, backoff: Backoff, what: str,
+                   sleep: Callable[[float], None] = time.sleep) -> Descriptors:
+    """`fetch()`, retried per `backoff` while the registry does not answer."""
+    return retry_call(fetch, backoff, retry_on=lambda e: isinstance(e, RegistryUnavailableError), what=what,
+                      sleep=sleep)
 
 
 @dataclass(frozen=True)
@@ -45,11 +55,11 @@ class DescriptorCache:
 
     def __init__(self, fetch: Fetch, *, source: str, refresh_interval_s: float | None,
                  min_on_demand_interval_s: float, clock: Callable[[], float] = time.monotonic,
-                 fetch_quick: Fetch | None = None) -> None:
-        """`fetch` serves the background refresh, which may retry patiently; `fetch_quick` (default:
-        `fetch`) serves the first load and on-demand refreshes, which someone is waiting for."""
+                 patient: Backoff = NO_RETRIES, quick: Backoff = NO_RETRIES, stop: threading.Event | None = None) -> None:
+        """`patient`: how the background refresh retries; `quick`: the first load and on-demand refreshes,
+        which someone is waiting for. `stop` (set by `stop()`) ends a retry's wait."""
         self._fetch = fetch
-        self._fetch_quick = fetch_quick or fetch
+        self._patient, self._quick = patient, quick
         self._source = source  # for messages: the URLs, never the headers
         self._interval = refresh_interval_s
         self._min_on_demand = min_on_demand_interval_s
@@ -60,35 +70,30 @@ class DescriptorCache:
         self._stats = CacheStats()
         self._listeners: list[Listener] = []
         self._last_on_demand: float | None = None
-        self._stop = threading.Event()
+        self._stop = stop or threading.Event()
         self._thread: threading.Thread | None = None
 
     @classmethod
     def for_stencil(cls, urls: Sequence[str], config: RegistryConfig) -> DescriptorCache:
         fetcher = StencilFetcher(urls, config)
-        # A start or a held batch waits for this one: one quick retry, not minutes of backoff.
-        quick = StencilFetcher(urls, dataclasses.replace(
-            config, fetch_retries=min(config.fetch_retries, QUICK_RETRIES),
-            fetch_backoff_min_ms=min(config.fetch_backoff_min_ms, QUICK_BACKOFF_MS)))
-        return cls._configured(fetcher.fetch, ", ".join(redact.url(u) for u in fetcher.urls), config, quick.fetch)
+        return cls._configured(fetcher.fetch, ", ".join(redact.url(u) for u in fetcher.urls), config)
 
     @classmethod
     def for_confluent(cls, registry: ConfluentRegistry, subject: str, config: RegistryConfig) -> DescriptorCache:
         """The subject's latest schema, refreshed like Stencil URLs are (a new version = new descriptors)."""
-        return cls._configured(lambda stop: registry.latest(subject).descriptors,
+        return cls._configured(lambda: registry.latest(subject).descriptors,
                                f"{redact.url(registry.url)} subject {subject}", config)
 
     @classmethod
-    def _configured(cls, fetch: Fetch, source: str, config: RegistryConfig,
-                    fetch_quick: Fetch | None = None) -> DescriptorCache:
-        return cls(fetch, source=source, fetch_quick=fetch_quick,
+    def _configured(cls, fetch: Fetch, source: str, config: RegistryConfig) -> DescriptorCache:
+        return cls(fetch, source=source, patient=config.backoff(), quick=config.quick_backoff(),
                    refresh_interval_s=config.cache_ttl_ms / 1000 if config.cache_auto_refresh else None,
                    min_on_demand_interval_s=config.unknown_fields_refresh_min_interval_ms / 1000)
 
     def start(self) -> DescriptorCache:
         """Load the descriptors (SchemaError if that fails) and start the background refresh, if any."""
         if self._current is None:
-            self._refresh("first load", self._fetch_quick)
+            self._refresh("first load", self._quick)
         with self._lock:
             if self._interval is not None and self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="descriptor-refresh", daemon=True)
@@ -132,7 +137,7 @@ class DescriptorCache:
                 return False
             self._last_on_demand = now
         # A refresh already running answers the same question: do not queue behind its retries.
-        return self._refresh(f"on demand: {reason}", self._fetch_quick, wait=False)
+        return self._refresh(f"on demand: {reason}", self._quick, wait=False)
 
     def stats(self) -> CacheStats:
         with self._lock:
@@ -141,15 +146,16 @@ class DescriptorCache:
     def _run(self) -> None:
         assert self._interval is not None
         while not self._stop.wait(self._interval):
-            self._refresh("scheduled", self._fetch)
+            self._refresh("scheduled", self._patient)
 
-    def _refresh(self, reason: str, fetch: Fetch, wait: bool = True) -> bool:
+    def _refresh(self, reason: str, backoff: Backoff, wait: bool = True) -> bool:
         if not self._fetching.acquire(blocking=wait):
             log.debug("descriptor refresh (%s) skipped: another one is running", reason)
             return False
         try:
             try:
-                loaded = fetch(self._stop)
+                loaded = fetch_retrying(self._fetch, backoff, f"descriptor refresh ({reason}) from {self._source}",
+                                        self._wait_unless_stopped)
             except Exception as exc:  # whatever broke, the last good descriptors stay in use
                 return self._failed(reason, exc)
             with self._lock:
@@ -171,6 +177,10 @@ class DescriptorCache:
             return changed
         finally:
             self._fetching.release()
+
+    def _wait_unless_stopped(self, seconds: float) -> None:
+        if self._stop.wait(seconds):
+            raise SchemaError(f"descriptor refresh from {self._source}: stopped while waiting to retry")
 
     def _failed(self, reason: str, exc: Exception) -> bool:
         with self._lock:

@@ -5,11 +5,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from firehose_bq.settings import setting
 from firehose_bq.errors import ConfigError
+from firehose_bq.retrying import Backoff
+from firehose_bq.settings import setting
 
 LONG_POLLING = "LONG_POLLING"
 VERSION_BASED_REFRESH = "VERSION_BASED_REFRESH"
+
+# A fetch someone waits for (the start, a batch held for its unknown fields) retries once after a second,
+# not for the minutes a background refresh may take.
+QUICK_RETRIES = 1
+QUICK_BACKOFF_MS = 1000
 
 # RFC 9110 token characters: anything else in a header name is a typo or a value pasted in its place.
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -48,16 +54,18 @@ class RegistryConfig:
     )
     fetch_retries: int = setting(
         "SCHEMA_REGISTRY_STENCIL_FETCH_RETRIES",
-        "Retries of a Stencil download after a connection error, timeout, HTTP 429 or 5xx; other HTTP "
-        "errors fail at once.",
+        "Retries of a background descriptor refresh (Stencil URLs or the Confluent registry) after a "
+        "connection error, timeout, HTTP 429 or 5xx; other HTTP errors fail at once. The job keeps running on "
+        "the last good descriptors meanwhile. The first load and a refresh a batch waits for retry at most "
+        "once, after at most 1 s: a dead registry stops the start within 2 fetch timeouts and 1 s.",
         4,
         minimum=0,
         maximum=10,
     )
     fetch_backoff_min_ms: int = setting(
         "SCHEMA_REGISTRY_STENCIL_FETCH_BACKOFF_MIN_MS",
-        "Wait before the first retry of a Stencil download; it doubles with each further retry (so the "
-        "defaults wait 1, 2, 4 and 8 minutes before a download fails).",
+        "Wait before the first retry of a background descriptor refresh; it doubles with each further retry "
+        "(so the defaults wait 1, 2, 4 and 8 minutes before the refresh fails).",
         60_000,
         minimum=0,
     )
@@ -124,6 +132,14 @@ class RegistryConfig:
             raise ConfigError([f"SCHEMA_REGISTRY_STENCIL_FETCH_HEADERS: {exc}"]) from None
         if self.confluent_basic_auth is not None and ":" not in self.confluent_basic_auth.reveal():
             raise ConfigError(["SCHEMA_REGISTRY_CONFLUENT_BASIC_AUTH_USER_INFO: expected `user:password`"])
+
+    def backoff(self) -> Backoff:
+        """How a background refresh retries a registry that does not answer."""
+        return Backoff(self.fetch_retries + 1, self.fetch_backoff_min_ms / 1000)
+
+    def quick_backoff(self) -> Backoff:
+        """How a fetch someone waits for retries: once, soon."""
+        return Backoff(min(self.fetch_retries, QUICK_RETRIES) + 1, min(self.fetch_backoff_min_ms, QUICK_BACKOFF_MS) / 1000)
 
     def stencil_headers(self) -> dict[str, str]:
         return parse_headers(self.fetch_headers.reveal()) if self.fetch_headers else {}

@@ -194,7 +194,7 @@ class ConfluentRegistry:
         try:
             body = json.loads(self._get(self.url + path, headers, self._timeout_s))
         except OSError as exc:
-            raise SchemaError(f"cannot fetch {what} from the Confluent registry at {self._shown}: {exc}") from exc
+            raise transport.failure(f"cannot fetch {what} from the Confluent registry at {self._shown}", exc) from exc
         except ValueError as exc:
             raise SchemaError(f"{what}: {self._shown}{path} did not answer JSON: {exc}") from exc
         if not isinstance(body, dict) or not isinstance(body.get("schema"), str):

@@ -8,7 +8,6 @@ when the newest version differs from the one already held.
 from __future__ import annotations
 
 import json
-import threading
 import urllib.parse
 from collections.abc import Sequence
 
@@ -22,7 +21,8 @@ from firehose_bq.registry.config import VERSION_BASED_REFRESH, RegistryConfig
 
 
 class StencilFetcher:
-    """Fetches the sets behind SCHEMA_REGISTRY_STENCIL_URLS. Remembers versions: one caller at a time."""
+    """Fetches the sets behind SCHEMA_REGISTRY_STENCIL_URLS, one request per URL (the descriptor cache
+    retries a fetch). Remembers versions: one caller at a time."""
 
     def __init__(self, urls: Sequence[str], config: RegistryConfig, get: transport.Get = transport.get) -> None:
         if not urls:
@@ -33,21 +33,22 @@ class StencilFetcher:
         self._get = get
         self._versions: dict[str, tuple[int, bytes]] = {}  # url → (newest version, its set)
 
-    def fetch(self, stop: threading.Event) -> Descriptors:
-        """All sets, merged; SchemaError naming the URL when one cannot be fetched or does not fit."""
-        result = Descriptors(tuple(self._fetch_one(url, stop) for url in self.urls), self.urls)
+    def fetch(self) -> Descriptors:
+        """All sets, merged; SchemaError naming the URL when one cannot be fetched (RegistryUnavailableError
+        when worth retrying) or does not fit."""
+        result = Descriptors(tuple(self._fetch_one(url) for url in self.urls), self.urls)
         result.pool()  # a set with a missing import fails here, not in a Spark worker later
         return result
 
-    def _fetch_one(self, url: str, stop: threading.Event) -> bytes:
+    def _fetch_one(self, url: str) -> bytes:
         if urllib.parse.urlparse(url).scheme not in ("http", "https"):
             return descriptors._fetch(url)  # local: cheap enough to re-read on every refresh
         if self._config.refresh_strategy == VERSION_BASED_REFRESH:
-            return self._fetch_versioned(url.rstrip("/"), stop)
-        return _checked(url, self._download(url, stop))
+            return self._fetch_versioned(url.rstrip("/"))
+        return _checked(url, self._download(url))
 
-    def _fetch_versioned(self, url: str, stop: threading.Event) -> bytes:
-        listing = self._download(f"{url}/versions", stop)
+    def _fetch_versioned(self, url: str) -> bytes:
+        listing = self._download(f"{url}/versions")
         try:
             versions = json.loads(listing)["versions"]
             newest = max(int(v) for v in versions)
@@ -56,20 +57,15 @@ class StencilFetcher:
         held = self._versions.get(url)
         if held and held[0] == newest:
             return held[1]
-        blob = _checked(url, self._download(f"{url}/versions/{newest}", stop))
+        blob = _checked(url, self._download(f"{url}/versions/{newest}"))
         self._versions[url] = (newest, blob)
         return blob
 
-    def _download(self, url: str, stop: threading.Event) -> bytes:
-        cfg = self._config
+    def _download(self, url: str) -> bytes:
         try:
-            return transport.with_retries(
-                lambda: self._get(url, self._headers, cfg.fetch_timeout_ms / 1000),
-                retries=cfg.fetch_retries, backoff_s=cfg.fetch_backoff_min_ms / 1000, stop=stop,
-                what=f"GET {redact.url(url)}",
-            )
+            return self._get(url, self._headers, self._config.fetch_timeout_ms / 1000)
         except OSError as exc:
-            raise SchemaError(f"cannot fetch descriptors from {redact.url(url)}: {exc}") from exc
+            raise transport.failure(f"cannot fetch descriptors from {redact.url(url)}", exc) from exc
 
 
 def _checked(url: str, data: bytes) -> bytes:

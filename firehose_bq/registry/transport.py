@@ -1,21 +1,16 @@
-"""HTTP GET for the registries: secret headers that do not follow redirects, and retries with backoff."""
+"""HTTP GET for the registries: secret headers that do not follow redirects, and which failures are worth
+retrying (the retrying itself is the descriptor cache's)."""
 
 from __future__ import annotations
 
 import base64
-import logging
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from typing import TypeVar
 
-from firehose_bq.errors import SchemaError
+from firehose_bq.errors import RegistryUnavailableError, SchemaError
 
-log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 # (url, headers, timeout in seconds) → body; tests swap in a fake.
 Get = Callable[[str, Mapping[str, str], float], bytes]
 
@@ -50,18 +45,7 @@ def is_transient(exc: OSError) -> bool:
     return True
 
 
-def with_retries(call: Callable[[], T], *, retries: int, backoff_s: float, stop: threading.Event,
-                 what: str) -> T:
-    """Run `call`, retrying transient OSErrors after backoff_s, 2×backoff_s, ...; `stop` cuts a wait short."""
-    attempt = 0
-    while True:
-        try:
-            return call()
-        except OSError as exc:
-            if attempt == retries or not is_transient(exc):
-                raise
-            delay = backoff_s * 2**attempt
-            attempt += 1
-            log.info("%s failed (%s); retry %d of %d in %.3gs", what, exc, attempt, retries, delay)
-            if stop.wait(delay):
-                raise SchemaError(f"{what}: stopped while waiting to retry after: {exc}") from exc
+def failure(what: str, exc: OSError) -> SchemaError:
+    """A failed GET as the error to raise: RegistryUnavailableError when the registry may answer next time."""
+    kind = RegistryUnavailableError if is_transient(exc) else SchemaError
+    return kind(f"{what}: {exc}")

@@ -25,21 +25,26 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from google.api_core.exceptions import GoogleAPIError
 from google.cloud import bigquery
 
-from firehose_bq.bigquery.client import call_options, make_client
+from firehose_bq.bigquery.classify import classify_exception
+from firehose_bq.bigquery.client import REQUEST_ERRORS, attempt_options, call_options, make_client
 from firehose_bq.bigquery.tables import ensure_dataset, ensure_table
 from firehose_bq.config import Config
 from firehose_bq.descriptors import Descriptors
-from firehose_bq.errors import FirehoseError, SchemaEvolutionError
+from firehose_bq.errors import FirehoseError, SchemaEvolutionError, SinkError
+from firehose_bq.policy import ErrorHandling, gave_up
+from firehose_bq.retrying import retry_call
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec, plan_table, spec_of
 from firehose_bq.upsert import tables
 from firehose_bq.upsert.sql import MergePlan, TableRef, key_leaves
 from firehose_bq.upsert.writer import ChangelogTask
 
 log = logging.getLogger(__name__)
+
 
 class MergeFlushError(FirehoseError):
     """A merge flush failed: the micro-batch is not committed and will be replayed."""
@@ -105,10 +110,13 @@ class UpsertSinkSchema(SinkSchema):
 
 
 class UpsertSession:
-    """One run's upsert/delete state on the driver."""
+    """One run's upsert/delete state on the driver. `handling`: whose retry types and schedule a failed
+    MERGE follows (default: the job's policy within SINK_BIGQUERY_RETRY_DEADLINE_MS)."""
 
-    def __init__(self, config: Config, descriptor_source: DescriptorSource | None = None) -> None:
+    def __init__(self, config: Config, descriptor_source: DescriptorSource | None = None,
+                 handling: ErrorHandling | None = None) -> None:
         self.config = config
+        self._handling = handling or ErrorHandling(config.errors, retry_deadline_ms=config.bigquery.retry_deadline_ms)
         self.schema = UpsertSinkSchema(config, descriptor_source)
         self.merges = 0
         self.merge_seconds = 0.0
@@ -129,16 +137,27 @@ class UpsertSession:
                              self.config.upsert.delete_enabled)
 
     def flush(self, batch_id: int) -> None:
-        """Merge the batch's rows into the destination, then clear them from the intermediate table."""
+        """Merge the batch's rows into the destination, then clear them from the intermediate table.
+
+        A MERGE that fails is retried like a write (merging the same rows again gives the same state);
+        the client's own retries, and its job retries of up to 40 minutes, are off inside it."""
         plan = self.schema.merge_plan
         assert plan is not None, "the schema is planned before the first batch"
         started = time.monotonic()
-        call = call_options(self.config.bigquery)
+        call = attempt_options(self.config.bigquery)
         with make_client(self.config.bigquery) as client:
+            def merge() -> Any:
+                try:
+                    job = client.query(plan.merge(batch_id), job_retry=None, **call)
+                    job.result(job_retry=None, **call)
+                except REQUEST_ERRORS as exc:
+                    raise SinkError(classify_exception(exc), str(exc)) from exc
+                return job
+
             try:
-                job = client.query(plan.merge(batch_id), **call)
-                job.result(**call)
-            except GoogleAPIError as exc:
+                job = retry_call(merge, self._handling.write_backoff(), retry_on=self._handling.retries,
+                                 give_up=gave_up, what=f"batch {batch_id}: merge into {plan.destination.api}")
+            except SinkError as exc:
                 raise MergeFlushError(f"merge flush of batch {batch_id} into {plan.destination.api} failed: "
                                       f"{exc}") from exc
             merged = time.monotonic() - started
@@ -149,12 +168,13 @@ class UpsertSession:
                  getattr(job, "num_dml_affected_rows", None))
 
     def _cleanup(self, client: bigquery.Client, plan: MergePlan, batch_id: int) -> None:
-        # Best effort (seed step 8): the rows are merged already, and the table is dropped at shutdown.
-        call = call_options(self.config.bigquery)
+        # Best effort (seed step 8): the rows are merged already, and the table is dropped at shutdown; so
+        # one attempt, not the client's retries (a BigQuery gone after the MERGE must not hold the batch).
+        call = attempt_options(self.config.bigquery)
         try:
             buffered = client.get_table(plan.intermediate.api, **call).streaming_buffer is not None
-            client.query(plan.cleanup(batch_id, buffered), **call).result(**call)
-        except GoogleAPIError as exc:
+            client.query(plan.cleanup(batch_id, buffered), job_retry=None, **call).result(job_retry=None, **call)
+        except REQUEST_ERRORS as exc:
             log.warning("could not clear merged rows from %s (left for the drop at shutdown): %s",
                         plan.intermediate.table, exc)
 

@@ -1,7 +1,9 @@
-"""The command line as users run it: the stack's lifecycle, and a streaming run stopped by SIGTERM."""
+"""The command line as users run it: the stack's lifecycle, a streaming run stopped by SIGTERM, and its
+log lines from Spark's Python workers."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from kafka import KafkaProducer
 
 from firehose_bq.devstack.stack import Stack
 from firehose_bq.devstack.stack import isolated_env
@@ -86,3 +89,24 @@ def test_streaming_run_stops_cleanly_on_sigterm(job_env: dict[str, str], job_con
     assert "messages read      200" in out
     count = next(iter(bq_client.query(f"SELECT COUNT(*) n FROM `{job_config.bigquery.table_ref}`").result())).n
     assert count == 200
+
+
+def test_lines_logged_in_spark_tasks_are_json_with_the_tasks_context(job_env: dict[str, str], job_config) -> None:
+    """Dead letters are logged inside the Python workers: with LOG_FORMAT=json they are JSON lines that
+    carry the micro-batch, Kafka partition, table and error type, as the driver's lines do."""
+    produce_bookings(job_config, 20)
+    topic = job_config.source.topics[0]
+    producer = KafkaProducer(bootstrap_servers=job_config.source.brokers)
+    producer.send(topic, b"\xff\xff not a booking", partition=1).get(timeout=30)
+    producer.close()
+    done = firehose("run", "--available-now", env={**job_env, "LOG_FORMAT": "json", "DLQ_SINK_ENABLE": "true",
+                                                   "DLQ_WRITER_TYPE": "LOG"})
+    assert done.returncode == 0, done.stderr
+    # Spark's own (JVM) lines stay as log4j writes them; ours are JSON, the workers' included.
+    ours = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    letter = next(line for line in ours if line["message"].startswith("dead letter "))
+    policy = next(line for line in ours if "go to the DLQ with DESERIALIZATION_ERROR" in line["message"])
+    for line in (letter, policy):
+        assert line["logger"].startswith("firehose_bq.") and isinstance(line["batch_id"], int)
+        assert (line["topic"], line["partition"], line["table"], line["error_type"]) == (
+            topic, 1, job_config.bigquery.table_ref, "DESERIALIZATION_ERROR")

@@ -14,6 +14,7 @@ from firehose_bq.dlq.letters import H_ATTEMPT, H_EXCEPTION, H_OFFSET, H_ROUTE, H
 from firehose_bq.blobstore import LocalBlobStore
 from firehose_bq.dlq.writers import BlobDlqWriter, dead_letter
 from firehose_bq.errors import DeadLetterError, ErrorType, MessageError
+from tests.unit.clock import Clock
 
 LETTER = DeadLetter(MessageError(ErrorType.SINK_4XX_ERROR, "orders", 2, 41, "invalid at ts: out of range"),
                     b"key", b"\x00\xffvalue", (("trace", b"\x01"), ("empty", None)), 1_700_000_000_000, 2,
@@ -63,6 +64,24 @@ def test_a_failing_dlq_is_retried_then_raises() -> None:
     with pytest.raises(DeadLetterError, match="failed 3 time"):
         dead_letter(cfg, [LETTER], opener=lambda c: Broken(), sleep=lambda s: None)
     assert len(calls) == 3
+
+
+def test_a_dead_dlq_holds_the_task_for_its_deadline_and_one_attempt_at_most() -> None:
+    clock = Clock()
+
+    class Hanging:
+        def write(self, letters: object) -> None:
+            clock.now += 40  # the longest an attempt waits for the DLQ (Kafka: connect + deliver)
+            raise TimeoutError("no answer")
+
+        def close(self) -> None:
+            pass
+
+    cfg = DlqConfig(enabled=True)
+    with pytest.raises(DeadLetterError, match=r"orders/2@41\) failed 3 time\(s\) in 121.5 s: TimeoutError"):
+        dead_letter(cfg, [LETTER], opener=lambda c: Hanging(), sleep=clock.sleep, clock=clock)
+    assert clock.waits == [0.5, 1]
+    assert 120 <= clock.now <= cfg.backoff().bound_s(40) == 160
 
 
 def test_replay_needs_a_bound(capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,6 +19,7 @@ from firehose_bq.bigquery.file_loads import FileLoader, OffsetRange, StagedFile,
 from firehose_bq.blobstore import GcsOptions, LocalBlobStore
 from firehose_bq.config import FILE_LOADS_TRIGGER_MS, BigQueryConfig, Config
 from firehose_bq.errors import ConfigError, ErrorType, SinkError
+from tests.unit.clock import Clock
 from tests.unit.test_config import MINIMAL
 
 CFG = BigQueryConfig(project_id="p", dataset="ds", table="tbl")
@@ -342,12 +343,12 @@ class FakeJob:
     waits: int = 0
     poll_error: Exception | None = None
 
-    def result(self, timeout: float, retry: Any) -> None:
+    def done(self, retry: Any, timeout: float) -> bool:
+        assert retry is None  # the loader's retry is the only one
         self.waits += 1
         if self.poll_error:
             raise self.poll_error
-        if self.error_result:
-            raise exceptions.BadRequest(self.error_result["message"])
+        return self.state == "DONE"
 
 
 @dataclasses.dataclass
@@ -373,11 +374,14 @@ class FakeClient:
             raise exceptions.NotFound(f"job {job_id}")
         return self.jobs[job_id]
 
-    def load_table_from_file(self, source: Any, table: Any, *, job_id: str, job_config: Any, timeout: float) -> FakeJob:
+    def load_table_from_file(self, source: Any, table: Any, *, job_id: str, job_config: Any, num_retries: int,
+                             timeout: float) -> FakeJob:
+        assert num_retries == 0  # the upload's own retries are off: the loader's are the only ones
         return self._create(Load(job_id, job_config, data=source.read()))
 
     def load_table_from_uri(self, uris: list[str], table: Any, *, job_id: str, job_config: Any, retry: Any,
                             timeout: float) -> FakeJob:
+        assert retry is None  # the loader's retries are the only ones
         return self._create(Load(job_id, job_config, uris=list(uris)))
 
     def _create(self, load: Load) -> FakeJob:
@@ -392,8 +396,9 @@ class FakeClient:
         return self.jobs[load.job_id]
 
 
-def loader(client: FakeClient, store: Store) -> FileLoader:
-    return FileLoader(client, CFG, store, "ck")  # type: ignore[arg-type]
+def loader(client: FakeClient, store: Store, clock: Clock | None = None) -> FileLoader:
+    clock = clock or Clock()
+    return FileLoader(client, CFG, store, "ck", sleep=clock.sleep, clock=clock)  # type: ignore[arg-type]
 
 
 def two_tasks(store: Store, batch_id: int = 2) -> list[StagedFile]:
@@ -538,13 +543,35 @@ def test_a_job_whose_outcome_is_unknown_fails_the_batch_without_a_second_job(
         store: Store, error: Exception, kind: ErrorType) -> None:
     staged = two_tasks(store)
     job_id = file_loads.load_job_id(CFG.table_ref, "ck", 2, staged)
-    client = FakeClient({job_id: FakeJob(job_id, state="RUNNING", poll_error=error)})
+    job = FakeJob(job_id, state="RUNNING", poll_error=error)
+    client = FakeClient({job_id: job})
+    clock = Clock()
 
-    with pytest.raises(SinkError) as failed:
-        loader(client, store).load(2, staged)
+    with pytest.raises(SinkError, match="gave up after") as failed:
+        loader(client, store, clock).load(2, staged)
 
     assert failed.value.error_type is kind and job_id in str(failed.value)
     assert client.loads == [] and store.names() == sorted(n for f in staged for n in f.objects)
+    # Retried, each time finding the same job again, for SINK_BIGQUERY_RETRY_DEADLINE_MS and no longer.
+    assert job.waits > 1 and clock.now == pytest.approx(CFG.retry_deadline_ms / 1000)
+
+
+def test_a_running_job_is_polled_until_done_and_a_slow_one_fails_after_the_job_timeout(store: Store) -> None:
+    class Finishing(FakeJob):
+        def done(self, retry: Any, timeout: float) -> bool:
+            self.state = "DONE" if self.waits >= 3 else "RUNNING"
+            return super().done(retry, timeout)
+
+    staged = two_tasks(store)
+    job_id = file_loads.load_job_id(CFG.table_ref, "ck", 2, staged)
+    clock = Clock()
+    outcome = loader(FakeClient({job_id: Finishing(job_id)}), store, clock).load(2, staged)
+    assert outcome is not None and outcome.already_loaded
+    assert clock.waits == [0.2, pytest.approx(0.3), pytest.approx(0.45)]
+
+    slow = FakeJob(job_id, state="RUNNING")
+    with pytest.raises(SinkError, match="did not finish within 600 s"):
+        loader(FakeClient({job_id: slow}), store).load(2, staged)
 
 
 def test_a_staged_object_the_driver_cannot_see_is_named(store: Store) -> None:

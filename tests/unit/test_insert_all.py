@@ -20,7 +20,7 @@ from firehose_bq.bigquery import insert_all
 from firehose_bq.bigquery.insert_all import InsertAllWriter, request_entries
 from firehose_bq.bigquery.json_rows import row_texts
 from firehose_bq.config import BigQueryConfig
-from firehose_bq.errors import ErrorType, SinkError
+from firehose_bq.errors import ErrorType, PartialWriteError, SinkError
 
 # --------------------------------------------------------------------------- JSON text
 
@@ -118,9 +118,10 @@ class FakeClient:
     """Answers insertAll like BigQuery: rows whose `id` is in `bad` are invalid, the rest of such a request
     stopped. Sees the request body as it would go over the wire."""
 
-    def __init__(self, bad: set[str] = frozenset(), fail: Exception | None = None) -> None:
-        self.bad, self.fail = bad, fail
+    def __init__(self, bad: set[str] = frozenset(), fail: Exception | None = None, fail_from: int = 0) -> None:
+        self.bad, self.fail, self.fail_from = bad, fail, fail_from  # requests from number `fail_from` on fail
         self.requests: list[dict[str, Any]] = []
+        self.retries: list[Any] = []
         self.sizes: list[int] = []
         self.stored: list[dict] = []
         self.closed = False
@@ -132,7 +133,8 @@ class FakeClient:
         body = json.loads(data)
         self.requests.append(body)
         self.sizes.append(len(data))
-        if self.fail:
+        self.retries.append(retry)
+        if self.fail and len(self.requests) > self.fail_from:
             raise self.fail
         rows = body["rows"]
         invalid = [i for i, r in enumerate(rows) if r["json"].get("id") in self.bad]
@@ -228,6 +230,17 @@ def test_a_failed_request_raises_a_classified_sink_error() -> None:
         writer(client).write(*rows_of(["a"]))
     assert raised.value.error_type is ErrorType.SINK_4XX_ERROR
     assert "p.d.t" in str(raised.value)
+
+
+def test_a_request_failing_part_way_names_the_rows_not_sent_and_the_client_does_not_retry_it() -> None:
+    client = FakeClient(bad={"b"}, fail=exceptions.ServiceUnavailable("backend down"), fail_from=2)
+    with pytest.raises(PartialWriteError) as raised:
+        writer(client, insert_all_batch_size=2).write(*rows_of(["a", "b", "c", "d", "e"]))
+    # Request 1 (a, b): b invalid, a re-sent alone (request 2); request 3 (c, d) failed, so e was never sent.
+    assert raised.value.error_type is ErrorType.SINK_5XX_ERROR
+    assert raised.value.unsent == (2, 3, 4)
+    assert [(f.index, f.error_type) for f in raised.value.failures] == [(1, ErrorType.SINK_4XX_ERROR)]
+    assert client.retries == [None] * 3  # the error policy retries, not the client
 
 
 def test_the_clients_insert_call_takes_what_the_writer_passes() -> None:

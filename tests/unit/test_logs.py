@@ -6,19 +6,25 @@ import base64
 import json
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from firehose_bq import logs
-from firehose_bq.errors import ConfigError, ErrorType
+from firehose_bq.descriptors import Descriptors
+from firehose_bq.errors import ConfigError, ErrorType, RowError
 from firehose_bq.logs import JsonFormatter, TextFormatter
 from firehose_bq.redact import Redactor
+from tests.unit.batch.sources import source_batch
+from tests.unit.batch.test_core import FakePlan, handling, spec, values
 from tests.unit.test_config import MINIMAL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,3 +162,53 @@ def test_a_failing_start_shows_no_url_credentials_and_no_header(
     assert seen[-1]["Authorization"] == "Basic " + base64.b64encode(f"svc:{HEADER_TOKEN}".encode()).decode()
     assert f"http://***@{address}" in done.stderr
     assert PASSWORD not in done.stdout + done.stderr and HEADER_TOKEN not in done.stdout + done.stderr
+
+
+@dataclass
+class LeakyWriter:
+    """Rejects every row with a message that carries secrets, as a careless error text might."""
+
+    written: tuple[()] = ()  # FakePlan reports how many rows its writer wrote
+
+    def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
+        return [RowError(n, ErrorType.SINK_4XX_ERROR, f"invalid; sent Bearer {HEADER_TOKEN} to "
+                                                      f"https://u:{PASSWORD}@bq.test/x") for n in range(rows.num_rows)]
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_spark_task_logs_like_the_driver_in_a_fresh_worker_process(test_descriptors: Descriptors,
+                                                                     tmp_path: Path) -> None:
+    """A Python worker runs the task in a process where nothing configured logging: the settings travel
+    with the task, so its lines (the policy's, the DLQ's) are JSON, masked, with the task's context."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:  # the driver, as the CLI sets it up
+        logs.configure("INFO", {"LOG_FORMAT": "json",
+                                "SCHEMA_REGISTRY_STENCIL_FETCH_HEADERS": f"Authorization: Bearer {HEADER_TOKEN}"},
+                       ("SCHEMA_REGISTRY_STENCIL_FETCH_HEADERS",))
+        logs.add_fields(table="p.d.t")
+        shipped = logs.for_workers(batch_id=7)
+    finally:
+        for h in list(root.handlers):
+            if h not in handlers:
+                root.removeHandler(h)
+        root.setLevel(level)
+    assert shipped is not None and HEADER_TOKEN not in repr(shipped)
+    batch = source_batch(values(test_descriptors, "a", "b"), topic="orders", partition=3)
+    task = tmp_path / "task.pickle"
+    task.write_bytes(pickle.dumps((spec(test_descriptors), FakePlan(LeakyWriter()), handling(), shipped, [batch])))
+    worker = ("import pickle, sys\nfrom firehose_bq.pipeline import run_task\n"
+              "print(list(run_task(*pickle.load(open(sys.argv[1], 'rb'))))[0]['result'][0].as_py())")
+    done = subprocess.run([sys.executable, "-c", worker, str(task)], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+
+    assert json.loads(done.stdout)["stats"]["errors_by_type"] == {"SINK_4XX_ERROR": 2}
+    lines = [json.loads(line) for line in done.stderr.splitlines()]  # every line JSON
+    assert {line["message"].split(" ")[0] for line in lines} == {"2", "dead"}  # the policy's line, the DLQ's two
+    for line in lines:
+        assert (line["batch_id"], line["topic"], line["partition"], line["table"], line["error_type"]) == (
+            7, "orders", 3, "p.d.t", "SINK_4XX_ERROR")
+    assert HEADER_TOKEN not in done.stderr and PASSWORD not in done.stderr and "https://***@bq.test/x" in done.stderr

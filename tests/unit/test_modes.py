@@ -16,6 +16,7 @@ from firehose_bq.blobstore import LocalBlobStore
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.errors import BatchFailedError, ErrorType, FirehoseError, MessageError
 from firehose_bq.metrics import BatchStats
+from firehose_bq.policy import ErrorHandling
 from firehose_bq.modes import (
     FileLoadsMode,
     StagingTask,
@@ -106,8 +107,10 @@ def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, mon
     loads: list[tuple[str, int, list[str]]] = []
 
     class Loader:
-        def __init__(self, client: object, cfg: BigQueryConfig, store: LocalBlobStore, identity: str) -> None:
+        def __init__(self, client: object, cfg: BigQueryConfig, store: LocalBlobStore, identity: str,
+                     handling: ErrorHandling) -> None:
             assert store.uri() == str(tmp_path) and identity == "query-1"
+            assert handling.retry_deadline_ms == cfg.retry_deadline_ms  # a failed load retries like a write
             self.table = cfg.table_ref
 
         def load(self, batch: int, staged: list[file_loads.StagedFile]) -> None:

@@ -8,8 +8,9 @@ import pytest
 
 from firehose_bq.batch.rows import Writable
 from firehose_bq.config import Config
-from firehose_bq.errors import ConfigError, ErrorType, RowError, SinkError
+from firehose_bq.errors import ConfigError, ErrorType, PartialWriteError, RowError, SinkError
 from firehose_bq.policy import ErrorHandling, ErrorPolicyConfig, write_with_policy
+from tests.unit.clock import Clock
 
 
 class FlakyWriter:
@@ -61,9 +62,10 @@ def handling(dlq: bool = True, **env: str) -> ErrorHandling:
     return ErrorHandling(cfg.errors, cfg.dlq)
 
 
-def run(h: ErrorHandling, writer: FlakyWriter, pending: Writable, failures: list[RowError] = ()):  # noqa: ANN201
-    waits: list[float] = []
-    return write_with_policy(h, pending, list(failures), lambda: writer, waits.append), waits
+def run(h: ErrorHandling, writer: FlakyWriter, pending: Writable, failures: list[RowError] = (),  # noqa: ANN201
+        clock: Clock | None = None):
+    clock = clock or Clock()
+    return write_with_policy(h, pending, list(failures), lambda: writer, clock.sleep, clock), clock.waits
 
 
 def numbered(*ids: str) -> Writable:
@@ -75,8 +77,10 @@ def test_defaults_retry_transient_and_dead_letter_the_rest() -> None:
     p = ErrorPolicyConfig()
     assert p.retry_types == {ErrorType.SINK_5XX_ERROR, ErrorType.SINK_RETRYABLE_ERROR}
     assert p.dlq_types == frozenset(ErrorType) and p.failing_types == frozenset()
-    # The backoff the defaults give covers more than a minute of outage before giving up.
-    assert sum(p.backoff_ms(n) for n in range(1, p.max_attempts)) > 120_000
+    # The backoff the defaults give covers more than a minute of outage before giving up; the deadline
+    # (SINK_BIGQUERY_RETRY_DEADLINE_MS) ends it, not the attempts.
+    backoff = handling().write_backoff()
+    assert backoff.budget_s == 120 and sum(backoff.wait_s(n) for n in range(1, backoff.attempts)) > 120
 
 
 @pytest.mark.parametrize(("env", "problem"), [
@@ -169,3 +173,48 @@ def test_nothing_is_written_without_a_writer() -> None:
     assert done.written == 0 and not done.errors
 
 
+
+
+class SlowDeadWriter(FlakyWriter):
+    """BigQuery gone: every request fails as a whole after `seconds` (a request timeout) of the clock."""
+
+    def __init__(self, clock: Clock, seconds: float) -> None:
+        super().__init__(down=10**6)
+        self.clock, self.seconds = clock, seconds
+
+    def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
+        self.clock.now += self.seconds
+        return super().write(rows, insert_ids)
+
+
+@pytest.mark.parametrize("request_s", [0.0, 30.0, 59.9])
+def test_a_dead_sink_is_retried_until_the_deadline_and_no_longer(request_s: float) -> None:
+    h = handling()
+    clock = Clock()
+    with pytest.raises(SinkError, match=r"gave up after \d+ attempts in") as failed:
+        run(h, SlowDeadWriter(clock, request_s), numbered("0", "1"), clock=clock)
+    # Retried for the whole deadline (120 s), the last attempt begun by then: never longer than the bound.
+    assert 120 <= clock.now <= h.write_backoff().bound_s(request_s) <= 120 + request_s
+    assert failed.value.error_type is ErrorType.SINK_RETRYABLE_ERROR
+    if request_s == 0:  # refused at once: the waits fill the deadline, the last one cut to fit it
+        assert clock.waits[:3] == [0.01, 0.02, 0.04] and sum(clock.waits) == pytest.approx(120)
+
+
+def test_a_write_that_failed_part_way_sends_only_its_unsent_rows_again() -> None:
+    class PartWay(FlakyWriter):
+        def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
+            ids = rows["id"].to_pylist()
+            self.requests.append(ids)
+            if len(self.requests) == 1:
+                # Row 0 went in, row 1 was bad, the request carrying rows 2 and 3 failed.
+                self.stored.append(ids[0])
+                raise PartialWriteError(ErrorType.SINK_5XX_ERROR, "backendError", (2, 3),
+                                        (RowError(1, ErrorType.SINK_4XX_ERROR, "invalid"),))
+            self.stored.extend(ids)
+            return []
+
+    writer = PartWay()
+    done, waits = run(handling(), writer, numbered("0", "1", "2", "3"))
+    assert writer.requests == [["0", "1", "2", "3"], ["2", "3"]] and writer.stored == ["0", "2", "3"]
+    assert (done.written, done.retried, len(waits)) == (3, 2, 1)
+    assert [(e.index, e.error_type) for e in done.dead] == [(1, ErrorType.SINK_4XX_ERROR)]

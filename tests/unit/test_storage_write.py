@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import grpc
+import numpy as np
 import pyarrow as pa
 import pytest
 from google.api_core import exceptions as api_exceptions
@@ -22,7 +23,9 @@ from firehose_bq.bigquery import storage_write
 from firehose_bq.bigquery.classify import classify_exception
 from firehose_bq.bigquery.storage_write import StorageWriteWriter
 from firehose_bq.config import BigQueryConfig
-from firehose_bq.errors import ErrorType, SinkError
+from firehose_bq.batch.rows import Writable
+from firehose_bq.errors import ErrorType, PartialWriteError, SinkError
+from firehose_bq.policy import ErrorHandling, write_with_policy
 
 TABLE = [F("Id", "INTEGER", mode="REQUIRED"), F("name", "STRING"), F("at", "TIMESTAMP"),
          F("pickup", "RECORD", fields=[F("Lat", "FLOAT"), F("name", "STRING")]),
@@ -138,22 +141,28 @@ def raises(exc: Exception):  # noqa: ANN201
     return handler
 
 
-CFG = BigQueryConfig(project_id="p", dataset="d", table="t", retry_deadline_ms=5_000)
+CFG = BigQueryConfig(project_id="p", dataset="d", table="t")
 STREAM = "projects/p/datasets/d/tables/t/streams/_default"
 
 
 def make_writer(handlers: list[Any], cfg: BigQueryConfig = CFG, table: list[F] = TABLE):  # noqa: ANN201
-    sleeps: list[float] = []
     bq = FakeBigQuery(table)
     client = FakeWriteClient(handlers)
-    writer = StorageWriteWriter(bq, client, cfg, sleep=sleeps.append)  # type: ignore[arg-type]
-    return writer, bq, client, sleeps
+    writer = StorageWriteWriter(bq, client, cfg)  # type: ignore[arg-type]
+    return writer, bq, client
+
+
+def write_with_retries(writer: StorageWriteWriter, rows: pa.RecordBatch) -> tuple[Any, list[float]]:
+    """`rows` written as a task writes them: through the error policy, which owns the retries."""
+    waits: list[float] = []
+    pending = Writable(rows, None, np.arange(rows.num_rows, dtype=np.int64))
+    return write_with_policy(ErrorHandling(), pending, [], lambda: writer, waits.append), waits
 
 
 def test_rows_go_out_as_arrow_in_the_tables_spelling_and_only_the_first_request_names_stream_and_schema(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage_write, "MAX_REQUEST_BYTES", 1_500)  # a few rows per request
-    writer, bq, client, _ = make_writer([ok])
+    writer, bq, client = make_writer([ok])
 
     assert writer.write(rows_of(40), None) == []
 
@@ -175,7 +184,7 @@ def test_rows_go_out_as_arrow_in_the_tables_spelling_and_only_the_first_request_
 
 def test_the_writer_schema_is_the_schema_message_alone() -> None:
     # A schema written as an IPC stream carries an end-of-stream marker after which the emulator stores no rows.
-    writer, _, client, _ = make_writer([ok])
+    writer, _, client = make_writer([ok])
     writer.write(rows_of(2), None)
     raw = client.connections[0][0].arrow_rows.writer_schema.serialized_schema
     assert raw == arrow_schema(TABLE).serialize().to_pybytes()
@@ -183,7 +192,7 @@ def test_the_writer_schema_is_the_schema_message_alone() -> None:
 
 
 def test_rejected_rows_fail_and_the_rest_of_their_request_is_sent_again() -> None:
-    writer, _, client, _ = make_writer([reject({1: "Timestamp field value is out of range"}), ok])
+    writer, _, client = make_writer([reject({1: "Timestamp field value is out of range"}), ok])
 
     failures = writer.write(rows_of(5), None)
 
@@ -196,7 +205,7 @@ def test_rejected_rows_fail_and_the_rest_of_their_request_is_sent_again() -> Non
 
 def test_rows_a_request_keeps_rejecting_without_naming_them_fail_as_5xx() -> None:
     always = reject({0: "bad"})
-    writer, _, client, _ = make_writer([always] * storage_write.ROW_ERROR_RESEND_ROUNDS)
+    writer, _, client = make_writer([always] * storage_write.ROW_ERROR_RESEND_ROUNDS)
 
     failures = writer.write(rows_of(4), None)
 
@@ -207,13 +216,35 @@ def test_rows_a_request_keeps_rejecting_without_naming_them_fail_as_5xx() -> Non
     assert len(client.connections) == storage_write.ROW_ERROR_RESEND_ROUNDS
 
 
-def test_transient_failures_are_retried_with_backoff() -> None:
-    writer, _, client, sleeps = make_writer([
+def test_transient_failures_are_retried_by_the_error_policy_with_its_backoff() -> None:
+    writer, _, client = make_writer([
         raises(api_exceptions.ServiceUnavailable("connection reset")), status(8, "quota"), ok])
 
-    assert writer.write(rows_of(3), None) == []
+    done, waits = write_with_retries(writer, rows_of(3))
+
+    assert (done.written, done.retried, done.errors) == (3, 3, [])
     assert len(client.connections) == 3
-    assert sleeps == [storage_write.FIRST_BACKOFF_S, storage_write.FIRST_BACKOFF_S * 2]
+    assert waits == [0.01, 0.02]  # RETRY_EXPONENTIAL_BACKOFF_*'s defaults
+
+
+def test_a_request_failing_as_a_whole_names_the_rows_not_appended(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage_write, "MAX_REQUEST_BYTES", 1_500)  # a few rows per request
+
+    def first_rejects_a_row_second_fails(raw: list[Any]) -> list[types.AppendRowsResponse]:
+        responses = reject({1: "bad"})(raw[:1]) + ok(raw[1:])
+        responses[1] = types.AppendRowsResponse(error=status_pb2.Status(code=14, message="unavailable"))
+        return responses
+
+    writer, _, client = make_writer([first_rejects_a_row_second_fails])
+    with pytest.raises(PartialWriteError) as failed:
+        writer.write(rows_of(40), None)
+
+    first, second, *rest = [b.column("Id").to_pylist() for b in batches(client.connections[0])]
+    assert len(client.connections) == 1 and rest  # the later requests went in
+    assert failed.value.error_type is ErrorType.SINK_5XX_ERROR
+    # Not appended: the failed request, and the rest of the one whose row 1 was rejected (its resend).
+    assert failed.value.unsent == tuple(sorted([i for i in first if i != first[1]] + second))
+    assert [(f.index, f.error_type) for f in failed.value.failures] == [(first[1], ErrorType.SINK_4XX_ERROR)]
 
 
 def test_extra_fields_right_after_a_schema_change_are_waited_for() -> None:
@@ -228,20 +259,19 @@ def test_extra_fields_right_after_a_schema_change_are_waited_for() -> None:
                                    details=[detail])
         return [types.AppendRowsResponse(error=status) for _ in raw]
 
-    writer, _, client, sleeps = make_writer([lagging, lagging, ok])
+    writer, _, client = make_writer([lagging, lagging, ok])
 
-    assert writer.write(rows_of(2), None) == []
-    assert len(client.connections) == 3 and len(sleeps) == 2
+    done, waits = write_with_retries(writer, rows_of(2))
+    assert done.written == 2 and len(client.connections) == 3 and len(waits) == 2
 
 
-def test_transient_failures_past_the_deadline_raise_a_retryable_sink_error() -> None:
-    cfg = BigQueryConfig(project_id="p", dataset="d", table="t", retry_deadline_ms=0)
-    writer, _, _, _ = make_writer([status(8, "Exceeds 'AppendRows throughput' quota")], cfg)
+def test_a_transient_failure_is_raised_at_once_classified_for_the_policy() -> None:
+    writer, _, client = make_writer([status(8, "Exceeds 'AppendRows throughput' quota")])
 
     with pytest.raises(SinkError) as failed:
         writer.write(rows_of(2), None)
     assert failed.value.error_type is ErrorType.SINK_RETRYABLE_ERROR
-    assert "quota" in failed.value.message
+    assert "quota" in failed.value.message and len(client.connections) == 1
 
 
 @pytest.mark.parametrize(("handler", "kind"), [
@@ -250,7 +280,7 @@ def test_transient_failures_past_the_deadline_raise_a_retryable_sink_error() -> 
     (raises(api_exceptions.PermissionDenied("no")), ErrorType.SINK_4XX_ERROR),
 ])
 def test_whole_request_failures_raise_classified(handler: Any, kind: ErrorType) -> None:
-    writer, _, _, _ = make_writer([handler])
+    writer, _, _ = make_writer([handler])
 
     with pytest.raises(SinkError) as failed:
         writer.write(rows_of(2), None)
@@ -258,7 +288,7 @@ def test_whole_request_failures_raise_classified(handler: Any, kind: ErrorType) 
 
 
 def test_rows_that_do_not_fit_the_table_fail_before_sending() -> None:
-    writer, bq, client, _ = make_writer([ok])
+    writer, bq, client = make_writer([ok])
     past_9999 = pa.array([0, 0, 300_000_000_000_000_000, 0, 0], pa.int64()).cast(TIMESTAMP)
     rows = rows_of(5, id=[0, None, 2, 3, 4], at=past_9999, not_a_column=[None, None, None, "x", None])
 
@@ -274,7 +304,7 @@ def test_rows_that_do_not_fit_the_table_fail_before_sending() -> None:
 
 
 def test_a_column_added_since_the_table_was_read_is_found_by_reading_it_again() -> None:
-    writer, bq, client, _ = make_writer([ok, ok])
+    writer, bq, client = make_writer([ok, ok])
     assert writer.write(rows_of(2), None) == []
     bq.schema = [*bq.schema, F("coupon", "STRING")]  # evolved by the driver meanwhile
 
@@ -286,7 +316,7 @@ def test_a_column_added_since_the_table_was_read_is_found_by_reading_it_again() 
 
 def test_a_row_over_the_request_limit_is_payload_too_large(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage_write, "MAX_REQUEST_BYTES", 3_000)
-    writer, _, client, _ = make_writer([ok])
+    writer, _, client = make_writer([ok])
     names = [f"name {i}" for i in range(20)]
     names[7] = "x" * 5_000
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from firehose_bq.descriptors import Descriptors
-from firehose_bq.errors import SchemaError
+from firehose_bq.errors import RegistryUnavailableError, SchemaError
 from firehose_bq.registry.cache import DescriptorCache
 from firehose_bq.registry.config import RegistryConfig
 from firehose_bq.registry.stencil import StencilFetcher
+from firehose_bq.retrying import Backoff
 from tests.unit.registry.fixtures import FakeGet, regtest_set, with_new_field
 
 SOURCE = "http://stencil.test/orders"
@@ -29,7 +30,7 @@ class Registry:
         self.answer = answer
         self.calls = 0
 
-    def __call__(self, stop: threading.Event) -> Descriptors:
+    def __call__(self) -> Descriptors:
         self.calls += 1
         if isinstance(self.answer, Exception):
             raise self.answer
@@ -157,29 +158,102 @@ def test_for_stencil_reads_its_settings(tmp_path: Path) -> None:
         assert "added" in descriptors.get().find_message("regtest.Header").fields_by_name
 
 
-def test_first_load_and_on_demand_use_the_quick_fetch_and_never_queue() -> None:
+class RecordingStop(threading.Event):
+    """Records the backoff waits instead of sleeping through them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout or 0.0)
+        return self.is_set()
+
+
+def http_error(code: int) -> urllib.error.HTTPError:
+    return urllib.error.HTTPError(SOURCE, code, "status", None, None)  # type: ignore[arg-type]
+
+
+def stencil_cache(get: FakeGet, stop: threading.Event, **backoff: float) -> DescriptorCache:
+    """A cache over one Stencil URL whose refreshes retry per `backoff` (quick and patient alike)."""
+    schedule = Backoff(**{"attempts": 4, "first_s": 0.5, **backoff})  # type: ignore[arg-type]
+    return DescriptorCache(StencilFetcher([SOURCE], RegistryConfig(), get=get).fetch, source=SOURCE,
+                           refresh_interval_s=None, min_on_demand_interval_s=0, patient=schedule, quick=schedule,
+                           stop=stop)
+
+
+def test_a_registry_that_does_not_answer_is_retried_with_doubling_backoff(tmp_path: Path) -> None:
+    answers = [urllib.error.URLError("refused"), http_error(503), http_error(429), regtest_set(tmp_path)]
+    stop = RecordingStop()
+    descriptors = stencil_cache(FakeGet({SOURCE: answers}), stop).start()
+    assert "regtest.Order" in descriptors.get().message_names()
+    assert stop.waits == [0.5, 1.0, 2.0]
+
+
+def test_the_last_error_is_raised_once_retries_are_spent() -> None:
+    get = FakeGet({SOURCE: [TimeoutError("timed out")]})
+    with pytest.raises(SchemaError, match="timed out"):
+        stencil_cache(get, RecordingStop(), attempts=3).start()
+    assert len(get.requests) == 3
+
+
+def test_client_errors_are_not_retried() -> None:
+    get = FakeGet({SOURCE: [http_error(404)]})
+    with pytest.raises(SchemaError, match="HTTP Error 404"):
+        stencil_cache(get, RecordingStop()).start()
+    assert len(get.requests) == 1
+
+
+def test_stopping_cuts_the_backoff_short() -> None:
+    stop = RecordingStop()
+    stop.set()
+    with pytest.raises(SchemaError, match="stopped while waiting to retry"):
+        stencil_cache(FakeGet({SOURCE: [http_error(500)]}), stop, first_s=60).start()
+
+
+def test_first_load_and_on_demand_retry_quickly_the_background_patiently_and_never_queue() -> None:
+    patient, quick = Backoff(attempts=3, first_s=0.001), Backoff(attempts=2, first_s=0.001)
+    down = RegistryUnavailableError("the registry does not answer")
+    registry = Registry(down)
+    with pytest.raises(SchemaError):
+        DescriptorCache(registry, source="s", refresh_interval_s=None, min_on_demand_interval_s=0,
+                        patient=patient, quick=quick).start()
+    assert registry.calls == 2  # the first load: someone is waiting for it
+
+    registry = Registry(V1)
+    descriptors = DescriptorCache(registry, source="s", refresh_interval_s=None, min_on_demand_interval_s=0,
+                                  patient=patient, quick=quick).start()
+    registry.answer = down
+    assert descriptors.refresh_now("unknown fields") is False and registry.calls == 1 + 2  # a batch waits
+    descriptors._refresh("scheduled", patient)  # what the background thread runs: nobody waits
+    assert registry.calls == 3 + 3 and descriptors.get() is V1
+
     first = Descriptors((b"",), ("a",))
     calls: list[str] = []
     running, release = threading.Event(), threading.Event()
 
-    def patient(stop: threading.Event) -> Descriptors:
-        calls.append("patient")
-        running.set()
-        release.wait(5)
+    def slow() -> Descriptors:
+        calls.append("fetch")
+        if len(calls) > 1:
+            running.set()
+            release.wait(5)
         return first
 
-    def quick(stop: threading.Event) -> Descriptors:
-        calls.append("quick")
-        return first
-
-    cache = DescriptorCache(patient, fetch_quick=quick, source="s", refresh_interval_s=None,
-                            min_on_demand_interval_s=0)
+    cache = DescriptorCache(slow, source="s", refresh_interval_s=None, min_on_demand_interval_s=0,
+                            patient=patient, quick=quick)
     cache.start()
-    assert calls == ["quick"]  # the first load: someone is waiting for it
     background = threading.Thread(target=cache._refresh, args=("scheduled", patient))
     background.start()
     assert running.wait(5)
     assert cache.refresh_now("unknown fields") is False  # a refresh is running: no queueing behind it
     release.set()
     background.join()
-    assert calls == ["quick", "patient"]
+    assert calls == ["fetch", "fetch"]
+
+
+def test_settings_give_the_background_refresh_minutes_and_a_waited_for_fetch_one_quick_retry() -> None:
+    config = RegistryConfig()
+    assert config.backoff() == Backoff(attempts=5, first_s=60)  # 1, 2, 4 and 8 minutes
+    assert config.quick_backoff() == Backoff(attempts=2, first_s=1)
+    # A dead registry stops the start within two request timeouts and the one wait.
+    assert config.quick_backoff().bound_s(config.fetch_timeout_ms / 1000) == 21
