@@ -54,6 +54,7 @@ from bqemulator_patches import (
     schema_update_validation,
     storage_write_records,
     storage_write_row_errors,
+    thread_connections,
     upload_job_id,
 )
 from bqemulator_patches._targets import PatchTargetMissingError, module, require
@@ -72,6 +73,7 @@ def apply_patches(args: argparse.Namespace) -> None:
     # Order matters where one patch builds on another (e.g. storage reconciliation looks
     # bq_schema_to_duckdb_columns up at call time, so the keyword quoting applies to it).
     patches: list[tuple[str, Callable[[], list[str]]]] = [
+        ("extra a connection per thread (concurrent requests)", thread_connections.apply),
         (
             "gap1 optional DuckDB extensions",
             lambda: offline_extensions.apply(allow_download=args.allow_extension_download),

@@ -841,3 +841,43 @@ def test_parquet_load_matches_columns_by_name(bq_client: bigquery.Client, bq_dat
 
     assert query(bq_client, f"SELECT * FROM `{table_id}`") == [
         {"id": 7, "Name": "n", "extra": None, "rec": {"a": 1, "b": "x"}}]
+
+
+def test_queries_run_while_rows_are_appended(bq_client: bigquery.Client, bq_dataset: str,
+                                             stack_env: dict[str, str]) -> None:
+    # As BigQuery: concurrent requests each run. bqemulator ran them all on one DuckDB connection, which
+    # refused a query made during a Storage Write append ("connection is busy with another call").
+    import threading
+
+    import pyarrow as pa
+
+    from firehose_bq.bigquery.client import make_client
+    from firehose_bq.bigquery.storage_write import StorageWriteWriter, make_write_client
+    from firehose_bq.config import BigQueryConfig
+
+    table_id = make_table(bq_client, bq_dataset, "busy", [SchemaField("id", "INTEGER"), SchemaField("pad", "STRING")])
+    cfg = BigQueryConfig(project_id=bq_client.project, dataset=bq_dataset, table="busy",
+                         api_endpoint=stack_env["SINK_BIGQUERY_API_ENDPOINT"],
+                         storage_api_endpoint=stack_env["SINK_BIGQUERY_STORAGE_API_ENDPOINT"])
+    appends, rows_each, errors = 30, 2000, []
+
+    def append() -> None:
+        writer = StorageWriteWriter(make_client(cfg), make_write_client(cfg), cfg)
+        try:
+            for n in range(appends):
+                batch = pa.RecordBatch.from_pydict({"id": pa.array(range(n * rows_each, (n + 1) * rows_each),
+                                                                   pa.int64()), "pad": ["x" * 50] * rows_each})
+                errors.extend(writer.write(batch, None))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            writer.close()
+
+    writer_thread = threading.Thread(target=append)
+    writer_thread.start()
+    seen = []
+    while writer_thread.is_alive():
+        seen.append(count(bq_client, table_id))  # raised BadRequest (connection busy) without the patch
+    writer_thread.join()
+    assert errors == []
+    assert seen == sorted(seen) and count(bq_client, table_id) == appends * rows_each

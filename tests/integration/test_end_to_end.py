@@ -139,7 +139,8 @@ def test_failed_write_stops_the_job_with_a_classified_reason(spark, job_config: 
         pipeline.run(available_now=True)
 
     text = str(failed.value)
-    assert text.startswith("batch 0 stopped, offsets not committed: SINK_4XX_ERROR: insertAll into "), text
+    assert text.startswith("batch 0 stopped, offsets not committed: SINK_4XX_ERROR: "), text
+    assert f"Not found: table:{job_config.bigquery.table_ref}" in text
     assert "Traceback" not in text and "py4j" not in text
     assert pipeline.summary.failure == text.splitlines()[0]
 
