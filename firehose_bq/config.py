@@ -18,7 +18,7 @@ from firehose_bq.dlq.config import DlqConfig
 from firehose_bq.errors import ConfigError
 from firehose_bq.policy import ErrorPolicyConfig
 from firehose_bq.registry.config import RegistryConfig
-from firehose_bq.schema import parse_metadata_columns
+from firehose_bq.schema import UINT64_COLUMN_TYPES, parse_metadata_columns
 from firehose_bq.settings import SettingDoc, load_section, read_env_file, setting
 from firehose_bq.settings import reference as _reference
 from firehose_bq.settings import reference_markdown as _reference_markdown
@@ -143,6 +143,14 @@ class BigQueryConfig:
         "SINK_BIGQUERY_SANITIZE_FIELD_NAMES",
         "Map proto field names BigQuery rejects to valid column names (else such a name stops the job).",
         False,
+    )
+    uint64_column_type: str = setting(
+        "SINK_BIGQUERY_UINT64_COLUMN_TYPE",
+        "Column type of uint64 and fixed64 fields. INTEGER holds up to 2^63-1: a larger value fails its message "
+        "(INVALID_MESSAGE_ERROR), it is never wrapped or clamped; NUMERIC and STRING keep every value. Changing it "
+        "for an existing table is a column type change, which stops the job with the field named.",
+        "INTEGER",
+        choices=UINT64_COLUMN_TYPES,
     )
     write_method: str = setting(
         "SINK_BIGQUERY_WRITE_METHOD",

@@ -62,7 +62,7 @@ def plan_table(cfg: Config, loaded: Descriptors) -> TablePlan:
     key = loaded.find_message(cfg.input_schema.key_class) if cfg.input_schema.key_class else None
     metadata = MetadataColumns(bq.add_metadata, bq.metadata_namespace,
                                parse_metadata_columns(bq.metadata_columns_types))
-    options = SchemaOptions(bq.record_max_depth, bq.sanitize_field_names)
+    options = SchemaOptions(bq.record_max_depth, bq.sanitize_field_names, bq.uint64_column_type)
     schema = table_schema(message, metadata, options, key, descriptor_sets=loaded.sets)
     description = (f"Written by firehose-bq from {message.full_name} messages of Kafka topic(s) "
                    f"{', '.join(cfg.source.topics)}.")

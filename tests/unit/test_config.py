@@ -9,6 +9,7 @@ import pytest
 
 from firehose_bq import config
 from firehose_bq.config import Config, StackConfig
+from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import ConfigError
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -47,6 +48,19 @@ def test_values_are_parsed_by_type() -> None:
     assert cfg.spark.max_offsets_per_trigger == -1
     assert cfg.bigquery.metadata_namespace == "kafka"
     assert cfg.bigquery.api_endpoint == "http://127.0.0.1:1"
+
+
+def test_uint64_column_type_reaches_the_table_schema(test_descriptors: Descriptors) -> None:
+    from firehose_bq.sink_schema import plan_table
+
+    env = {**MINIMAL, "INPUT_SCHEMA_PROTO_CLASS": "testdata.AllTypes"}
+    assert Config.from_env(env).bigquery.uint64_column_type == "INTEGER"
+    cfg = Config.from_env({**env, "SINK_BIGQUERY_UINT64_COLUMN_TYPE": "NUMERIC"})
+    plan = plan_table(cfg, test_descriptors)
+    assert plan.options.uint64_type == "NUMERIC"
+    assert {f.name: f.field_type for f in plan.table.schema}["f_fixed64"] == "NUMERIC"
+    with pytest.raises(ConfigError, match="SINK_BIGQUERY_UINT64_COLUMN_TYPE"):
+        Config.from_env({**MINIMAL, "SINK_BIGQUERY_UINT64_COLUMN_TYPE": "FLOAT"})
 
 
 def test_every_problem_is_reported_at_once_one_line_per_variable() -> None:
