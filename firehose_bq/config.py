@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from firehose_bq.decode import DECODERS, native_unavailable
 from firehose_bq.dlq.config import DlqConfig
 from firehose_bq.errors import ConfigError
 from firehose_bq.policy import ErrorPolicyConfig
@@ -90,6 +91,16 @@ class InputSchemaConfig:
         "Full name of the protobuf message in the Kafka key; set = the key is written as the RECORD column "
         "`message_key`.",
         None,
+    )
+    proto_decoder: str = setting(
+        "INPUT_SCHEMA_PROTO_DECODER",
+        "How values and keys are decoded: `native` = the C decoder built with the package (wire bytes straight "
+        "to Arrow, about as fast as protobuf's own parsing), `python` = the Python reference decoder (much "
+        "slower, same results), `auto` = native when it is built, else python with a log line saying why. "
+        "`native` stops the start when the C decoder is not built. A message shape the C decoder does not "
+        "support (proto2 groups, extensions) is decoded by the reference either way.",
+        "auto",
+        choices=DECODERS,
     )
 
 
@@ -332,6 +343,8 @@ class Config:
             problems.append("SINK_BIGQUERY_STORAGE_API_ENABLE=true contradicts SINK_BIGQUERY_WRITE_METHOD=file_loads: "
                             "choose one write method")
         problems.extend(self.upsert.problems(self.input_schema.key_class))
+        if self.input_schema.proto_decoder == "native" and (why := native_unavailable()):
+            problems.append(f"INPUT_SCHEMA_PROTO_DECODER=native: {why}")
         if (self.bigquery.effective_write_method == "storage_write" and self.bigquery.api_endpoint
                 and not self.bigquery.storage_api_endpoint):
             problems.append("SINK_BIGQUERY_STORAGE_API_ENDPOINT: required for storage_write when "

@@ -63,6 +63,17 @@ def test_uint64_column_type_reaches_the_table_schema(test_descriptors: Descripto
         Config.from_env({**MINIMAL, "SINK_BIGQUERY_UINT64_COLUMN_TYPE": "FLOAT"})
 
 
+def test_native_decoder_required_but_not_built_is_a_start_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Config.from_env(MINIMAL).input_schema.proto_decoder == "auto"
+    monkeypatch.setattr(config, "native_unavailable", lambda: "the native decoder is not built (no module); build it")
+    Config.from_env({**MINIMAL, "INPUT_SCHEMA_PROTO_DECODER": "python"})  # the others do not need it
+    Config.from_env(MINIMAL)
+    with pytest.raises(ConfigError) as raised:
+        Config.from_env({**MINIMAL, "INPUT_SCHEMA_PROTO_DECODER": "native"})
+    assert raised.value.problems == ["INPUT_SCHEMA_PROTO_DECODER=native: the native decoder is not built (no module); "
+                                     "build it"]
+
+
 def test_every_problem_is_reported_at_once_one_line_per_variable() -> None:
     env = {**MINIMAL, "SPARK_MAX_OFFSETS_PER_TRIGGER": "lots", "SINK_BIGQUERY_ROW_INSERT_ID_ENABLE": "yes",
            "SOURCE_KAFKA_CONSUMER_CONFIG_AUTO_OFFSET_RESET": "newest", "SINK_BIGQUERY_INSERT_ALL_BATCH_SIZE": "60000"}
