@@ -34,7 +34,7 @@ from firehose_bq.convert import _INVALID, _json
 from firehose_bq.decode import NativeUnavailable, native_unavailable
 from firehose_bq.decode.values import DecodedValues, DecodeFailure
 from firehose_bq.errors import ErrorType
-from firehose_bq.schema import Kind, SchemaOptions, bigquery_fields, field_kind, is_map, scalar_field
+from firehose_bq.schema import WRAPPERS, Kind, SchemaOptions, bigquery_fields, field_kind, is_map, scalar_field
 
 FD = FieldDescriptor
 
@@ -64,6 +64,7 @@ _LAYOUTS: dict[str, tuple[tuple[str, int, int], ...]] = {
                               ("struct_value", 5, FD.TYPE_MESSAGE), ("list_value", 6, FD.TYPE_MESSAGE)),
     "google.protobuf.ListValue": (("values", 1, FD.TYPE_MESSAGE),),
 }
+_WRAPPERS = frozenset(f"google.protobuf.{name}" for name in WRAPPERS)
 _JSON_KINDS = {"google.protobuf.Struct": "K_STRUCT", "google.protobuf.Value": "K_VALUE",
                "google.protobuf.ListValue": "K_LIST"}
 _LEAF_KINDS = {Kind.TIMESTAMP: "K_TIMESTAMP", Kind.DURATION: "K_DURATION", Kind.DATE: "K_DATE",
@@ -245,14 +246,12 @@ class _PlanBuilder:
                 sub, tsub, enum, fd.full_name)
 
     def check_message(self, desc: Descriptor) -> None:
+        found = tuple((fd.name, fd.number, fd.type) for fd in sorted(desc.fields, key=lambda f: f.number))
         layout = _LAYOUTS.get(desc.full_name)
-        if layout is None and desc.full_name.startswith("google.protobuf.") and desc.full_name.endswith("Value") \
-                and desc.full_name != "google.protobuf.Value":
-            layout = (("value", 1, scalar_type_of(desc)),)
-        if layout is not None:
-            found = tuple((fd.name, fd.number, fd.type) for fd in sorted(desc.fields, key=lambda f: f.number))
-            if found != layout:
-                raise UnsupportedShape(f"{desc.full_name} does not have the standard layout")
+        if desc.full_name in _WRAPPERS:  # a wrapper is one field, `value` = 1, of whatever scalar type
+            layout = (("value", 1, found[0][2]),) if found else ()
+        if layout is not None and found != layout:
+            raise UnsupportedShape(f"{desc.full_name} does not have the standard layout")
         if len(desc.oneofs) > 64:
             raise UnsupportedShape(f"{desc.full_name} has more than 64 oneofs")
         tracked = sum(1 for fd in desc.fields if fd.is_required or (fd.type == FD.TYPE_MESSAGE and not fd.is_repeated))
@@ -260,11 +259,6 @@ class _PlanBuilder:
             raise UnsupportedShape(f"{desc.full_name} has more than 1024 message and required fields")
         if desc.extension_ranges and desc.file.pool.FindAllExtensions(desc):
             raise UnsupportedShape(f"{desc.full_name} has extensions")
-
-
-def scalar_type_of(desc: Descriptor) -> int:
-    value = desc.fields_by_name.get("value")
-    return value.type if value is not None else -1
 
 
 def _validates_utf8(fd: FieldDescriptor) -> bool:

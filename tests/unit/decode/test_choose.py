@@ -53,3 +53,28 @@ def test_a_shape_the_native_decoder_lacks_falls_back_with_the_reason(test_descri
     msg.Extensions[test_descriptors.pool().FindExtensionByName("testdata.note")] = "n"
     out = decoder.decode(pa.array([msg.SerializeToString()], pa.binary()))
     assert out.values.to_pylist() == [{"a": 1}] and out.unknown_fields == []
+
+
+@built
+def test_a_redefined_well_known_type_is_left_to_the_reference(caplog: pytest.LogCaptureFixture) -> None:
+    """The native decoder reads Timestamp, Duration, Date, wrappers and Struct with their standard
+    layouts; a descriptor set that defines one differently gets the reference decoder."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    FD = descriptor_pb2.FieldDescriptorProto
+    stamp = descriptor_pb2.FileDescriptorProto(name="google/protobuf/timestamp.proto", package="google.protobuf",
+                                               syntax="proto3")
+    stamp.message_type.add(name="Timestamp").field.extend([
+        FD(name="seconds", number=1, type=FD.TYPE_INT64, label=FD.LABEL_OPTIONAL),
+        FD(name="millis", number=2, type=FD.TYPE_INT64, label=FD.LABEL_OPTIONAL)])
+    event = descriptor_pb2.FileDescriptorProto(name="event.proto", package="odd", syntax="proto3",
+                                               dependency=["google/protobuf/timestamp.proto"])
+    event.message_type.add(name="Event").field.add(name="at", number=1, type=FD.TYPE_MESSAGE,
+                                                   type_name=".google.protobuf.Timestamp", label=FD.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(stamp)
+    pool.Add(event)
+    cls = message_factory.GetMessageClass(pool.FindMessageTypeByName("odd.Event"))
+    with caplog.at_level(logging.WARNING, logger="firehose_bq.decode"):
+        assert isinstance(make_value_decoder(cls), ReferenceDecoder)
+    assert "google.protobuf.Timestamp does not have the standard layout" in caplog.text
