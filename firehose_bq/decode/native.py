@@ -263,8 +263,12 @@ class _PlanBuilder:
 
 def _validates_utf8(fd: FieldDescriptor) -> bool:
     """Whether upb rejects invalid UTF-8 in this string field at parse time (proto3, or the editions
-    feature); proto2 strings are not checked."""
-    return bool(fd._GetFeatures().utf8_validation == FeatureSet.VERIFY)  # noqa: SLF001 (no public API)
+    feature); proto2 strings are not checked. protobuf has no public API for it: should the private one
+    go away, the reference decoder takes over rather than the job failing."""
+    try:
+        return bool(fd._GetFeatures().utf8_validation == FeatureSet.VERIFY)  # noqa: SLF001
+    except AttributeError as exc:
+        raise UnsupportedShape(f"field {fd.full_name}: this protobuf does not say whether it checks UTF-8 ({exc})") from None
 
 
 def build_plan(native: ModuleType, descriptor: Descriptor, depth: int, options: SchemaOptions,

@@ -78,3 +78,14 @@ def test_a_redefined_well_known_type_is_left_to_the_reference(caplog: pytest.Log
     with caplog.at_level(logging.WARNING, logger="firehose_bq.decode"):
         assert isinstance(make_value_decoder(cls), ReferenceDecoder)
     assert "google.protobuf.Timestamp does not have the standard layout" in caplog.text
+
+
+def test_a_protobuf_without_the_utf8_feature_api_is_an_unsupported_shape() -> None:
+    """Whether upb checks a string's UTF-8 comes from a private protobuf API; without it the native
+    plan refuses (UnsupportedShape: the reference decodes) instead of guessing or failing the job."""
+    from types import SimpleNamespace
+
+    from firehose_bq.decode.native import UnsupportedShape, _validates_utf8
+
+    with pytest.raises(UnsupportedShape, match="p.M.f"):
+        _validates_utf8(SimpleNamespace(full_name="p.M.f"))  # type: ignore[arg-type]
