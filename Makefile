@@ -8,27 +8,35 @@ VENV := .venv
 PY := $(VENV)/bin/python
 FH := $(VENV)/bin/firehose-bq
 STAMP := $(VENV)/.installed
+NATIVE := $(VENV)/.native
 PROTOS := $(shell find proto -name '*.proto' | sort)
 DESCRIPTORS := descriptors/example.desc
 N ?= 10000
 LOCAL := --env-file config/local.env --stack
 
-.PHONY: help venv descriptors run test test-unit test-integration bench up down status clean readme
+.PHONY: help venv descriptors run test test-unit test-integration native-check bench up down status clean readme
 
 help:
 	@echo "make run     local broker + BigQuery emulator + $(N) sample messages → Spark job → summary"
 	@echo "make test    unit + integration tests (starts its own stack on free ports)"
 	@echo "make bench   benchmarks (ratios measured side by side)"
+	@echo "make native-check   the native decoder's tests under AddressSanitizer/UBSan/LeakSanitizer"
 	@echo "make up | down | status   the local stack"
 
-# setup.py builds the native JSON decoder: a change to it or its C source reinstalls (and rebuilds) too.
+# setup.py builds the native decoders: a change to it or its C source reinstalls (and rebuilds) too.
 $(STAMP): pyproject.toml setup.py $(wildcard firehose_bq/decode/*.c)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found " + sys.version.split()[0] + ")")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
-venv: $(STAMP)
+# The native decoder: rebuilt in place when its source changes (an editable install does not notice).
+# Without a C compiler the build only warns, and the job decodes with the Python reference decoder.
+$(NATIVE): firehose_bq/decode/_native.c setup.py $(STAMP)
+	$(PY) setup.py -q build_ext --inplace
+	@touch $@
+
+venv: $(STAMP) $(NATIVE)
 	@$(FH) doctor
 
 descriptors: $(DESCRIPTORS)
@@ -53,6 +61,18 @@ test-unit: venv descriptors
 test-integration: venv descriptors
 	$(PY) -m pytest tests/integration
 
+# The native decoder's tests with the extension built under AddressSanitizer, UndefinedBehaviorSanitizer
+# and LeakSanitizer (leaks counted only where _native.c allocated), then the normal build back.
+SANITIZE := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+native-check: venv descriptors
+	rm -rf .native-check && mkdir -p .native-check
+	CFLAGS="$(SANITIZE)" LDFLAGS="-fsanitize=address,undefined" $(PY) setup.py -q build_ext --inplace --force
+	status=0; LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+		ASAN_OPTIONS=detect_leaks=1:log_path=.native-check/asan LSAN_OPTIONS=exitcode=0 \
+		$(PY) -m pytest tests/unit/decode -q -p no:cacheprovider || status=$$?; \
+	$(PY) setup.py -q build_ext --inplace --force; touch $(NATIVE); \
+	$(PY) tests/sanitizer_logs.py .native-check && exit $$status
+
 bench: venv descriptors
 	$(PY) -m bench
 
@@ -67,7 +87,7 @@ status: $(STAMP)
 	$(FH) stack status
 
 clean: down
-	rm -rf .stack $(DESCRIPTORS) .pytest_cache
+	rm -rf .stack $(DESCRIPTORS) .pytest_cache .native-check
 
 # README's configuration tables are generated from the settings' declarations (a unit test checks them).
 readme: $(STAMP)

@@ -16,13 +16,14 @@ from typing import Any
 
 from firehose_bq import redact
 from firehose_bq.blobstore import GCS_SCHEME, gcs_location
+from firehose_bq.decode import DECODERS, native_unavailable
 from firehose_bq.dlq.config import DlqConfig
 from firehose_bq.errors import ConfigError
 from firehose_bq.logs import LogConfig
 from firehose_bq.policy import DEFAULT_RETRY_DEADLINE_MS, ErrorPolicyConfig
 from firehose_bq.registry.config import RegistryConfig, Secret
 from firehose_bq.routing import PLACEHOLDER, NameTemplate, Router, TemplateError, parse_class_routes
-from firehose_bq.schema import parse_metadata_columns
+from firehose_bq.schema import UINT64_COLUMN_TYPES, parse_metadata_columns
 from firehose_bq.settings import SettingDoc, load_section, read_env_file, setting
 from firehose_bq.settings import reference as _reference
 from firehose_bq.settings import reference_markdown as _reference_markdown
@@ -121,10 +122,13 @@ class InputSchemaConfig:
     )
     decoder: str = setting(
         "INPUT_SCHEMA_PROTO_DECODER",
-        "How values are decoded: `native` (the C decoder straight into Arrow), `python` (the reference "
-        "decoder, slow), `auto` = native when it was built and supports the message, else python.",
+        "How values and keys are decoded: `native` = the C decoders built with the package (protobuf wire bytes "
+        "or JSON text straight to Arrow, about as fast as protobuf's own parsing), `python` = the Python "
+        "reference decoders (much slower, same results), `auto` = native when it is built, else python with a "
+        "log line saying why. `native` stops the start when the C decoder is not built. A message shape the C "
+        "decoder does not support (proto2 groups, extensions) is decoded by the reference either way.",
         "auto",
-        choices=("auto", "native", "python"),
+        choices=DECODERS,
     )
 
 
@@ -187,6 +191,14 @@ class BigQueryConfig:
         "SINK_BIGQUERY_SANITIZE_FIELD_NAMES",
         "Map proto field names BigQuery rejects to valid column names (else such a name stops the job).",
         False,
+    )
+    uint64_column_type: str = setting(
+        "SINK_BIGQUERY_UINT64_COLUMN_TYPE",
+        "Column type of uint64 and fixed64 fields. INTEGER holds up to 2^63-1: a larger value fails its message "
+        "(INVALID_MESSAGE_ERROR), it is never wrapped or clamped; NUMERIC and STRING keep every value. Changing it "
+        "for an existing table is a column type change, which stops the job with the field named.",
+        "INTEGER",
+        choices=UINT64_COLUMN_TYPES,
     )
     write_method: str = setting(
         "SINK_BIGQUERY_WRITE_METHOD",
@@ -432,6 +444,9 @@ class Config:
             problems.append("SINK_BIGQUERY_STORAGE_API_ENABLE=true contradicts SINK_BIGQUERY_WRITE_METHOD="
                             f"{self.bigquery.write_method}: choose one write method")
         problems.extend(self.upsert.problems(self.input_schema.key_class))
+        extension = "_json" if self.input_schema.data_type == "JSON" else "_native"
+        if self.input_schema.decoder == "native" and (why := native_unavailable(extension)):
+            problems.append(f"INPUT_SCHEMA_PROTO_DECODER=native: {why}")
         if (self.bigquery.effective_write_method in ("storage_write", "mixed") and self.bigquery.api_endpoint
                 and not self.bigquery.storage_api_endpoint):
             problems.append("SINK_BIGQUERY_STORAGE_API_ENDPOINT: required for storage_write when "

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
@@ -35,8 +36,8 @@ from google.protobuf.message import DecodeError, Message
 
 from firehose_bq.errors import ErrorType, MessageError
 from firehose_bq.registry.confluent import WireFormatError, parse_frame
-from firehose_bq.schema import (KEY_COLUMN, Kind, MetadataColumns, SchemaOptions, column_name, field_kind, is_map,
-                                scalar_field)
+from firehose_bq.schema import (KEY_COLUMN, UNSIGNED_64, Kind, MetadataColumns, SchemaOptions, column_name, field_kind,
+                                is_map, scalar_field)
 
 Row = dict[str, Any]
 ValueFn = Callable[[Any], Any]
@@ -130,6 +131,34 @@ def _days(d: Message) -> int:
 
 def _micros(seconds: int, nanos: int = 0) -> int:
     return seconds * 1_000_000 + nanos // 1000
+
+
+# The valid ranges of the well-known types (google/protobuf/timestamp.proto, duration.proto): a value
+# outside them has no BigQuery form and fails its message, never normalized, clamped or wrapped.
+TIMESTAMP_MIN_SECONDS = -62_135_596_800  # 0001-01-01T00:00:00Z
+TIMESTAMP_MAX_SECONDS = 253_402_300_799  # 9999-12-31T23:59:59Z
+DURATION_MAX_SECONDS = 315_576_000_000  # 10,000 years
+NANOS_MAX = 999_999_999
+INT64_MAX = 2**63 - 1
+
+
+def _integer(value: int) -> int:
+    return value if value <= INT64_MAX else _too_big(value)
+
+
+def _bad_timestamp(ts: Message) -> Any:
+    raise ValueError(f"Timestamp seconds={ts.seconds} nanos={ts.nanos} is outside 0001-01-01..9999-12-31 or its "
+                     "nanos outside 0..999999999")
+
+
+def _bad_duration(d: Message) -> Any:
+    raise ValueError(f"Duration seconds={d.seconds} nanos={d.nanos} is outside +-315576000000 s, its nanos outside "
+                     "+-999999999, or their signs differ")
+
+
+def _too_big(value: int) -> Any:
+    raise ValueError(f"{value} is past INTEGER's range (at most 2^63-1); set SINK_BIGQUERY_UINT64_COLUMN_TYPE="
+                     "NUMERIC or STRING to keep such values")
 
 
 @dataclass(frozen=True)
@@ -340,10 +369,17 @@ class _Compiler:
             return self.record(fd.message_type, depth + 1, src)
         if kind is Kind.TIMESTAMP:
             t = self.temp()
-            return f"{self.const(self.enc.timestamp, 'timestamp')}(({t} := {src}).seconds, {t}.nanos)"
+            in_range = (f"{TIMESTAMP_MIN_SECONDS} <= ({t} := {src}).seconds <= {TIMESTAMP_MAX_SECONDS} "
+                        f"and 0 <= {t}.nanos <= {NANOS_MAX}")
+            return (f"({self.const(self.enc.timestamp, 'timestamp')}({t}.seconds, {t}.nanos) if {in_range} "
+                    f"else {self.const(_bad_timestamp, 'bad')}({t}))")
         if kind is Kind.DURATION:
             t = self.temp()
-            return f"{{'seconds': ({t} := {src}).seconds, 'nanos': {t}.nanos}}"
+            in_range = (f"-{DURATION_MAX_SECONDS} <= ({t} := {src}).seconds <= {DURATION_MAX_SECONDS} "
+                        f"and -{NANOS_MAX} <= {t}.nanos <= {NANOS_MAX} "
+                        f"and ({t}.seconds <= 0 or {t}.nanos >= 0) and ({t}.seconds >= 0 or {t}.nanos <= 0)")
+            return (f"({{'seconds': {t}.seconds, 'nanos': {t}.nanos}} if {in_range} "
+                    f"else {self.const(_bad_duration, 'bad')}({t}))")
         if kind is Kind.DATE:
             return f"{self.const(self.enc.date, 'date')}({src})"
         if kind is Kind.JSON_STRING:
@@ -365,12 +401,23 @@ class _Compiler:
     def scalar(self, fd: FieldDescriptor, src: str) -> str:
         if fd.type == FD.TYPE_ENUM:
             return f"{self.enum_names(fd)}[{src}]"
+        if fd.type in UNSIGNED_64:
+            return f"{self.unsigned_64()}({src})"
         if fd.type in (FD.TYPE_FLOAT, FD.TYPE_DOUBLE) and self.json:
             t = self.temp()  # x - x is 0.0 exactly for finite floats, NaN for NaN and ±Infinity
             return f"({t} if ({t} := {src}) - {t} == 0.0 else {self.const(_nonfinite, 'nonfinite')}({t}))"
         if fd.type == FD.TYPE_BYTES and self.json:
             return f"{self.const(_bytes, 'bytes')}({src})"
         return src
+
+    def unsigned_64(self) -> str:
+        """The function writing a uint64/fixed64 value in its column's type (SchemaOptions.uint64_type)."""
+        column_type = self.options.uint64_type
+        if column_type == "STRING":
+            return self.const(str, "str")
+        if column_type == "NUMERIC":  # JSON: BigQuery reads NUMERIC from a string; Storage: a decimal
+            return self.const(str if self.json else Decimal, "numeric")
+        return self.const(_integer, "integer")
 
     def enum_names(self, fd: FieldDescriptor) -> str:
         return self.const(_EnumNames({v.number: v.name for v in fd.enum_type.values}), "enum")
@@ -382,6 +429,8 @@ class _Compiler:
         if kind is Kind.SCALAR:
             if fd.type == FD.TYPE_ENUM:
                 return f"{self.enum_names(fd)}.__getitem__"
+            if fd.type in UNSIGNED_64:
+                return self.unsigned_64()
             if fd.type in (FD.TYPE_FLOAT, FD.TYPE_DOUBLE) and self.json:
                 return self.const(_float, "float")
             if fd.type == FD.TYPE_BYTES and self.json:
@@ -674,13 +723,35 @@ def _parser(message_class: type[Message], confluent_framed: bool) -> Callable[[b
         def parse(data: bytes) -> Message:
             msg = parse_partial(data)
             if not msg.IsInitialized():
-                raise ValueError(f"required field(s) missing: {', '.join(msg.FindInitializationErrors())}")
+                raise ValueError(f"required field(s) missing: {', '.join(missing_required(msg))}")
             return msg
 
     if confluent_framed:
         parse_payload = parse
         return lambda data: parse_payload(data[parse_frame(data).payload_offset:])
     return parse
+
+
+def missing_required(msg: Message, prefix: str = "") -> list[str]:
+    """Paths of the proto2 `required` fields `msg` lacks, at any depth (`items[0].id`, `by_key['k'].id`).
+
+    Not upb's FindInitializationErrors: with a map field present, protobuf 7.36's upb builds wrong paths
+    and can read past its buffers (a segfault, e.g. testdata.Proto2All from bytes 4a002200), which a
+    producer's bad message must never cause."""
+    missing = [prefix + fd.name for fd in msg.DESCRIPTOR.fields if fd.is_required and not msg.HasField(fd.name)]
+    for fd, value in msg.ListFields():
+        if fd.message_type is None:
+            continue
+        if is_map(fd):
+            if fd.message_type.fields_by_name["value"].message_type is not None:
+                for key in sorted(value):
+                    missing += missing_required(value[key], f"{prefix}{fd.name}[{key!r}].")
+        elif fd.is_repeated:
+            for i, item in enumerate(value):
+                missing += missing_required(item, f"{prefix}{fd.name}[{i}].")
+        else:
+            missing += missing_required(value, f"{prefix}{fd.name}.")
+    return missing
 
 
 def _has_unknown_fields(msg: Message) -> bool:

@@ -64,6 +64,12 @@ WELL_KNOWN_TYPES: dict[str, Kind] = {
     "google.type.Date": Kind.DATE,
 }
 
+# uint64 and fixed64 reach 2^64-1, past INTEGER's 2^63-1. INTEGER (the default, as before) keeps the
+# column type users have, and a value past it fails its message (INVALID_MESSAGE_ERROR) instead of being
+# wrapped or clamped; NUMERIC (38 digits) and STRING hold every value exactly.
+UINT64_COLUMN_TYPES = ("INTEGER", "NUMERIC", "STRING")
+UNSIGNED_64 = frozenset({FD.TYPE_UINT64, FD.TYPE_FIXED64})
+
 # Column types of the kinds that are one column; SCALAR and WRAPPER take theirs from SCALAR_TYPES.
 LEAF_TYPES: dict[Kind, str] = {Kind.TIMESTAMP: "TIMESTAMP", Kind.DATE: "DATE", Kind.JSON_STRING: "STRING",
                                Kind.CUT: "STRING"}
@@ -95,14 +101,18 @@ class SchemaOptions:
     fits BigQuery as it was; a recursive message then gets 14 levels of mostly-NULL RECORDs (each level
     repeats its columns, and a message that recurses through several fields multiplies them), so lower
     it for those. sanitize_names: map names BigQuery rejects to valid ones instead of refusing them.
+    uint64_type: the column type of uint64/fixed64 fields (UINT64_COLUMN_TYPES).
     """
 
     max_depth: int = MAX_RECORD_DEPTH
     sanitize_names: bool = False
+    uint64_type: str = "INTEGER"
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_depth <= MAX_RECORD_DEPTH:
             raise ValueError(f"max_depth must be between 1 and {MAX_RECORD_DEPTH}, not {self.max_depth}")
+        if self.uint64_type not in UINT64_COLUMN_TYPES:
+            raise ValueError(f"uint64_type must be one of {', '.join(UINT64_COLUMN_TYPES)}, not {self.uint64_type!r}")
 
 
 def is_map(fd: FieldDescriptor) -> bool:
@@ -120,6 +130,12 @@ def field_kind(fd: FieldDescriptor, depth: int = 1, max_depth: int = MAX_RECORD_
 def scalar_field(fd: FieldDescriptor) -> FieldDescriptor:
     """The field that holds a SCALAR's or a WRAPPER's value: `fd` itself, or the wrapper's `value`."""
     return fd.message_type.fields_by_name["value"] if fd.type == FD.TYPE_MESSAGE else fd
+
+
+def scalar_type(fd: FieldDescriptor, options: SchemaOptions) -> str:
+    """The column type of a SCALAR's or a WRAPPER's value."""
+    value = scalar_field(fd)
+    return options.uint64_type if value.type in UNSIGNED_64 else SCALAR_TYPES[value.type]
 
 
 def field_mode(fd: FieldDescriptor) -> str:
@@ -199,7 +215,7 @@ class _Builder:
         description = self._description(fd, kind, depth)
         if kind in NESTED_KINDS:
             return column(name, "RECORD", field_mode(fd), description, sub)
-        return column(name, LEAF_TYPES.get(kind) or SCALAR_TYPES[scalar_field(fd).type], field_mode(fd), description)
+        return column(name, LEAF_TYPES.get(kind) or scalar_type(fd, self.options), field_mode(fd), description)
 
     def _description(self, fd: FieldDescriptor, kind: Kind, depth: int) -> str:
         text = self._comment(fd)

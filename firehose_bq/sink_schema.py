@@ -78,7 +78,8 @@ def metadata_of(cfg: Config) -> MetadataColumns:
 
 
 def options_of(cfg: Config) -> SchemaOptions:
-    return SchemaOptions(cfg.bigquery.record_max_depth, cfg.bigquery.sanitize_field_names)
+    bq = cfg.bigquery
+    return SchemaOptions(bq.record_max_depth, bq.sanitize_field_names, bq.uint64_column_type)
 
 
 def plan_table(cfg: Config, loaded: Descriptors, destination: Destination | None = None) -> TablePlan:

@@ -1,13 +1,17 @@
 """Kafka values → Arrow: one message type's wire bytes decoded into a StructArray in the table's types.
 
-`values.py` holds the contract every decoder keeps; `reference.py` is the Python decoder (the generated
-converter of `convert.py`), kept as the reference and the fallback. JSON input (`INPUT_SCHEMA_DATA_TYPE=JSON`)
+`values.py` holds the contract every decoder keeps; `native.py` (with `_native.c`) is the protobuf decoder
+the job uses; `reference.py` is the Python decoder (the generated converter of `convert.py`), kept as the
+reference the native one is tested against and as the fallback. JSON input (`INPUT_SCHEMA_DATA_TYPE=JSON`)
 is decoded against the destination table's columns: `json_rules.py` holds its rules, `json_native.py` (over
-the `_json` C extension) and `json_reference.py` (pure Python) keep them.
+the `_json` C extension) and `json_reference.py` (pure Python) keep them. `make_value_decoder` and
+`make_json_decoder` choose.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 from collections.abc import Sequence
 
 from google.cloud.bigquery import SchemaField
@@ -16,32 +20,80 @@ from google.protobuf.message import Message
 from firehose_bq.decode.values import DecodedValues, DecodeFailure, ValueDecoder
 from firehose_bq.schema import SchemaOptions
 
-__all__ = ["DecodeFailure", "DecodedValues", "ValueDecoder", "make_json_decoder", "make_value_decoder"]
+__all__ = ["DECODERS", "DecodeFailure", "DecodedValues", "NativeUnavailable", "ValueDecoder", "make_json_decoder",
+           "make_value_decoder", "native_unavailable"]
+
+log = logging.getLogger(__name__)
+
+DECODERS = ("auto", "native", "python")
+BUILD_HINT = ("build it with `pip install -e .` (or `make venv`) where a C compiler (gcc) and the Python headers "
+              "(e.g. the python3-dev package) are installed")
 
 
-def make_value_decoder(message_class: type[Message], depth: int, options: SchemaOptions, *,
-                       confluent_framed: bool, detect_unknown_fields: bool, prefer: str = "auto") -> ValueDecoder:
+class NativeUnavailable(RuntimeError):
+    """The native decoder was required (INPUT_SCHEMA_PROTO_DECODER=native) but is not built here."""
+
+
+def native_unavailable(module: str = "_native") -> str:
+    """Why the compiled extension `module` (`_native`: protobuf, `_json`: JSON) cannot be used here; empty
+    when it can."""
+    try:
+        importlib.import_module(f"firehose_bq.decode.{module}")
+    except ImportError as exc:
+        return f"the native decoder is not built ({exc}); {BUILD_HINT}"
+    return ""
+
+
+def _check_prefer(prefer: str) -> None:
+    if prefer not in DECODERS:
+        raise ValueError(f"prefer must be one of {', '.join(DECODERS)}, not {prefer!r}")
+
+
+def make_value_decoder(message_class: type[Message], depth: int = 1, options: SchemaOptions = SchemaOptions(),
+                       confluent_framed: bool = False, detect_unknown_fields: bool = True,
+                       prefer: str = "auto") -> ValueDecoder:
+    """The decoder of `message_class` values whose columns sit at level `depth` (1 = the table's top level;
+    the Kafka key's message is at 2, inside `message_key`).
+
+    `prefer`: "auto" = the native decoder when it is built and supports the descriptor's shape, else the
+    reference, with one log line saying why; "native" = the same, but a missing build raises
+    NativeUnavailable (a shape it does not support still falls back: shapes arrive with descriptor
+    refreshes, mid-run); "python" = the reference decoder."""
     from firehose_bq.decode.reference import ReferenceDecoder
 
-    return ReferenceDecoder(message_class, depth, options, confluent_framed, detect_unknown_fields)
+    _check_prefer(prefer)
+    args = (message_class, depth, options, confluent_framed, detect_unknown_fields)
+    if prefer == "python":
+        return ReferenceDecoder(*args)
+    why = native_unavailable()
+    if why and prefer == "native":
+        raise NativeUnavailable(f"INPUT_SCHEMA_PROTO_DECODER=native, but {why}")
+    if not why:
+        from firehose_bq.decode.native import NativeDecoder, UnsupportedShape
+
+        try:
+            return NativeDecoder(*args)
+        except UnsupportedShape as exc:
+            why = str(exc)
+    log.warning("decoding %s with the Python reference decoder (much slower): %s",
+                message_class.DESCRIPTOR.full_name, why)
+    return ReferenceDecoder(*args)
 
 
 def make_json_decoder(columns: Sequence[SchemaField], *, additional_properties: bool, prefer: str = "auto") \
         -> ValueDecoder:
-    """A decoder of JSON documents into rows of the table whose columns are `columns`.
-
-    `prefer` (INPUT_SCHEMA_PROTO_DECODER's values): "auto" (the native decoder when the extension is built,
-    else the Python one), "native" (an ImportError when it is not built) or "python" (the reference)."""
-    if prefer not in ("auto", "native", "python"):
-        raise ValueError(f"prefer must be auto, native or python, not {prefer!r}")
-    if prefer != "python":
-        try:
-            from firehose_bq.decode.json_native import JsonNativeDecoder
-        except ImportError:
-            if prefer == "native":
-                raise
-        else:
-            return JsonNativeDecoder(columns, additional_properties=additional_properties)
+    """A decoder of JSON documents into rows of the table whose columns are `columns`; `prefer` as for
+    make_value_decoder (the JSON decoder supports every column shape, so only a missing build falls back)."""
     from firehose_bq.decode.json_reference import JsonReferenceDecoder
 
+    _check_prefer(prefer)
+    if prefer != "python":
+        why = native_unavailable("_json")
+        if why and prefer == "native":
+            raise NativeUnavailable(f"INPUT_SCHEMA_PROTO_DECODER=native, but {why}")
+        if not why:
+            from firehose_bq.decode.json_native import JsonNativeDecoder
+
+            return JsonNativeDecoder(columns, additional_properties=additional_properties)
+        log.warning("decoding JSON with the Python reference decoder (much slower): %s", why)
     return JsonReferenceDecoder(columns, additional_properties=additional_properties)

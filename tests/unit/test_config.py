@@ -10,6 +10,7 @@ import pytest
 from firehose_bq import config
 from firehose_bq.config import Config
 from firehose_bq.devstack.stack_config import StackConfig
+from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import ConfigError
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -49,6 +50,31 @@ def test_values_are_parsed_by_type() -> None:
     assert cfg.spark.max_offsets_per_trigger == -1
     assert cfg.bigquery.metadata_namespace == "kafka"
     assert cfg.bigquery.api_endpoint == "http://127.0.0.1:1"
+
+
+def test_uint64_column_type_reaches_the_table_schema(test_descriptors: Descriptors) -> None:
+    from firehose_bq.sink_schema import plan_table
+
+    env = {**MINIMAL, "INPUT_SCHEMA_PROTO_CLASS": "testdata.AllTypes"}
+    assert Config.from_env(env).bigquery.uint64_column_type == "INTEGER"
+    cfg = Config.from_env({**env, "SINK_BIGQUERY_UINT64_COLUMN_TYPE": "NUMERIC"})
+    plan = plan_table(cfg, test_descriptors)
+    assert plan.options.uint64_type == "NUMERIC"
+    assert {f.name: f.field_type for f in plan.table.schema}["f_fixed64"] == "NUMERIC"
+    with pytest.raises(ConfigError, match="SINK_BIGQUERY_UINT64_COLUMN_TYPE"):
+        Config.from_env({**MINIMAL, "SINK_BIGQUERY_UINT64_COLUMN_TYPE": "FLOAT"})
+
+
+def test_native_decoder_required_but_not_built_is_a_start_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Config.from_env(MINIMAL).input_schema.decoder == "auto"
+    monkeypatch.setattr(config, "native_unavailable",
+                        lambda extension="_native": "the native decoder is not built (no module); build it")
+    Config.from_env({**MINIMAL, "INPUT_SCHEMA_PROTO_DECODER": "python"})  # the others do not need it
+    Config.from_env(MINIMAL)
+    with pytest.raises(ConfigError) as raised:
+        Config.from_env({**MINIMAL, "INPUT_SCHEMA_PROTO_DECODER": "native"})
+    assert raised.value.problems == ["INPUT_SCHEMA_PROTO_DECODER=native: the native decoder is not built (no module); "
+                                     "build it"]
 
 
 def test_every_problem_is_reported_at_once_one_line_per_variable() -> None:

@@ -12,8 +12,10 @@ import pytest
 from google.cloud.bigquery import SchemaField
 
 from firehose_bq.convert import (
+    JSON,
     METADATA_VALUES,
     STORAGE,
+    ValueEncoding,
     KafkaRecords,
     RowConverter,
     compile_message,
@@ -32,7 +34,7 @@ def all_types(test_descriptors: Descriptors):  # noqa: ANN201
 
 def test_scalars_enums_bytes_and_defaults(all_types) -> None:
     msg = all_types(f_bytes=b"\x00\xff", f_string="s", f_enum=2, f_double=1.25, f_bool=True, f_int64=-(2**63),
-                    f_uint64=2**64 - 1, f_sint32=-5)
+                    f_uint64=2**63 - 1, f_sint32=-5)
     row = compile_message(all_types.DESCRIPTOR)(msg)
     assert row["f_bytes"] == base64.b64encode(b"\x00\xff").decode()
     assert row["f_string"] == "s"
@@ -40,7 +42,7 @@ def test_scalars_enums_bytes_and_defaults(all_types) -> None:
     assert row["f_double"] == 1.25
     assert row["f_bool"] is True
     assert row["f_int64"] == -(2**63)
-    assert row["f_uint64"] == 2**64 - 1
+    assert row["f_uint64"] == 2**63 - 1  # the largest INTEGER; past it, see test_uint64_past_integer_*
     assert row["f_sint32"] == -5
     # proto3 scalars without presence: unset is the default value, not NULL
     assert row["f_int32"] == 0 and row["f_float"] == 0.0 and row["f_string"] == "s"
@@ -144,6 +146,17 @@ def test_missing_proto2_required_field_is_an_invalid_message(test_descriptors: D
     assert out.rows == []
 
 
+def test_missing_required_fields_are_named_at_any_depth(test_descriptors: Descriptors) -> None:
+    """Names built here, not by upb's FindInitializationErrors: beside a map field it builds wrong paths
+    and can segfault (4a002200: an empty map entry after a repeated message missing its field)."""
+    cls = test_descriptors.message_class("testdata.Proto2All")
+    values = [bytes.fromhex("4a002200"), bytes.fromhex("22004a00"), cls(req={"b": "x"}, m_req={5: {}}).SerializePartialToString()]
+    out = RowConverter(cls, MetadataColumns()).convert(records(values), "L")
+    assert [e.message for e in out.errors] == ["required field(s) missing: r_req[0].a",
+                                              "required field(s) missing: r_req[0].a",
+                                              "required field(s) missing: req.a, m_req[5].a"]
+
+
 def test_oneof_members_are_null_unless_chosen_even_with_the_default_value(all_types) -> None:
     convert = compile_message(all_types.DESCRIPTOR)
     row = convert(all_types(c_text=""))
@@ -167,8 +180,9 @@ def test_wrappers_are_their_values_or_null_and_dates_are_iso(test_descriptors: D
     msg.m_string["a"].value = "x"
     msg.day.year, msg.day.month, msg.day.day = 2024, 2, 29
     msg.r_day.add(year=1, month=1, day=1)
-    assert compile_message(cls.DESCRIPTOR)(msg) == {
-        "w_double": "NaN", "w_float": None, "w_int64": None, "w_uint64": 2**64 - 1, "w_int32": None,
+    # 2^64-1 fits no INTEGER column: kept whole as text with the uint64 opt-in
+    assert compile_message(cls.DESCRIPTOR, options=SchemaOptions(uint64_type="STRING"))(msg) == {
+        "w_double": "NaN", "w_float": None, "w_int64": None, "w_uint64": str(2**64 - 1), "w_int32": None,
         "w_uint32": None, "w_bool": False, "w_string": "", "w_bytes": "AQ==", "r_int64": [5, 0],
         "m_string": [{"key": "a", "value": "x"}], "day": "2024-02-29", "r_day": ["0001-01-01"],
     }
@@ -303,6 +317,46 @@ def test_storage_encoding_keeps_values_proto_native(all_types) -> None:
     assert row["message_timestamp"] == 1_700_000_000_123_000
     assert row["load_time"] == 1_795_428_000_250_000
     assert row["message_headers"] == [{"key": "h", "value": b"\x01"}]
+
+
+LOAD_TIME = "2026-11-23T10:00:00.000000Z"
+TIMESTAMPS = [((-62135596800, 0), True), ((253402300799, 999999999), True), ((-62135596801, 0), False),
+              ((253402300800, 0), False), ((0, -1), False), ((0, 1_000_000_000), False)]
+DURATIONS = [((315576000000, 999999999), True), ((-315576000000, -999999999), True), ((0, -5), True),
+             ((315576000001, 0), False), ((0, 1_000_000_000), False), ((1, -1), False), ((-1, 1), False)]
+
+
+@pytest.mark.parametrize("encoding", [JSON, STORAGE], ids=["json", "storage"])
+def test_well_known_values_outside_their_range_fail_the_message(all_types, encoding: ValueEncoding) -> None:
+    """Never normalized, clamped or wrapped: BigQuery would store a different time (or refuse the row)."""
+    converter = RowConverter(all_types, MetadataColumns(), encoding=encoding)
+    for field, cases in (("f_timestamp", TIMESTAMPS), ("f_duration", DURATIONS)):
+        for (seconds, nanos), valid in cases:
+            for msg in (all_types(**{field: {"seconds": seconds, "nanos": nanos}}),
+                        all_types(r_timestamp=[{"seconds": seconds, "nanos": nanos}]) if field == "f_timestamp"
+                        else all_types(**{field: {"seconds": seconds, "nanos": nanos}})):
+                out = converter.convert(records([msg.SerializeToString()]), LOAD_TIME)
+                assert bool(out.rows) == valid, (field, seconds, nanos, out.errors)
+                if not valid:
+                    assert out.errors[0].error_type is ErrorType.INVALID_MESSAGE_ERROR
+                    assert "outside" in out.errors[0].message
+
+
+@pytest.mark.parametrize("encoding", [JSON, STORAGE], ids=["json", "storage"])
+def test_uint64_past_integer_fails_unless_the_column_keeps_it(all_types, encoding: ValueEncoding) -> None:
+    import decimal
+
+    big = all_types(f_uint64=2**64 - 1, f_fixed64=2**63).SerializeToString()
+    fine = all_types(f_uint64=2**63 - 1).SerializeToString()
+    out = RowConverter(all_types, MetadataColumns(), encoding=encoding).convert(records([big, fine]), LOAD_TIME)
+    assert [e.error_type for e in out.errors] == [ErrorType.INVALID_MESSAGE_ERROR]
+    assert "SINK_BIGQUERY_UINT64_COLUMN_TYPE" in out.errors[0].message
+    assert out.rows[0]["f_uint64"] == 2**63 - 1
+    for uint64_type, expected in (("STRING", str(2**64 - 1)),
+                                  ("NUMERIC", str(2**64 - 1) if encoding is JSON else decimal.Decimal(2**64 - 1))):
+        options = SchemaOptions(uint64_type=uint64_type)
+        out = RowConverter(all_types, MetadataColumns(), options, encoding=encoding).convert(records([big]), LOAD_TIME)
+        assert out.rows[0]["f_uint64"] == expected and not out.errors
 
 
 def fits(value: object, f: SchemaField) -> bool:

@@ -108,6 +108,20 @@ def test_wrappers_are_nullable_scalars_and_dates_are_dates(test_descriptors: Des
     ]
 
 
+@pytest.mark.parametrize("uint64_type", ["INTEGER", "NUMERIC", "STRING"])
+def test_uint64_and_fixed64_columns_follow_the_opt_in(test_descriptors: Descriptors, uint64_type: str) -> None:
+    fields = bigquery_fields(test_descriptors.find_message("testdata.AllTypes"),
+                             options=SchemaOptions(uint64_type=uint64_type))
+    types = {f.name: f.field_type for f in fields}
+    assert (types["f_uint64"], types["f_fixed64"]) == (uint64_type, uint64_type)
+    assert (types["f_int64"], types["f_uint32"], types["f_sfixed64"]) == ("INTEGER",) * 3
+    wrapped = bigquery_fields(test_descriptors.find_message("testdata.Wrapped"),
+                              options=SchemaOptions(uint64_type=uint64_type))
+    assert {f.name: f.field_type for f in wrapped}["w_uint64"] == uint64_type
+    with pytest.raises(ValueError, match="uint64_type"):
+        SchemaOptions(uint64_type="FLOAT")
+
+
 def test_recursive_message_is_cut_to_json_at_max_depth(test_descriptors: Descriptors) -> None:
     cut = "testdata.Node as JSON: cut at depth 3 because the message is recursive."
     assert columns(test_descriptors, "testdata.Node", max_depth=3)["child"] == col(
