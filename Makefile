@@ -20,19 +20,18 @@ help:
 	@echo "make run     local broker + BigQuery emulator + $(N) sample messages → Spark job → summary"
 	@echo "make test    unit + integration tests (starts its own stack on free ports)"
 	@echo "make bench   benchmarks (ratios measured side by side)"
-	@echo "make native-check   the native decoder's tests under AddressSanitizer/UBSan/LeakSanitizer"
+	@echo "make native-check   the native decoders' tests under AddressSanitizer/UBSan/LeakSanitizer"
 	@echo "make up | down | status   the local stack"
 
-# setup.py builds the native decoders: a change to it or its C source reinstalls (and rebuilds) too.
-$(STAMP): pyproject.toml setup.py $(wildcard firehose_bq/decode/*.c)
+$(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Python 3.11+ is required (found " + sys.version.split()[0] + ")")'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
-# The native decoder: rebuilt in place when its source changes (an editable install does not notice).
-# Without a C compiler the build only warns, and the job decodes with the Python reference decoder.
-$(NATIVE): firehose_bq/decode/_native.c setup.py $(STAMP)
+# The native decoders (setup.py): rebuilt in place when a C source changes (an editable install does not
+# notice). Without a C compiler the build only warns, and the job decodes with the Python reference decoders.
+$(NATIVE): $(wildcard firehose_bq/decode/*.c) setup.py $(STAMP)
 	$(PY) setup.py -q build_ext --inplace
 	@touch $@
 
@@ -61,8 +60,8 @@ test-unit: venv descriptors
 test-integration: venv descriptors
 	$(PY) -m pytest tests/integration
 
-# The native decoder's tests with the extension built under AddressSanitizer, UndefinedBehaviorSanitizer
-# and LeakSanitizer (leaks counted only where _native.c allocated), then the normal build back.
+# The native decoders' tests (protobuf and JSON) with the extensions built under AddressSanitizer, UndefinedBehaviorSanitizer
+# and LeakSanitizer (leaks counted only where the extensions allocated), then the normal build back.
 SANITIZE := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 native-check: venv descriptors
 	rm -rf .native-check && mkdir -p .native-check
