@@ -76,12 +76,25 @@ def bq_dataset(bq_client: bigquery.Client) -> Iterator[str]:
         bq_client.delete_dataset(name, delete_contents=True, not_found_ok=True)
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Tests marked `both_decoders` run once per decoder: the native ones and the Python reference ones."""
+    if "decoder" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_decoders"):
+        metafunc.parametrize("decoder", ["native", "python"], indirect=True)
+
+
 @pytest.fixture
-def job_env(stack_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+def decoder(request: pytest.FixtureRequest) -> str:
+    """INPUT_SCHEMA_PROTO_DECODER of the test's job: `auto` (the default) unless the test is `both_decoders`."""
+    return getattr(request, "param", "auto")
+
+
+@pytest.fixture
+def job_env(stack_env: dict[str, str], tmp_path: Path, decoder: str) -> dict[str, str]:
     """A complete job environment on a fresh topic, dataset and checkpoint."""
     suffix = uuid.uuid4().hex[:8]
     return {
         **stack_env,
+        "INPUT_SCHEMA_PROTO_DECODER": decoder,
         "SOURCE_KAFKA_TOPIC": f"bookings-{suffix}",
         "SOURCE_KAFKA_CONSUMER_GROUP_ID": f"it-{suffix}",
         "INPUT_SCHEMA_PROTO_CLASS": "firehose.example.v1.Booking",

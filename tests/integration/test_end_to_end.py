@@ -15,7 +15,7 @@ from firehose_bq.config import WRITE_METHODS, Config
 from firehose_bq.errors import BatchFailedError
 from firehose_bq.pipeline import Pipeline
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.both_decoders]
 
 COUNT = 600
 

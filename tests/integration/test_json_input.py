@@ -16,7 +16,7 @@ from firehose_bq.errors import ErrorType
 from firehose_bq.pipeline import Pipeline
 from tests.integration.test_dead_letters import read_topic
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.both_decoders]
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA_FILE = REPO / "config" / "json-schema.json"

@@ -24,7 +24,7 @@ from firehose_bq.registry.cache import DescriptorCache
 from tests.integration.conftest import FakeRegistry
 from tests.integration.test_dead_letters import DlqJob, read_topic, table_ids
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.both_decoders]
 
 PROTOS = Path(__file__).parent / "protos"
 CURRENT, NEWER = 6, 4

@@ -17,7 +17,7 @@ from firehose_bq.pipeline import Pipeline
 from firehose_bq.sink_schema import load_descriptors
 from tests.integration.test_dead_letters import read_topic
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.both_decoders]
 
 COUNT = 300  # 294 routed (98 of each type) and 6 of a type no route names
 TABLES = {"ride.requested": "ride_requested", "ride.completed": "ride_completed",

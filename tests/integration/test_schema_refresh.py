@@ -18,7 +18,7 @@ from firehose_bq.sample import ensure_topic
 from tests.conftest import compile_protos
 from tests.integration.conftest import FakeRegistry
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.both_decoders]
 
 PROTOS = Path(__file__).parent / "protos"
 REFRESH_MS = 1000

@@ -14,7 +14,7 @@ from firehose_bq import descriptors, sample
 from firehose_bq.config import Config
 from firehose_bq.pipeline import Pipeline
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.both_decoders]
 
 KEY_FIELD = "booking_key"
 RECORDS = 20_000
