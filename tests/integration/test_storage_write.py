@@ -66,9 +66,10 @@ def test_a_row_the_table_cannot_take_fails_alone_and_the_rest_of_its_request_lan
     (error,) = failed.value.errors
     assert (error.error_type.value, error.topic, error.partition, error.offset) == (
         "INVALID_MESSAGE_ERROR", cfg.source.topics[0], 0, 10)
-    # Checked before the append (the emulator would store it and break every query of the table; real
-    # BigQuery would reject the whole request): the row fails alone, the others land.
-    assert "outside BigQuery's range" in error.message
+    # Refused by the decoder, never clamped (the emulator would store it and break every query of the
+    # table; real BigQuery would reject the whole request): the row fails alone, the others land. What the
+    # writer itself refuses before an append is tests/integration/test_writers.py's subject.
+    assert "outside 0001-01-01..9999-12-31" in error.message
     landed = sorted(r["order_number"] for r in read_table(bq_client, cfg))
     assert landed == [f"ORD-{i:08d}" for i in range(16) if i != 10]
 
