@@ -13,7 +13,7 @@ import pytest
 
 from google.cloud.bigquery import SchemaField
 
-from firehose_bq.convert import STORAGE, compile_message
+from firehose_bq.convert import compile_message
 from firehose_bq.decode.reference import ReferenceDecoder
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.schema import SchemaOptions, bigquery_fields
@@ -50,7 +50,7 @@ def test_rows_fit_the_schema(test_descriptors: Descriptors, options: SchemaOptio
     """The lock-step between schema.py and convert.py, on fully populated messages (and the key's, at depth 2)."""
     key = populated_key(test_descriptors)
     for msg, depth in [(m, 1) for m in populated_messages(test_descriptors)] + [(key, 2)]:
-        row = compile_message(msg.DESCRIPTOR, depth, options, STORAGE)(msg)
+        row = compile_message(msg.DESCRIPTOR, depth, options)(msg)
         schema = bigquery_fields(msg.DESCRIPTOR, depth, options)
         assert fits(row, SchemaField("row", "RECORD", fields=schema)), (msg.DESCRIPTOR.full_name, row)
 
