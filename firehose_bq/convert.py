@@ -1,14 +1,16 @@
-"""Protobuf bytes → BigQuery rows, through Python code generated once per message descriptor.
+"""Protobuf bytes → row values, through Python code generated once per message descriptor: the converter
+of the reference decoder (`decode/reference.py`), which builds Arrow columns from what it returns.
 
 Compilation walks the descriptor once and writes the source of one function per (message type, depth):
 a single dict display that reads each field as an attribute and converts it inline, so converting a
 message runs no descriptor reflection and almost no Python calls (see `_Compiler` for why it is source
 text and how names from the descriptor are kept out of it).
 
-Values follow BigQuery's JSON encoding used by insertAll: TIMESTAMP as RFC 3339, DATE as YYYY-MM-DD,
-BYTES as base64, enums by name (an enum number the descriptor does not know is kept as its decimal
-string, never dropped), maps as key/value records, wrappers as their value, and message fields at the
-max depth as their proto JSON.
+Values are what pyarrow builds the table's Arrow types from: TIMESTAMP as microseconds since the epoch,
+DATE as days since it, BYTES as bytes, a uint64 NUMERIC as a Decimal, enums by name (an enum number the
+descriptor does not know is kept as its decimal string, never dropped), maps as key/value records,
+wrappers as their value, and Struct/Value/ListValue and message fields at the max depth as their proto
+JSON text.
 
 Proto3 scalars without presence are written with their value even when it is the default (0, "",
 false): in proto3 an unset scalar *is* the default. Fields with presence (messages, `optional`,
@@ -17,15 +19,12 @@ oneof members) are NULL when unset.
 
 from __future__ import annotations
 
-import binascii
 import gc
 import keyword
-import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from datetime import UTC, date, datetime, timedelta
+from datetime import date
 from decimal import Decimal
 from json.encoder import encode_basestring_ascii
 from typing import Any
@@ -34,76 +33,13 @@ from google.protobuf import json_format, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from firehose_bq.errors import ErrorType, MessageError
 from firehose_bq.registry.confluent import WireFormatError, parse_frame
-from firehose_bq.schema import (KEY_COLUMN, UNSIGNED_64, Kind, MetadataColumns, SchemaOptions, column_name, field_kind,
-                                is_map, scalar_field)
+from firehose_bq.schema import UNSIGNED_64, Kind, SchemaOptions, column_name, field_kind, is_map, scalar_field
 
 Row = dict[str, Any]
-ValueFn = Callable[[Any], Any]
 
 FD = FieldDescriptor
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EPOCH_DATE = date(1970, 1, 1)
-
-
-def rfc3339(seconds: int, nanos: int = 0) -> str:
-    """Timestamp as BigQuery's RFC 3339 text with microseconds (BigQuery keeps microseconds)."""
-    moment = _EPOCH + timedelta(seconds=seconds)
-    return f"{moment:%Y-%m-%dT%H:%M:%S}.{nanos // 1000:06d}Z"
-
-
-def millis_to_rfc3339(millis: int) -> str:
-    seconds, rest = divmod(millis, 1000)
-    return rfc3339(seconds, rest * 1_000_000)
-
-
-# Days whose date text a converter keeps: a batch's timestamps fall in few days; the bound keeps a
-# converter that meets scattered timestamps small (~60 bytes a day).
-TIMESTAMP_CACHE_DAYS = 4096
-# "HH:MM:" of each minute of a day and "SS." of each second: formatting a datetime, or even an int with
-# a format spec, costs far more than divmods and lookups.
-_MINUTES_OF_DAY = tuple(f"{h:02d}:{m:02d}:" for h in range(24) for m in range(60))
-_SECONDS_OF_MINUTE = tuple(f"{s:02d}." for s in range(60))
-
-
-def _timestamp_text() -> Callable[[int, int], str]:
-    """`rfc3339`, with each day's "YYYY-MM-DDT" cached. A closure, one per converter (not module-wide, so
-    no state is shared), because calling a closure is cheaper than an object's __call__."""
-    days: dict[int, str] = {}
-    minutes, seconds_text = _MINUTES_OF_DAY, _SECONDS_OF_MINUTE
-
-    def text(seconds: int, nanos: int = 0) -> str:
-        day, second = divmod(seconds, 86400)
-        head = days.get(day)
-        if head is None:
-            # The same datetime arithmetic and format as rfc3339, so out-of-range times raise the same errors.
-            head = f"{_EPOCH + timedelta(seconds=seconds):%Y-%m-%dT}"
-            if len(days) >= TIMESTAMP_CACHE_DAYS:
-                days.clear()
-            days[day] = head
-        minute, second = divmod(second, 60)
-        if 0 <= nanos < 1_000_000_000:  # a valid Timestamp: six digits without a format spec, which is slow
-            return f"{head}{minutes[minute]}{seconds_text[second]}{str(1_000_000 + nanos // 1000)[1:]}Z"
-        return f"{head}{minutes[minute]}{seconds_text[second]}{nanos // 1000:06d}Z"
-
-    return text
-
-
-def _float(value: float) -> float | str:
-    # JSON has no NaN/Infinity; BigQuery reads these spellings for FLOAT.
-    if math.isfinite(value):
-        return value
-    return _nonfinite(value)
-
-
-def _nonfinite(value: float) -> str:
-    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-
-
-def _bytes(value: bytes) -> str:
-    # What base64.b64encode does, without its Python-level wrapper.
-    return binascii.b2a_base64(value, newline=False).decode("ascii")
 
 
 class _EnumNames(dict[int, str]):
@@ -118,15 +54,13 @@ def _json(msg: Message) -> str:
     return json_format.MessageToJson(msg, indent=None, sort_keys=True, preserving_proto_field_name=True)
 
 
-def _date(d: Message) -> str:
+def _days(d: Message) -> int:
+    """A google.type.Date as days since the epoch."""
     try:
-        return date(d.year, d.month, d.day).isoformat()
+        day = date(d.year, d.month, d.day)
     except ValueError as exc:  # google.type.Date allows year-less or day-less dates; a DATE does not
         raise ValueError(f"google.type.Date {d.year}-{d.month}-{d.day} is not a valid DATE: {exc}") from None
-
-
-def _days(d: Message) -> int:
-    return (date.fromisoformat(_date(d)) - _EPOCH_DATE).days
+    return (day - _EPOCH_DATE).days
 
 
 def _micros(seconds: int, nanos: int = 0) -> int:
@@ -159,32 +93,6 @@ def _bad_duration(d: Message) -> Any:
 def _too_big(value: int) -> Any:
     raise ValueError(f"{value} is past INTEGER's range (at most 2^63-1); set SINK_BIGQUERY_UINT64_COLUMN_TYPE="
                      "NUMERIC or STRING to keep such values")
-
-
-@dataclass(frozen=True)
-class ValueEncoding:
-    """How values that have no native JSON form are written: insertAll and file loads want JSON text,
-    the Storage Write API wants proto-native values (micros, days, raw bytes, IEEE floats)."""
-
-    name: str
-    timestamp: Callable[[int, int], Any]  # (seconds, nanos) →
-    date: ValueFn  # google.type.Date →
-    bytes: ValueFn
-    float: ValueFn
-
-    def millis(self, millis: int) -> Any:
-        seconds, rest = divmod(millis, 1000)
-        return self.timestamp(seconds, rest * 1_000_000)
-
-
-JSON = ValueEncoding("json", rfc3339, _date, _bytes, _float)
-STORAGE = ValueEncoding("storage", _micros, _days, lambda b: b, lambda f: f)
-ENCODINGS = {e.name: e for e in (JSON, STORAGE)}
-
-
-def _cached(enc: ValueEncoding) -> ValueEncoding:
-    """`enc` for one converter: JSON's timestamps through a per-converter minute cache."""
-    return replace(enc, timestamp=_timestamp_text()) if enc.timestamp is rfc3339 else enc
 
 
 # google.protobuf.Struct/Value/ListValue → the text `_json` gives them (json.dumps with sort_keys, ASCII
@@ -281,10 +189,8 @@ class _Compiler:
     like every other object the code uses (enum tables, helpers). The namespace has no builtins.
     """
 
-    def __init__(self, options: SchemaOptions, enc: ValueEncoding) -> None:
+    def __init__(self, options: SchemaOptions) -> None:
         self.options = options
-        self.enc = _cached(enc)
-        self.json = enc is JSON  # as before: only JSON itself turns floats and bytes into text
         self.namespace: dict[str, Any] = {"__builtins__": {}, "_list": list, "_map": map, "_sorted": sorted,
                                           "_getattr": getattr, "_None": None}
         self.functions: dict[tuple[str, int], str] = {}
@@ -371,7 +277,7 @@ class _Compiler:
             t = self.temp()
             in_range = (f"{TIMESTAMP_MIN_SECONDS} <= ({t} := {src}).seconds <= {TIMESTAMP_MAX_SECONDS} "
                         f"and 0 <= {t}.nanos <= {NANOS_MAX}")
-            return (f"({self.const(self.enc.timestamp, 'timestamp')}({t}.seconds, {t}.nanos) if {in_range} "
+            return (f"({self.const(_micros, 'timestamp')}({t}.seconds, {t}.nanos) if {in_range} "
                     f"else {self.const(_bad_timestamp, 'bad')}({t}))")
         if kind is Kind.DURATION:
             t = self.temp()
@@ -381,7 +287,7 @@ class _Compiler:
             return (f"({{'seconds': {t}.seconds, 'nanos': {t}.nanos}} if {in_range} "
                     f"else {self.const(_bad_duration, 'bad')}({t}))")
         if kind is Kind.DATE:
-            return f"{self.const(self.enc.date, 'date')}({src})"
+            return f"{self.const(_days, 'date')}({src})"
         if kind is Kind.JSON_STRING:
             return f"{self.const(_JSON_TEXT[fd.message_type.full_name], 'json')}({src})"
         assert kind is Kind.CUT and not is_map(fd), kind  # maps are converted whole, in `field`
@@ -403,11 +309,6 @@ class _Compiler:
             return f"{self.enum_names(fd)}[{src}]"
         if fd.type in UNSIGNED_64:
             return f"{self.unsigned_64()}({src})"
-        if fd.type in (FD.TYPE_FLOAT, FD.TYPE_DOUBLE) and self.json:
-            t = self.temp()  # x - x is 0.0 exactly for finite floats, NaN for NaN and ±Infinity
-            return f"({t} if ({t} := {src}) - {t} == 0.0 else {self.const(_nonfinite, 'nonfinite')}({t}))"
-        if fd.type == FD.TYPE_BYTES and self.json:
-            return f"{self.const(_bytes, 'bytes')}({src})"
         return src
 
     def unsigned_64(self) -> str:
@@ -415,8 +316,8 @@ class _Compiler:
         column_type = self.options.uint64_type
         if column_type == "STRING":
             return self.const(str, "str")
-        if column_type == "NUMERIC":  # JSON: BigQuery reads NUMERIC from a string; Storage: a decimal
-            return self.const(str if self.json else Decimal, "numeric")
+        if column_type == "NUMERIC":
+            return self.const(Decimal, "numeric")
         return self.const(_integer, "integer")
 
     def enum_names(self, fd: FieldDescriptor) -> str:
@@ -431,10 +332,6 @@ class _Compiler:
                 return f"{self.enum_names(fd)}.__getitem__"
             if fd.type in UNSIGNED_64:
                 return self.unsigned_64()
-            if fd.type in (FD.TYPE_FLOAT, FD.TYPE_DOUBLE) and self.json:
-                return self.const(_float, "float")
-            if fd.type == FD.TYPE_BYTES and self.json:
-                return self.const(_bytes, "bytes")
             return None
         if kind is Kind.RECORD:
             return self.message(fd.message_type, depth + 1)
@@ -459,95 +356,13 @@ class _Compiler:
 
 
 def compile_message(descriptor: Descriptor, depth: int = 1,
-                    options: SchemaOptions = SchemaOptions(), enc: ValueEncoding = JSON) -> Callable[[Message], Row]:
-    """A function turning a message of `descriptor` into a BigQuery row dict (its fields at `depth`)."""
-    compiler = _Compiler(options, enc)
+                    options: SchemaOptions = SchemaOptions()) -> Callable[[Message], Row]:
+    """A function turning a message of `descriptor` into a row dict (its fields at `depth`), each value in
+    the Python form of its column's Arrow type."""
+    compiler = _Compiler(options)
     name = compiler.message(descriptor, depth)
     return compiler.build()[name]
 
-
-@dataclass(frozen=True)
-class KafkaRecords:
-    """Column-wise Kafka records of one batch (what the source yields, as Python lists).
-
-    The optional columns are None when the source does not provide them: their metadata columns are
-    then NULL (empty for headers), and `message_key` is NULL.
-    """
-
-    topics: Sequence[str]
-    partitions: Sequence[int]
-    offsets: Sequence[int]
-    timestamps_ms: Sequence[int | None]
-    values: Sequence[bytes | None]
-    keys: Sequence[bytes | None] | None = None
-    headers: Sequence[Sequence[tuple[str, bytes | None]]] | None = None
-    timestamp_types: Sequence[int | None] | None = None  # Kafka's: 0 CreateTime, 1 LogAppendTime
-    leader_epochs: Sequence[int | None] | None = None
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def insert_id(self, i: int) -> str:
-        return f"{self.topics[i]}_{self.partitions[i]}_{self.offsets[i]}"
-
-
-# Kafka's TimestampType ids; -1 and None (old message formats) are NoTimestampType.
-TIMESTAMP_TYPES: dict[int | None, str] = {0: "CreateTime", 1: "LogAppendTime"}
-
-
-def _kafka_int(value: int | None) -> int | None:
-    return value if value is not None and value >= 0 else None  # Kafka says "none" with -1
-
-
-def _kafka_times(timestamps_ms: Sequence[int | None], enc: ValueEncoding) -> list[Any]:
-    """Each Kafka timestamp encoded, NULL for none (Kafka says none with -1); one loop, as this column is
-    made for every record."""
-    timestamp = enc.timestamp
-    return [None if ms is None or ms < 0 else timestamp(ms // 1000, ms % 1000 * 1_000_000) for ms in timestamps_ms]
-
-
-def _headers(headers: Sequence[tuple[str, bytes | None]], enc: ValueEncoding) -> list[Row]:
-    return [{"key": key, "value": None if value is None else enc.bytes(value)} for key, value in headers]
-
-
-def _each(values: Sequence[Any] | None, convert: Callable[[Any], Any], n: int) -> list[Any]:
-    """`convert` of each value of an optional column; NULL for all `n` records when the source lacks it."""
-    return [None] * n if values is None else [convert(v) for v in values]
-
-
-# Each metadata column's values for a batch loaded at `now` (already encoded), one per record:
-# column-wise like the records, so a row only indexes them. The keys are METADATA_COLUMNS'.
-METADATA_VALUES: dict[str, Callable[[KafkaRecords, Any, ValueEncoding], Sequence[Any]]] = {
-    "message_topic": lambda r, now, enc: r.topics,
-    "message_partition": lambda r, now, enc: r.partitions,
-    "message_offset": lambda r, now, enc: r.offsets,
-    "message_timestamp": lambda r, now, enc: _kafka_times(r.timestamps_ms, enc),
-    "load_time": lambda r, now, enc: [now] * len(r),
-    # REPEATED: no headers rather than NULL when the source lacks them.
-    "message_headers": lambda r, now, enc: [_headers(h, enc)
-                                            for h in (r.headers if r.headers is not None else [()] * len(r))],
-    "message_timestamp_type": lambda r, now, enc: _each(r.timestamp_types,
-                                                        lambda t: TIMESTAMP_TYPES.get(t, "NoTimestampType"), len(r)),
-    "message_leader_epoch": lambda r, now, enc: _each(r.leader_epochs, _kafka_int, len(r)),
-}
-
-
-@dataclass
-class ConvertedBatch:
-    """Rows ready for BigQuery plus the messages that could not be converted, in input order."""
-
-    rows: list[Row] = field(default_factory=list)
-    insert_ids: list[str] = field(default_factory=list)
-    sources: list[int] = field(default_factory=list)  # index in the input of each row
-    errors: list[MessageError] = field(default_factory=list)
-    unknown_fields: list[int] = field(default_factory=list)  # inputs with fields the descriptor lacks
-    # Positions in `rows` of tombstones (changelog mode only): such a row holds only the key column
-    # and the metadata columns, and means "delete this key".
-    deletes: list[int] = field(default_factory=list)
-
-
-TOMBSTONE = "null value (a tombstone); only an upsert/delete sink can apply it"
-NULL_KEY = "null key; a changelog (upsert/delete) needs a key per record"
 
 # What decoding or converting one message may raise, by what it says about the message. Anything else
 # is a bug of the sink, not of the message, and propagates.
@@ -555,126 +370,6 @@ _UNDECODABLE = (DecodeError, WireFormatError)
 # e.g. a Timestamp out of range, a partial Date, an Any whose type no descriptor knows (cut to JSON)
 _INVALID = (ValueError, OverflowError, OSError, TypeError, json_format.Error)
 _MESSAGE_FAULTS = _UNDECODABLE + _INVALID
-
-
-class RowConverter:
-    """Decode + convert for one message type (and key type) and one metadata layout; build once, use per
-    batch. `key_class` adds the Kafka key as the RECORD column `message_key`, as `table_schema(key=...)`."""
-
-    def __init__(self, message_class: type[Message], metadata: MetadataColumns,
-                 options: SchemaOptions = SchemaOptions(), key_class: type[Message] | None = None,
-                 detect_unknown_fields: bool = False, confluent_framed: bool = False,
-                 changelog: bool = False, encoding: ValueEncoding = JSON) -> None:
-        """`confluent_framed`: values start with Confluent's wire-format frame (magic byte, schema id,
-        message indexes); the payload after it is decoded as `message_class`.
-
-        `changelog` (upsert/delete, needs `key_class`): every record must have a key, and a null value
-        is a tombstone, returned as a key-only row listed in `ConvertedBatch.deletes`.
-
-        `encoding`: JSON (insertAll, file loads) or STORAGE (Storage Write API) values."""
-        if changelog and key_class is None:
-            raise ValueError("a changelog converter needs the key's message class")
-        self._changelog = changelog
-        self._encoding = encoding
-        compiler = _Compiler(options, encoding)
-        self._values_encoding = compiler.enc  # JSON's with the converter's timestamp cache
-        self._parse = _parser(message_class, confluent_framed)
-        self._unknown = _has_unknown_fields if detect_unknown_fields else None
-        self._metadata = [(name, METADATA_VALUES[name]) for name in metadata.columns] if metadata.enabled else []
-        row, tombstone = _row_functions(compiler, message_class.DESCRIPTOR, key_class is not None,
-                                        [name for name, _ in self._metadata], metadata.namespace)
-        key = compiler.message(key_class.DESCRIPTOR, 2) if key_class is not None else None
-        namespace = compiler.build()
-        self._row, self._tombstone = namespace[row], namespace[tombstone]
-        self._key: tuple[Callable[[bytes], Message], Callable[[Message], Row]] | None = None
-        if key_class is not None and key is not None:
-            self._key = (_parser(key_class, False), namespace[key])
-
-    def convert(self, records: KafkaRecords, load_time: str) -> ConvertedBatch:
-        """`load_time`: the write time as RFC 3339 text (UTC, `Z`), one for the whole batch."""
-        out = ConvertedBatch()
-        now: Any = load_time
-        if self._encoding is not JSON and self._metadata:
-            moment = datetime.fromisoformat(load_time.replace("Z", "+00:00")) - _EPOCH
-            now = self._encoding.timestamp(moment.days * 86400 + moment.seconds, moment.microseconds * 1000)
-        with _collector_paused():
-            columns = [values(records, now, self._values_encoding) for _, values in self._metadata]
-            # One tuple of metadata values per record, made in C; the row function unpacks it.
-            metadata: Sequence[tuple[Any, ...]] = list(zip(*columns)) if columns else [()] * len(records)
-            if self._key is None and not self._changelog:
-                self._convert_values(records, metadata, out)
-            else:
-                self._convert_records(records, metadata, out)
-            ids = [f"{t}_{p}_{o}" for t, p, o in zip(records.topics, records.partitions, records.offsets)]
-            out.insert_ids = ids if len(out.sources) == len(ids) else [ids[i] for i in out.sources]
-        return out
-
-    def _convert_values(self, records: KafkaRecords, metadata: Sequence[tuple[Any, ...]],
-                        out: ConvertedBatch) -> None:
-        """The common case, one tight loop: no key column, no changelog."""
-        parse, to_row, unknown_fields, rows, sources = self._parse, self._row, self._unknown, out.rows, out.sources
-        for i, value in enumerate(records.values):
-            try:
-                msg = parse(value)
-                unknown = unknown_fields is not None and unknown_fields(msg)
-                row = to_row(msg, metadata[i])
-            except _MESSAGE_FAULTS as exc:
-                out.errors.append(self._error(records, i, TOMBSTONE) if value is None else
-                                  self._fault(records, i, exc))
-                continue
-            if unknown:
-                out.unknown_fields.append(i)
-            rows.append(row)
-            sources.append(i)
-
-    def _convert_records(self, records: KafkaRecords, metadata: Sequence[tuple[Any, ...]],
-                         out: ConvertedBatch) -> None:
-        """Every case: keys, tombstones (changelog) and unknown-field detection."""
-        parse, to_row, unknown_fields = self._parse, self._row, self._unknown
-        changelog, keys = self._changelog, records.keys
-        for i, value in enumerate(records.values):
-            key = None if keys is None else keys[i]
-            if changelog and key is None:
-                out.errors.append(self._error(records, i, NULL_KEY))
-                continue
-            unknown = False
-            if value is None:
-                if not changelog:
-                    out.errors.append(self._error(records, i, TOMBSTONE))
-                    continue
-                row = self._tombstone(metadata[i])
-            else:
-                try:
-                    msg = parse(value)
-                    unknown = unknown_fields is not None and unknown_fields(msg)
-                    row = to_row(msg, metadata[i])
-                except _MESSAGE_FAULTS as exc:
-                    out.errors.append(self._fault(records, i, exc))
-                    continue
-            if unknown:
-                out.unknown_fields.append(i)
-            if self._key is not None and key is not None:  # a null key is the row's NULL already
-                parse_key, key_row = self._key
-                try:
-                    row[KEY_COLUMN] = key_row(parse_key(key))
-                except _MESSAGE_FAULTS as exc:
-                    out.errors.append(self._fault(records, i, exc, "key: "))
-                    continue
-            if value is None:
-                out.deletes.append(len(out.rows))
-            out.rows.append(row)
-            out.sources.append(i)
-
-    @classmethod
-    def _fault(cls, records: KafkaRecords, i: int, exc: Exception, part: str = "") -> MessageError:
-        kind = ErrorType.DESERIALIZATION_ERROR if isinstance(exc, _UNDECODABLE) else ErrorType.INVALID_MESSAGE_ERROR
-        return cls._error(records, i, exc, part, kind)
-
-    @staticmethod
-    def _error(records: KafkaRecords, i: int, cause: Exception | str, part: str = "",
-               kind: ErrorType = ErrorType.INVALID_MESSAGE_ERROR) -> MessageError:
-        text = cause if isinstance(cause, str) else (str(cause) or type(cause).__name__)
-        return MessageError(kind, records.topics[i], records.partitions[i], records.offsets[i], part + text)
 
 
 @contextmanager
@@ -694,21 +389,6 @@ def _collector_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-def _row_functions(compiler: _Compiler, descriptor: Descriptor, key: bool, metadata: Sequence[str],
-                   namespace: str) -> tuple[str, str]:
-    """Names of the generated (message, metadata values) → row and (metadata values) → tombstone row
-    functions: message columns, then `message_key` (NULL until the key is converted), then metadata."""
-    params = [f"_a{i}" for i in range(len(metadata))]
-    unpack = [f"{', '.join(params)}, = meta"] if params else []
-    meta = [f"{compiler.literal(name)}: {param}" for name, param in zip(metadata, params)]
-    if meta and namespace:
-        meta = [f"{compiler.literal(namespace)}: {{{', '.join(meta)}}}"]
-    keys = [f"{compiler.literal(KEY_COLUMN)}: _None"] if key else []
-    row = compiler.define("row", "m, meta", unpack, "{" + ", ".join(compiler.items(descriptor, 1, "m") + keys + meta) + "}")
-    tombstone = compiler.define("tombstone", "meta", unpack, "{" + ", ".join(keys + meta) + "}")
-    return row, tombstone
 
 
 def _parser(message_class: type[Message], confluent_framed: bool) -> Callable[[bytes], Message]:

@@ -17,10 +17,10 @@ from collections.abc import Sequence
 from google.cloud.bigquery import SchemaField
 from google.protobuf.message import Message
 
-from firehose_bq.decode.values import DecodedValues, DecodeFailure, ValueDecoder
+from firehose_bq.decode.values import DecodedValues, ValueDecoder
 from firehose_bq.schema import SchemaOptions
 
-__all__ = ["DECODERS", "DecodeFailure", "DecodedValues", "NativeUnavailable", "ValueDecoder", "make_json_decoder",
+__all__ = ["DECODERS", "DecodedValues", "NativeUnavailable", "ValueDecoder", "make_json_decoder",
            "make_value_decoder", "native_unavailable"]
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Python compiles the descriptor once into a plan (this module) and handles what is rare:
 
-- failures become `DecodeFailure`s (C collects them without Python objects);
+- failures become `RowError`s (C collects them without Python objects);
 - fields cut at the max depth (`Kind.CUT`): C validates their bytes exactly as upb would and hands them
   over; they become json_format text here, as the reference writes them;
 - escaped rows: where exactness would need protobuf's merge semantics on columns already written (a
@@ -32,8 +32,8 @@ from google.protobuf.message import DecodeError, Message
 from firehose_bq.arrow_schema import arrow_struct
 from firehose_bq.convert import _INVALID, _json
 from firehose_bq.decode import NativeUnavailable, native_unavailable
-from firehose_bq.decode.values import DecodedValues, DecodeFailure
-from firehose_bq.errors import ErrorType
+from firehose_bq.decode.values import DecodedValues
+from firehose_bq.errors import ErrorType, RowError
 from firehose_bq.schema import WRAPPERS, Kind, SchemaOptions, bigquery_fields, field_kind, is_map, scalar_field
 
 FD = FieldDescriptor
@@ -328,7 +328,7 @@ class NativeDecoder:
                                   pa.types.is_large_binary(values.type))
         failures, unknown, escapes, cuts = batch.results()
         out = DecodedValues(pa.array([], self._arrow_type),
-                            [DecodeFailure(row, _FAILURE_TYPES[kind], text) for row, kind, text in failures], unknown)
+                            [RowError(row, _FAILURE_TYPES[kind], text) for row, kind, text in failures], unknown)
         texts = self._cut_texts(cuts, out.failures)
         values_array = pa.Array._import_from_c(batch.export(texts, sorted({f.index for f in out.failures})),
                                                self._arrow_type)
@@ -338,7 +338,7 @@ class NativeDecoder:
         out.failures.sort(key=lambda f: f.index)
         return out
 
-    def _cut_texts(self, cuts: list[tuple[int, int, int, bytes]], failures: list[DecodeFailure]) -> list[bytes | None]:
+    def _cut_texts(self, cuts: list[tuple[int, int, int, bytes]], failures: list[RowError]) -> list[bytes | None]:
         """json_format text of each cut value; a value json_format refuses fails its row, as in the reference."""
         texts: list[bytes | None] = []
         failed: set[int] = set()
@@ -354,7 +354,7 @@ class NativeDecoder:
                 texts.append(_json(msg).encode())
             except (DecodeError, *_INVALID) as exc:
                 kind = ErrorType.DESERIALIZATION_ERROR if isinstance(exc, DecodeError) else ErrorType.INVALID_MESSAGE_ERROR
-                failures.append(DecodeFailure(row, kind, str(exc) or type(exc).__name__))
+                failures.append(RowError(row, kind, str(exc) or type(exc).__name__))
                 failed.add(row)
                 texts.append(None)
         return texts
@@ -367,7 +367,7 @@ class NativeDecoder:
             self._reference = ReferenceDecoder(*self._reference_args)
         self.escaped_rows += len(escapes)
         sub = self._reference.decode(values.take(pa.array(escapes, pa.int64())))
-        out.failures.extend(DecodeFailure(escapes[f.index], f.error_type, f.message) for f in sub.failures)
+        out.failures.extend(RowError(escapes[f.index], f.error_type, f.message) for f in sub.failures)
         out.unknown_fields = sorted(out.unknown_fields + [escapes[i] for i in sub.unknown_fields])
         n = len(out.values)
         positions = list(range(n))
@@ -380,6 +380,6 @@ def _concatenated(first: DecodedValues, second: DecodedValues, offset: int) -> D
     """Two decoded halves as one batch (the second's indexes shifted by `offset`)."""
     return DecodedValues(
         pa.concat_arrays([first.values, second.values]),
-        first.failures + [DecodeFailure(f.index + offset, f.error_type, f.message) for f in second.failures],
+        first.failures + [RowError(f.index + offset, f.error_type, f.message) for f in second.failures],
         first.unknown_fields + [i + offset for i in second.unknown_fields],
     )

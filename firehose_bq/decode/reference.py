@@ -13,8 +13,8 @@ import pyarrow as pa
 from google.protobuf.message import Message
 
 from firehose_bq.arrow_schema import arrow_struct
-from firehose_bq.convert import _MESSAGE_FAULTS, _UNDECODABLE, STORAGE, _collector_paused, _has_unknown_fields, \
-    _parser, compile_message
+from firehose_bq.convert import _MESSAGE_FAULTS, _UNDECODABLE, _collector_paused, _has_unknown_fields, _parser, \
+    compile_message
 from firehose_bq.decode.values import DecodedValues
 from firehose_bq.errors import ErrorType, RowError
 from firehose_bq.schema import SchemaOptions, bigquery_fields
@@ -28,7 +28,7 @@ class ReferenceDecoder:
         descriptor = message_class.DESCRIPTOR
         self._arrow_type = arrow_struct(bigquery_fields(descriptor, depth, options))
         self._parse = _parser(message_class, confluent_framed)
-        self._row = compile_message(descriptor, depth, options, STORAGE)
+        self._row = compile_message(descriptor, depth, options)
         self._unknown = _has_unknown_fields if detect_unknown_fields else None
 
     @property

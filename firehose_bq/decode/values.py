@@ -10,12 +10,6 @@ import pyarrow as pa
 from firehose_bq.errors import RowError
 
 
-# Input `index` could not be decoded: DESERIALIZATION_ERROR (not the message's wire format) or
-# INVALID_MESSAGE_ERROR (parses, but a value has no BigQuery form: a missing proto2 `required`, a
-# Timestamp out of range, a uint64 past INTEGER's range, ...).
-DecodeFailure = RowError
-
-
 @dataclass
 class DecodedValues:
     """One decoded Arrow batch of values.
@@ -25,7 +19,10 @@ class DecodedValues:
     descriptor lacks; they are decoded without them."""
 
     values: pa.StructArray
-    failures: list[DecodeFailure] = field(default_factory=list)
+    # Input `index` could not be decoded: DESERIALIZATION_ERROR (not the message's wire format) or
+    # INVALID_MESSAGE_ERROR (parses, but a value has no BigQuery form: a missing proto2 `required`, a
+    # Timestamp out of range, a uint64 past INTEGER's range, ...).
+    failures: list[RowError] = field(default_factory=list)
     unknown_fields: list[int] = field(default_factory=list)
 
 

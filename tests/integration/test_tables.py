@@ -5,19 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from google.cloud import bigquery
 
 from firehose_bq import descriptors
+from firehose_bq.batch.core import row_builder
+from firehose_bq.bigquery.client import make_client
+from firehose_bq.bigquery.insert_all import InsertAllWriter
 from firehose_bq.cli import main
 from firehose_bq.config import Config
-from firehose_bq.convert import KafkaRecords, RowConverter
 from firehose_bq.errors import SchemaError
-from firehose_bq.sink_schema import apply_plan, plan_table
+from firehose_bq.sink_schema import apply_plan, plan_table, spec_of
 from tests.conftest import compile_protos
+from tests.unit.batch.sources import source_batch
 
 pytestmark = pytest.mark.integration
 
 PROTOS = Path(__file__).parent / "protos"
+LOAD_TIME_US = 1_767_225_600_000_000  # 2026-01-01T00:00:00Z
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +35,22 @@ def event_config(job_env: dict[str, str], desc: Path, **extra: str) -> Config:
                             **extra})
 
 
-def write(client: bigquery.Client, cfg: Config, values: list[dict]) -> None:
+def write(cfg: Config, values: list[dict]) -> None:
+    """`values` as messages, decoded and written by the job's own steps (insertAll)."""
     loaded = descriptors.load(cfg.input_schema.stencil_urls)
     plan = plan_table(cfg, loaded)
     cls = loaded.message_class(plan.message_name)
-    payloads = [cls(**v).SerializeToString() for v in values]
-    n = len(payloads)
-    records = KafkaRecords(["t"] * n, [0] * n, list(range(n)), [1_767_225_600_000] * n, payloads)
-    batch = RowConverter(cls, plan.metadata).convert(records, load_time="2026-01-01T00:00:00Z")
-    assert not batch.errors
-    assert client.insert_rows_json(cfg.bigquery.table_ref, batch.rows) == []
+    source = source_batch([cls(**v).SerializeToString() for v in values],
+                          timestamps_ms=[1_767_225_600_000] * len(values))
+    rows = row_builder(spec_of(cfg, loaded, plan.message_name), changelog=False, proto_class=plan.message_name).build(
+        source, LOAD_TIME_US)
+    assert not rows.failures
+    writer = InsertAllWriter(make_client(cfg.bigquery), cfg.bigquery)
+    try:
+        # No insertIds: each call's records start at offset 0, and BigQuery would drop the second as a replay.
+        assert writer.write(rows.table(), None) == []
+    finally:
+        writer.close()
 
 
 def test_table_is_created_with_partitioning_clustering_labels(job_env, versions, bq_client) -> None:
@@ -82,7 +91,7 @@ def test_new_descriptor_version_evolves_the_table_and_keeps_old_rows(
     v2 = event_config(job_env, versions["v2"])
     try:
         apply_plan(bq_client, v1, plan_table(v1, descriptors.load(v1.input_schema.stencil_urls)))
-        write(bq_client, v1, [{"id": "old", "amount": 1, "legacy": "kept", "detail": {"note": "n"}}])
+        write(v1, [{"id": "old", "amount": 1, "legacy": "kept", "detail": {"note": "n"}}])
 
         for name, value in {**job_env, "INPUT_SCHEMA_PROTO_CLASS": "evo.Event",
                             "SCHEMA_REGISTRY_STENCIL_URLS": str(versions["v2"]),
@@ -102,7 +111,7 @@ def test_new_descriptor_version_evolves_the_table_and_keeps_old_rows(
         assert columns["id"].mode == "NULLABLE"
         assert [f.name for f in columns["detail"].fields] == ["note", "priority"]
         assert columns["tags"].mode == "REPEATED" and "legacy" in columns
-        write(bq_client, v2, [{"amount": 2, "detail": {"note": "m", "priority": 3}, "tags": ["a", "b"]}])
+        write(v2, [{"amount": 2, "detail": {"note": "m", "priority": 3}, "tags": ["a", "b"]}])
         rows = {r["amount"]: dict(r.items()) for r in bq_client.query(
             f"SELECT id, amount, legacy, detail, tags FROM `{v2.bigquery.table_ref}`").result()}
         assert rows[1] == {"id": "old", "amount": 1, "legacy": "kept", "detail": {"note": "n", "priority": None},

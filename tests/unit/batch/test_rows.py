@@ -7,13 +7,14 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
-from firehose_bq.batch.rows import NULL_KEY, TOMBSTONE, RowBuilder, insert_ids
+from firehose_bq.batch.rows import METADATA_VALUES, NULL_KEY, TOMBSTONE, RowBuilder, insert_ids
 from firehose_bq.decode.reference import ReferenceDecoder
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import ErrorType
 from firehose_bq.schema import KEY_COLUMN, METADATA_COLUMNS, MetadataColumns, SchemaOptions, table_schema
 from firehose_bq.arrow_schema import arrow_schema
 from tests.unit.batch.sources import source_batch
+from tests.unit.populated import populated_key, populated_messages
 
 LOAD_US = 1_763_891_000_250_000  # 2025-11-23T09:43:20.25Z
 
@@ -128,3 +129,100 @@ def test_schema_options_reach_the_decoder(test_descriptors: Descriptors) -> None
     rows = RowBuilder(decoder, MetadataColumns(enabled=False)).build(source_batch([msg.SerializeToString()]), LOAD_US)
     assert rows.table().to_pylist()[0]["child"] == {"name": "b", "child": '{"name": "c"}'}
     assert pa.types.is_string(rows.table().schema.field("child").type.field("child").type)
+
+
+def test_metadata_values_cover_every_metadata_column() -> None:
+    assert METADATA_VALUES.keys() == METADATA_COLUMNS.keys()
+
+
+def test_chosen_metadata_columns_from_what_kafka_gives(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Legacy")
+    source = source_batch([cls(id="a").SerializeToString()] * 4, offsets=[7, 8, 9, 10],
+                          timestamps_ms=[5, -1, None, 0],
+                          headers=[[("h", b"\x00\xff"), ("empty", None)], [], [("h", b"")], None],
+                          timestamp_types=[0, 1, None, -1], leader_epochs=[3, -1, None, 0])
+    names = ("message_headers", "message_timestamp_type", "message_leader_epoch", "message_timestamp")
+    table = builder(test_descriptors, "testdata.Legacy", MetadataColumns(columns=names)).build(source, LOAD_US).table()
+    assert table.schema.names == ["id", "count", "tags", *names]
+    assert [tuple(r[n] for n in names) for r in table.to_pylist()] == [
+        ([{"key": "h", "value": b"\x00\xff"}, {"key": "empty", "value": None}], "CreateTime", 3,
+         datetime(1970, 1, 1, 0, 0, 0, 5000, tzinfo=UTC)),
+        ([], "LogAppendTime", None, None),
+        ([{"key": "h", "value": b""}], "NoTimestampType", None, None),
+        ([], "NoTimestampType", 0, datetime(1970, 1, 1, tzinfo=UTC)),
+    ]
+
+
+def test_bad_values_fail_alone_and_keep_their_record(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.AllTypes")
+    too_far = cls()
+    too_far.f_timestamp.seconds = 253402300800  # year 10000: BigQuery cannot hold it
+    good = cls(f_string="ok").SerializeToString()
+    source = source_batch([good, b"\x0a\x05ab", None, too_far.SerializeToString(), good], offsets=range(10, 15))
+    rows = builder(test_descriptors, "testdata.AllTypes").build(source, LOAD_US)
+    assert [r["f_string"] for r in rows.table().to_pylist()] == ["ok", "ok"]
+    assert rows.sources.tolist() == [0, 4]
+    assert insert_ids(source).take(pa.array(rows.sources)).to_pylist() == ["t_0_10", "t_0_14"]
+    assert [(f.index, f.error_type) for f in rows.failures] == [
+        (1, ErrorType.DESERIALIZATION_ERROR), (2, ErrorType.INVALID_MESSAGE_ERROR),
+        (3, ErrorType.INVALID_MESSAGE_ERROR)]
+    assert "outside" in rows.failures[2].message
+
+
+def test_a_key_with_an_invalid_value_fails_its_record(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Legacy")
+    key_cls = test_descriptors.message_class("testdata.Key")
+    source = source_batch([cls(id="v").SerializeToString()] * 2,
+                          keys=[key_cls(id="k").SerializeToString(), key_cls(day={"year": 2026}).SerializeToString()])
+    rows = builder(test_descriptors, "testdata.Legacy", MetadataColumns(enabled=False), key="testdata.Key").build(
+        source, LOAD_US)
+    assert rows.sources.tolist() == [0]
+    assert [(f.index, f.error_type) for f in rows.failures] == [(1, ErrorType.INVALID_MESSAGE_ERROR)]
+    assert rows.failures[0].message.startswith("key: ") and "google.type.Date 2026-0-0" in rows.failures[0].message
+
+
+def test_a_tombstone_row_holds_only_its_key_and_metadata(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.Legacy")
+    key = test_descriptors.message_class("testdata.Key")(id="k").SerializeToString()
+    source = source_batch([cls(id="v").SerializeToString(), None], keys=[key, key], offsets=[10, 11])
+    rows = builder(test_descriptors, "testdata.Legacy", MetadataColumns(columns=("message_offset",)),
+                   key="testdata.Key", changelog=True).build(source, LOAD_US)
+    row, tombstone = rows.table().to_pylist()
+    assert row == {"id": "v", "count": None, "tags": [], KEY_COLUMN: {"id": "k", "day": None}, "message_offset": 10}
+    assert (tombstone["id"], tombstone[KEY_COLUMN], tombstone["message_offset"]) == (None, {"id": "k", "day": None}, 11)
+    assert rows.deletes.tolist() == [False, True]
+
+
+def test_unknown_fields_with_a_key_column(test_descriptors: Descriptors) -> None:
+    cls = test_descriptors.message_class("testdata.AllTypes")
+    key = test_descriptors.message_class("testdata.Key")(id="k").SerializeToString()
+    values = [cls(f_string="a").SerializeToString() + b"\xf8\x03\x01", cls(f_string="b").SerializeToString()]
+    rows = builder(test_descriptors, "testdata.AllTypes", MetadataColumns(enabled=False), key="testdata.Key").build(
+        source_batch(values, keys=[key, key]), LOAD_US)
+    assert rows.unknown_fields == [0] and rows.failures == []
+    assert [(r["f_string"], r[KEY_COLUMN]) for r in rows.table().to_pylist()] == [("a", {"id": "k", "day": None}),
+                                                                                ("b", {"id": "k", "day": None})]
+
+
+@pytest.mark.parametrize("options", [SchemaOptions(), SchemaOptions(max_depth=1), SchemaOptions(max_depth=3)])
+def test_rows_are_the_tables_columns(test_descriptors: Descriptors, options: SchemaOptions) -> None:
+    """The lock-step between schema.py (the table) and the decoders (the rows), with every extra column."""
+    key_cls = test_descriptors.message_class("testdata.Key")
+    key = populated_key(test_descriptors).SerializeToString()
+    metadata = MetadataColumns(namespace="kafka", columns=tuple(METADATA_COLUMNS))
+    for msg in populated_messages(test_descriptors):
+        values = ReferenceDecoder(type(msg), options=options)
+        keys = ReferenceDecoder(key_cls, depth=2, options=options, detect_unknown_fields=False)
+        source = source_batch([msg.SerializeToString()], keys=[key], headers=[[("h", b"v")]])
+        rows = RowBuilder(values, metadata, keys).build(source, LOAD_US)
+        assert rows.failures == [], (msg.DESCRIPTOR.full_name, rows.failures)
+        table = rows.table()
+        expected = arrow_schema(table_schema(msg.DESCRIPTOR, metadata, options, key=key_cls.DESCRIPTOR))
+        assert table.schema.names == expected.names
+        message = [n for n in expected.names if n != "kafka"]
+        assert [table.schema.field(n).type for n in message] == [expected.field(n).type for n in message], \
+            msg.DESCRIPTOR.full_name
+        # The namespace's struct is built from the columns as they are, without the table's NOT NULL on
+        # its REPEATED child: compared field by field.
+        assert [(f.name, f.type) for f in table.schema.field("kafka").type] == \
+            [(f.name, f.type) for f in expected.field("kafka").type]
