@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
 
@@ -39,6 +40,7 @@ from firehose_bq.errors import ErrorType, RowError
 from firehose_bq.schema import is_map
 
 LEN, START_GROUP = 2, 3  # protobuf wire types; varint (0), fixed64 (1) and fixed32 (5) are integers
+MAP, LIST, ONE = "map", "list", "one"  # how a message field holds its messages
 
 
 class UnknownFieldsJson:
@@ -46,10 +48,13 @@ class UnknownFieldsJson:
 
     def __init__(self, message_class: type[Message], confluent_framed: bool = False) -> None:
         self._parse = _parser(message_class, confluent_framed)
+        # Per message type met: its message fields' JSON keys and shapes (`_plan`). Asking the descriptor
+        # each time, or ListFields (which builds every scalar's Python value), costs more than the walk.
+        self._plans: dict[Descriptor, Plan | None] = {}
 
     def encode(self, value: bytes) -> str | None:
         """The JSON object of `value`'s unknown fields at every depth; None when it has none."""
-        tree = unknown_tree(self._parse(value))
+        tree = self.tree(self._parse(value))
         return json.dumps(tree, ensure_ascii=False, separators=(",", ":")) if tree else None
 
     def column(self, values: pa.Array, rows: Sequence[int]) -> tuple[pa.StringArray, list[RowError]]:
@@ -71,28 +76,54 @@ class UnknownFieldsJson:
         positions[np.asarray(rows, dtype=np.int64)] = np.arange(len(texts))
         return pa.array(texts + [None], pa.string()).take(pa.array(positions)), failures
 
+    def tree(self, msg: Message) -> dict[str, Any]:
+        """`msg`'s unknown fields, and those of the messages inside it, as the module docstring says."""
+        tree: dict[str, Any] = _field_set(UnknownFieldSet(msg))
+        for name, kind, value in self._messages(msg):
+            below: Any
+            if kind == MAP:
+                # upb's map order is a hash order: by key, like the decoders' map columns.
+                below = {_map_key(k): sub for k in sorted(value) if (sub := self.tree(value[k]))}
+            elif kind == LIST:
+                below = [self.tree(item) for item in value]
+                below = below if any(below) else None
+            else:
+                below = self.tree(value)
+            if below:
+                tree[name] = below
+        return tree
 
-def unknown_tree(msg: Message) -> dict[str, Any]:
-    """`msg`'s unknown fields, and those of the messages inside it, as the module docstring says."""
-    tree: dict[str, Any] = _field_set(UnknownFieldSet(msg))
-    for fd, value in msg.ListFields():
-        if fd.message_type is None:
-            continue
-        name = f"[{fd.full_name}]" if fd.is_extension else fd.name
-        below: Any
-        if is_map(fd):
-            if fd.message_type.fields_by_name["value"].message_type is None:
-                continue
-            # upb's map order is a hash order: by key, like the decoders' map columns.
-            below = {_map_key(k): sub for k in sorted(value) if (sub := unknown_tree(value[k]))}
-        elif fd.is_repeated:
-            below = [unknown_tree(item) for item in value]
-            below = below if any(below) else None
-        else:
-            below = unknown_tree(value)
-        if below:
-            tree[name] = below
-    return tree
+    def _messages(self, msg: Message) -> list[tuple[str, str, Any]]:
+        """The message-holding fields `msg` has set: JSON key, shape, value."""
+        desc = msg.DESCRIPTOR
+        if desc not in self._plans:
+            self._plans[desc] = None if desc.extension_ranges else tuple(
+                (fd.name, *shape) for fd in desc.fields if fd.message_type is not None and (shape := _shape(fd)))
+        plan = self._plans[desc]
+        if plan is None:  # extensions may be set: only ListFields lists them
+            return [(shape[0], shape[1], value) for fd, value in msg.ListFields()
+                    if fd.message_type is not None and (shape := _shape(fd))]
+        present = []
+        for field, name, kind in plan:
+            if kind == ONE:
+                if msg.HasField(field):
+                    present.append((name, kind, getattr(msg, field)))
+            elif value := getattr(msg, field):
+                present.append((name, kind, value))
+        return present
+
+
+# A message type's message fields: attribute name, JSON key, shape.
+Plan = tuple[tuple[str, str, str], ...]
+
+
+def _shape(fd: FieldDescriptor) -> tuple[str, str] | None:
+    """A message field's JSON key and shape; None for a map of scalars (nothing unknown can hide there
+    that upb does not keep in the parent)."""
+    name = f"[{fd.full_name}]" if fd.is_extension else fd.name
+    if is_map(fd):
+        return (name, MAP) if fd.message_type.fields_by_name["value"].message_type is not None else None
+    return name, LIST if fd.is_repeated else ONE
 
 
 def _field_set(fields: UnknownFieldSet) -> dict[str, Any]:
