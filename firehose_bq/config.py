@@ -233,7 +233,9 @@ class BigQueryConfig:
         "SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE",
         "Collect values the table has no column for, at any depth, as one JSON object string in the STRING "
         "column `additional_properties` (created when missing), so a new column can be backfilled with JSON "
-        "functions; JSON input only for now.",
+        "functions. JSON input: keys with no column. Protobuf input: fields the descriptor lacks, still unknown "
+        "after the registry refresh they trigger, as their raw wire values (README: Decoding); such messages are "
+        "then written, never UNKNOWN_FIELDS_ERROR.",
         False,
     )
     route_fallback_topic: str = setting(

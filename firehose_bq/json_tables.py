@@ -25,11 +25,9 @@ from firehose_bq.bigquery.tables import ensure_dataset, ensure_table, table_defi
 from firehose_bq.config import Config
 from firehose_bq.errors import SchemaError
 from firehose_bq.routing import Destination
-from firehose_bq.schema import MetadataColumns
+from firehose_bq.schema import ADDITIONAL_PROPERTIES, ADDITIONAL_PROPERTIES_COLUMN, MetadataColumns
 
 log = logging.getLogger(__name__)
-
-ADDITIONAL_PROPERTIES = "additional_properties"
 
 
 def read_schema_file(path: str | Path) -> list[SchemaField]:
@@ -76,8 +74,7 @@ def ensure_json_table(client: bigquery.Client, cfg: Config, destination: Destina
     names = {f.name.lower() for f in base}
     extra = [f for f in metadata.fields() if f.name.lower() not in names]
     if bq.additional_properties and ADDITIONAL_PROPERTIES not in names:
-        extra.append(SchemaField(ADDITIONAL_PROPERTIES, "STRING", description=(
-            "Values the table had no column for when they were written, as one JSON object (firehose-bq)")))
+        extra.append(ADDITIONAL_PROPERTIES_COLUMN)
     wanted = table_definition(table_ref, [*base, *extra], cfg.table,
                               f"Written by firehose-bq from JSON messages of Kafka topic(s) "
                               f"{', '.join(cfg.source.topics)}.")

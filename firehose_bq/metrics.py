@@ -16,7 +16,8 @@ SAMPLE_ERRORS = 5
 class BatchStats:
     messages: int = 0
     rows_written: int = 0
-    unknown_fields: int = 0  # messages written without fields their descriptors lack
+    # messages written carrying fields their descriptors lack (dropped, or in additional_properties)
+    unknown_fields: int = 0
     # Every message that was not written, by its (final) error type; each is also in `outcomes`.
     errors_by_type: Counter[str] = field(default_factory=Counter)
     # Per policy outcome: `dlq`, `failed`, and `retried` (sent again at least once, whatever came after).
@@ -146,7 +147,8 @@ class RunSummary:
             f"errors by type     {sum(t.errors_by_type.values())}",
         ]
         if t.unknown_fields:
-            lines.append(f"  written without fields their descriptors lack: {t.unknown_fields}")
+            lines.append(f"  written with fields their descriptors lack (dropped or in additional_properties): "
+                         f"{t.unknown_fields}")
         for error_type in ErrorType:
             lines.append(f"  {error_type.value:<22} {t.errors_by_type.get(error_type.value, 0)}")
         lines.append(f"elapsed            {self.seconds:.1f} s ({rate:,.0f} messages/s)")

@@ -186,7 +186,7 @@ class Pipeline:
             assert self._refresh is not None
             changed = self._refresh(f"unknown fields in {held[0]}")
             log.info("batch %d: unknown fields at %s; registry refresh %s", batch_id, held[0],
-                     "brought new descriptors" if changed else "brought nothing new: writing without them")
+                     "brought new descriptors" if changed else f"brought nothing new: {self._unknown_fate()}")
             if not changed:
                 interval = self.config.registry.unknown_fields_refresh_min_interval_ms / 1000
                 self._accept_unknown_until = time.monotonic() + interval
@@ -222,9 +222,16 @@ class Pipeline:
                  "(%.0f messages/s)", batch_id, stats.messages, stats.rows_written, stats.dead_lettered, stats.failed,
                  stats.retried, elapsed, stats.messages / max(elapsed, 1e-9))
         if stats.unknown_fields:
-            log.warning("batch %d: %d message(s) carry fields that no known descriptor version has; written "
-                        "without them (publish the new proto to the registry, then replay to fill them)",
-                        batch_id, stats.unknown_fields)
+            log.warning("batch %d: %d message(s) carry fields that no known descriptor version has: %s",
+                        batch_id, stats.unknown_fields, self._unknown_fate())
+
+    def _unknown_fate(self) -> str:
+        """What becomes of fields no descriptor knows, for the log lines about them."""
+        if self.config.bigquery.additional_properties:
+            return "their values are kept in additional_properties (publish the new proto to the registry)"
+        if self._handling.policy.allow_unknown_fields:
+            return "written without them (publish the new proto to the registry, then replay to fill them)"
+        return "UNKNOWN_FIELDS_ERROR"
 
 
 def partition_lag(sources: list[Any]) -> dict[tuple[str, int], int] | None:

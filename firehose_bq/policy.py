@@ -106,7 +106,8 @@ class ErrorPolicyConfig:
     allow_unknown_fields: bool = setting(
         "INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE",
         "Write messages with fields no descriptor knows (after a registry refresh found nothing newer) "
-        "without those fields; false = they are UNKNOWN_FIELDS_ERROR.",
+        "without those fields; false = they are UNKNOWN_FIELDS_ERROR. SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE "
+        "overrides both: they are written with those fields in `additional_properties`.",
         True,
     )
 

@@ -84,6 +84,10 @@ MAX_COLUMNS = 10_000  # BigQuery's limit per table, nested columns included
 DESCRIPTION_LIMIT = 1024  # characters
 
 KEY_COLUMN = "message_key"
+# SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE's column: values the table has no column for, as one JSON object.
+ADDITIONAL_PROPERTIES = "additional_properties"
+ADDITIONAL_PROPERTIES_COLUMN = SchemaField(ADDITIONAL_PROPERTIES, "STRING", description=(
+    "Values the table had no column for when they were written, as one JSON object (firehose-bq)"))
 MAX_COLUMN_NAME = 300  # characters
 
 _VALID_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,299}")
@@ -346,9 +350,12 @@ def parse_metadata_columns(spec: str) -> tuple[str, ...]:
 
 
 def table_schema(message: Descriptor, metadata: MetadataColumns, options: SchemaOptions = SchemaOptions(),
-                 key: Descriptor | None = None, descriptor_sets: Sequence[bytes] = ()) -> list[SchemaField]:
+                 key: Descriptor | None = None, descriptor_sets: Sequence[bytes] = (),
+                 additional_properties: bool = False) -> list[SchemaField]:
     """Message columns, then the Kafka key's RECORD `message_key` (when `key` is given), then metadata
-    columns; a name clash between them is an error."""
+    columns, then (with `additional_properties`) the STRING column `additional_properties` for unknown
+    fields: last, where adding it to a live table puts it too, and where JSON input's tables have it. A
+    name clash between them is an error."""
     build = _Builder(options, descriptor_sets)
     columns = build.fields(message, 1)
     if key is not None:
@@ -362,7 +369,15 @@ def table_schema(message: Descriptor, metadata: MetadataColumns, options: Schema
             "set SINK_BIGQUERY_METADATA_NAMESPACE to put the metadata in a RECORD column"
         )
     unique(message.full_name, [c.name for c in columns])  # a field named message_key
-    return columns + extra
+    if not additional_properties:
+        return columns + extra
+    taken = [c.name for c in columns + extra if c.name.lower() == ADDITIONAL_PROPERTIES]
+    if taken:
+        raise SchemaError(
+            f"{message.full_name} has a column named {taken[0]!r} (a field, or SINK_BIGQUERY_METADATA_NAMESPACE), "
+            "which SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE needs for unknown fields; rename it or turn that off"
+        )
+    return columns + extra + [ADDITIONAL_PROPERTIES_COLUMN]
 
 
 def schema_json(fields: list[SchemaField]) -> list[dict[str, object]]:

@@ -53,6 +53,8 @@ class SinkSpec:
     tables: TableKeeper | None = None  # routed jobs: what creates and evolves the tables the records name
     # JSON input: the one table's payload columns (json_tables.schema_json); routed jobs' come per table.
     json_columns: tuple[str, ...] | None = None
+    # SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE: JSON input's decoder fills the column; protobuf's rows get
+    # their unknown fields' values there (decode/unknown.py).
     additional_properties: bool = False
 
     @property
@@ -90,7 +92,8 @@ def plan_table(cfg: Config, loaded: Descriptors, destination: Destination | None
     message = loaded.find_message(destination.proto_class)
     key = loaded.find_message(cfg.input_schema.key_class) if cfg.input_schema.key_class else None
     metadata, options = metadata_of(cfg), options_of(cfg)
-    schema = table_schema(message, metadata, options, key, descriptor_sets=loaded.sets)
+    schema = table_schema(message, metadata, options, key, descriptor_sets=loaded.sets,
+                          additional_properties=bq.additional_properties)
     description = (f"Written by firehose-bq from {message.full_name} messages of Kafka topic(s) "
                    f"{', '.join(cfg.source.topics)}.")
     table = table_definition(f"{bq.project_id}.{destination.dataset}.{destination.table}", schema, cfg.table,
@@ -113,7 +116,8 @@ def spec_of(cfg: Config, loaded: Descriptors, proto_class: str) -> SinkSpec:
     router = cfg.router
     return SinkSpec(loaded, proto_class, metadata_of(cfg), options_of(cfg), cfg.input_schema.key_class,
                     confluent_framed=bool(cfg.registry.confluent_url), decoder=cfg.input_schema.decoder,
-                    router=router, tables=None if router.is_static else TableKeeper(cfg))
+                    router=router, tables=None if router.is_static else TableKeeper(cfg),
+                    additional_properties=cfg.bigquery.additional_properties)
 
 
 @dataclass(frozen=True)

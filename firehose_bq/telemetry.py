@@ -83,8 +83,8 @@ class Telemetry:
         self.retried = Counter(f"{PREFIX}_messages_retried", "Messages sent again at least once", labels, registry=r)
         self.errors = Counter(f"{PREFIX}_errors", "Messages that were not written, by error type and where they "
                               "ended (dlq, failed)", [*labels, "error_type", "outcome"], registry=r)
-        self.unknown = Counter(f"{PREFIX}_unknown_fields_messages", "Messages written without fields their "
-                               "descriptors lack", labels, registry=r)
+        self.unknown = Counter(f"{PREFIX}_unknown_fields_messages", "Messages written carrying fields their "
+                               "descriptors lack (dropped, or kept in additional_properties)", labels, registry=r)
         self.batches = Counter(f"{PREFIX}_batches", "Micro-batches settled, by result (ok, failed)",
                                [*labels, "result"], registry=r)
         self.batch_seconds = Histogram(f"{PREFIX}_batch_duration_seconds", "Micro-batch duration, tasks and the "

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from firehose_bq.batch.rows import RowBuilder, Rows, Writable, insert_ids
 from firehose_bq.bigquery.writers import RowWriter
 from firehose_bq.decode import make_value_decoder
+from firehose_bq.decode.unknown import UnknownFieldsJson
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.dlq.writers import dead_letter
 from firehose_bq.errors import DeadLetterError, ErrorType, FirehoseError, MessageError, RowError, SinkError, cause_of
@@ -100,13 +101,14 @@ def row_builder(spec: SinkSpec, changelog: bool, proto_class: str = "",
                                    prefer=spec.decoder)
         return RowBuilder(values, spec.metadata, None, changelog=changelog)
     assert spec.descriptors is not None
-    values = make_value_decoder(spec.descriptors.message_class(proto_class), 1, spec.options,
-                                confluent_framed=spec.confluent_framed, detect_unknown_fields=True,
-                                prefer=spec.decoder)
+    message_class = spec.descriptors.message_class(proto_class)
+    values = make_value_decoder(message_class, 1, spec.options, confluent_framed=spec.confluent_framed,
+                                detect_unknown_fields=True, prefer=spec.decoder)
     key = (make_value_decoder(spec.descriptors.message_class(spec.key_class), 2, spec.options,
                               confluent_framed=False, detect_unknown_fields=False, prefer=spec.decoder)
            if spec.key_class else None)
-    return RowBuilder(values, spec.metadata, key, changelog=changelog)
+    unknown = UnknownFieldsJson(message_class, spec.confluent_framed) if spec.additional_properties else None
+    return RowBuilder(values, spec.metadata, key, changelog=changelog, unknown=unknown)
 
 
 class _Task:
@@ -276,19 +278,26 @@ def _kafka_fields(source: pa.RecordBatch) -> dict[str, object]:
     return fields
 
 
+def _keeps_unknown(rows: Rows, handling: ErrorHandling) -> bool:
+    """Whether rows with unknown fields are written: with those fields in `additional_properties`
+    (SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE, whatever the policy: unexpected fields never fail a
+    message), or without them (INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE)."""
+    return rows.additional is not None or handling.policy.allow_unknown_fields
+
+
 def _without_unknown(rows: Rows, handling: ErrorHandling, stats: BatchStats) -> Rows:
-    """With unknown fields allowed, such rows are written without them (and counted); otherwise they
-    leave the rows and become UNKNOWN_FIELDS_ERRORs (`_unknown_errors`)."""
+    """Rows with unknown fields that are kept are written (and counted); otherwise they leave the rows
+    and become UNKNOWN_FIELDS_ERRORs (`_unknown_errors`)."""
     if not rows.unknown_fields:
         return rows
-    if handling.policy.allow_unknown_fields:
+    if _keeps_unknown(rows, handling):
         stats.unknown_fields += len(rows.unknown_fields)
         return rows
     return rows.take(np.flatnonzero(~np.isin(rows.sources, rows.unknown_fields)))
 
 
 def _unknown_errors(rows: Rows, handling: ErrorHandling) -> list[RowError]:
-    if handling.policy.allow_unknown_fields:
+    if _keeps_unknown(rows, handling):
         return []
     written = set(rows.sources.tolist())
     return [RowError(i, ErrorType.UNKNOWN_FIELDS_ERROR, UNKNOWN_FIELDS) for i in rows.unknown_fields if i in written]

@@ -2,7 +2,8 @@
 
 The value decoder turns the `value` column into one struct slot per record; this module adds what
 the table holds besides the message: the Kafka key as the RECORD `message_key` (decoded the same way)
-and the Kafka metadata columns, all built column-wise in Arrow from the source's own columns. Records
+and the Kafka metadata columns, all built column-wise in Arrow from the source's own columns; with
+additional_properties on, the unknown fields of the records the decoder flagged (decode/unknown.py). Records
 that failed are left out of `Rows`; each becomes a `RowError` naming its index in the source batch,
 which is how a row is identified from here to the policy (`Rows.sources`).
 """
@@ -18,8 +19,9 @@ import pyarrow.compute as pc
 
 from firehose_bq.arrow_schema import TIMESTAMP, arrow_field
 from firehose_bq.decode import ValueDecoder
+from firehose_bq.decode.unknown import UnknownFieldsJson
 from firehose_bq.errors import ErrorType, RowError
-from firehose_bq.schema import KEY_COLUMN, METADATA_COLUMNS, MetadataColumns
+from firehose_bq.schema import ADDITIONAL_PROPERTIES, KEY_COLUMN, METADATA_COLUMNS, MetadataColumns
 
 TOMBSTONE = "null value (a tombstone); only an upsert/delete sink can apply it"
 NULL_KEY = "null key; a changelog (upsert/delete) needs a key per record"
@@ -76,7 +78,8 @@ class Rows:
     """The records of one source batch that decoded, as table columns, and what became of the others.
 
     `values` is the message's struct (one slot per row; NULL for a changelog's tombstone), `key` the
-    Kafka key's (when the table has a key column), `metadata` the metadata columns in their order.
+    Kafka key's (when the table has a key column), `metadata` the metadata columns in their order,
+    `additional` the `additional_properties` column (when the table has it for unknown fields).
     `sources[n]` is the index in the source batch of row n."""
 
     values: pa.StructArray
@@ -88,6 +91,7 @@ class Rows:
     failures: list[RowError] = field(default_factory=list)
     unknown_fields: list[int] = field(default_factory=list)  # source indices, rows or not
     deletes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # per row: a tombstone
+    additional: pa.Array | None = None
 
     def __len__(self) -> int:
         return len(self.sources)
@@ -99,12 +103,20 @@ class Rows:
         names, arrays = zip(*self.metadata, strict=True)
         return [(self.metadata_namespace, pa.StructArray.from_arrays(list(arrays), list(names)))]
 
-    def table(self) -> pa.RecordBatch:
-        """The rows in the table's columns: message fields, `message_key`, metadata."""
+    def columns(self, with_key: bool = True) -> list[tuple[str, pa.Array]]:
+        """The table's columns in schema.table_schema's order: message fields, `message_key` (unless not
+        `with_key`), metadata, `additional_properties`."""
         columns = list(zip(self.values.type.names, self.values.flatten(), strict=True))
-        if self.key is not None:
+        if self.key is not None and with_key:
             columns.append((KEY_COLUMN, self.key))
         columns += self.metadata_columns()
+        if self.additional is not None:
+            columns.append((ADDITIONAL_PROPERTIES, self.additional))
+        return columns
+
+    def table(self) -> pa.RecordBatch:
+        """The rows in the table's columns."""
+        columns = self.columns()
         return pa.RecordBatch.from_arrays([c for _, c in columns], names=[n for n, _ in columns])
 
     def take(self, positions: Sequence[int] | np.ndarray) -> Rows:
@@ -113,23 +125,27 @@ class Rows:
         return Rows(self.values.take(index), self.key.take(index) if self.key is not None else None,
                     [(n, a.take(index)) for n, a in self.metadata], self.metadata_namespace,
                     self.sources[np.asarray(positions, dtype=np.int64)], self.load_time_us,
-                    deletes=self.deletes[np.asarray(positions, dtype=np.int64)])
+                    deletes=self.deletes[np.asarray(positions, dtype=np.int64)],
+                    additional=self.additional.take(index) if self.additional is not None else None)
 
 
 class RowBuilder:
     """Decodes a source batch into table rows for one message type, key type and metadata layout.
 
     `changelog` (upsert/delete): every record needs a key, and a NULL value is a tombstone row (its
-    message columns NULL) marked in `Rows.deletes`; otherwise a NULL value is an INVALID_MESSAGE_ERROR."""
+    message columns NULL) marked in `Rows.deletes`; otherwise a NULL value is an INVALID_MESSAGE_ERROR.
+    `unknown` (additional_properties on): what writes the flagged records' unknown fields into the column
+    `Rows.additional`; the others' slots are NULL."""
 
     def __init__(self, values: ValueDecoder, metadata: MetadataColumns, key: ValueDecoder | None = None,
-                 changelog: bool = False) -> None:
+                 changelog: bool = False, unknown: UnknownFieldsJson | None = None) -> None:
         if changelog and key is None:
             raise ValueError("a changelog needs the key's decoder")
         self._values = values
         self._key = key
         self._metadata = metadata
         self._changelog = changelog
+        self._unknown = unknown
 
     def build(self, source: pa.RecordBatch, load_time_us: int) -> Rows:
         decoded = self._values.decode(source["value"])
@@ -155,6 +171,12 @@ class RowBuilder:
                     failures.append(RowError(int(i), ErrorType.INVALID_MESSAGE_ERROR, NULL_KEY))
                 failed |= null_keys
             key = keys.values
+        additional = None
+        if self._unknown is not None:
+            additional, unreadable = self._unknown.column(source["value"], [i for i in decoded.unknown_fields
+                                                                            if not failed[i]])
+            failures += unreadable
+            failed[[f.index for f in unreadable]] = True
         failures.sort(key=lambda f: f.index)
         metadata = [(name, METADATA_VALUES[name](source, load_time_us)) for name in self._metadata.columns] \
             if self._metadata.enabled else []
@@ -164,11 +186,13 @@ class RowBuilder:
             values = decoded.values.take(keep)
             key = key.take(keep) if key is not None else None
             metadata = [(n, a.take(keep)) for n, a in metadata]
+            additional = additional.take(keep) if additional is not None else None
         else:
             values = decoded.values
         return Rows(values, key, metadata, self._metadata.namespace, sources, load_time_us, failures,
                     decoded.unknown_fields,
-                    deletes=null_values[sources] if self._changelog else np.zeros(len(sources), dtype=bool))
+                    deletes=null_values[sources] if self._changelog else np.zeros(len(sources), dtype=bool),
+                    additional=additional)
 
 
 @dataclass(frozen=True)

@@ -86,11 +86,11 @@ import pyarrow as pa
 from google.cloud.bigquery import SchemaField
 
 from firehose_bq.arrow_schema import arrow_struct
+from firehose_bq.schema import ADDITIONAL_PROPERTIES
 
 # Containers (objects and arrays) nested deeper than this fail the document. Real documents stay far
 # below it; the limit keeps both decoders' recursion bounded (Python's stack included).
 MAX_DEPTH = 256
-ADDITIONAL_PROPERTIES = "additional_properties"
 
 
 class Kind(enum.IntEnum):

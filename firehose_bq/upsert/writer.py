@@ -65,7 +65,7 @@ class ChangelogTask:
 def intermediate_rows(rows: Rows, source: pa.RecordBatch, batch: int) -> pa.RecordBatch:
     """key, value (the row without its key; NULL for a delete), partitionTime, i, batchNumber."""
     take = pa.array(rows.sources)
-    columns = list(zip(rows.values.type.names, rows.values.flatten(), strict=True)) + rows.metadata_columns()
+    columns = rows.columns(with_key=False)
     value = pa.StructArray.from_arrays([c for _, c in columns], [n for n, _ in columns],
                                        mask=pa.array(rows.deletes))
     # The record's time picks the destination partition; Kafka's "no timestamp" (-1) takes the load time.

@@ -208,6 +208,30 @@ def test_metadata_clash_is_an_error(test_descriptors: Descriptors) -> None:
     assert table_schema(test_descriptors.find_message("testdata.Clash"), MetadataColumns(namespace="meta"))
 
 
+
+def test_additional_properties_is_the_last_column_and_never_shadows_one(test_descriptors: Descriptors) -> None:
+    from google.protobuf import descriptor_pb2, descriptor_pool
+
+    message, key = test_descriptors.find_message("testdata.Legacy"), test_descriptors.find_message("testdata.Inner")
+    for metadata in (MetadataColumns(), MetadataColumns(namespace="kafka"), MetadataColumns(enabled=False)):
+        plain = schema_json(table_schema(message, metadata, key=key))
+        extended = schema_json(table_schema(message, metadata, key=key, additional_properties=True))
+        assert extended[:-1] == plain
+        assert {k: extended[-1][k] for k in ("name", "type", "mode")} == {
+            "name": "additional_properties", "type": "STRING", "mode": "NULLABLE"}
+    with pytest.raises(SchemaError, match="'additional_properties'.*SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE"):
+        table_schema(message, MetadataColumns(namespace="additional_properties"), additional_properties=True)
+    assert table_schema(message, MetadataColumns(namespace="additional_properties"))  # off: the name is free
+
+    file = descriptor_pb2.FileDescriptorProto(name="ap.proto", package="ap", syntax="proto3")
+    file.message_type.add(name="Own").field.add(name="Additional_Properties", number=1,
+                                                type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    with pytest.raises(SchemaError, match="ap.Own has a column named 'Additional_Properties'"):
+        table_schema(pool.FindMessageTypeByName("ap.Own"), MetadataColumns(), additional_properties=True)
+
+
 ALL_METADATA = ("message_topic", "message_partition", "message_offset", "message_timestamp", "load_time",
                 "message_headers", "message_timestamp_type", "message_leader_epoch")
 

@@ -122,3 +122,23 @@ def test_changelog_rows_become_intermediate_rows(test_descriptors: Descriptors) 
     no_deletes = ChangelogTask(BigQueryConfig(project_id="p", dataset="d", table="t"), "t_tmp", batch=9, deletes=False)
     pending, refused = no_deletes.shape(rows, source, insert_ids(source))
     assert pending.sources.tolist() == [0] and [(f.index, f.message) for f in refused] == [(1, DELETES_OFF)]
+
+
+def test_intermediate_values_carry_additional_properties_as_the_schema_orders_them(
+        test_descriptors: Descriptors) -> None:
+    from firehose_bq.decode.unknown import UnknownFieldsJson
+    from firehose_bq.schema import table_schema
+
+    inner, key = test_descriptors.message_class("testdata.Inner"), test_descriptors.message_class("testdata.Key")
+    metadata = MetadataColumns(columns=("message_offset",))
+    newer = inner(label="v").SerializeToString() + b"\xa0\x06\x01"
+    source = source_batch([newer], keys=[key(id="a").SerializeToString()], offsets=[40])
+    builder = RowBuilder(ReferenceDecoder(inner), metadata, ReferenceDecoder(key, depth=2, detect_unknown_fields=False),
+                         changelog=True, unknown=UnknownFieldsJson(inner))
+    task = ChangelogTask(BigQueryConfig(project_id="p", dataset="d", table="t"), "t_tmp", batch=1, deletes=True)
+    pending, _ = task.shape(builder.build(source, 5_000_000), source, insert_ids(source))
+    planned = tables.destination_schema(table_schema(inner.DESCRIPTOR, metadata, key=key.DESCRIPTOR,
+                                                     additional_properties=True), "id_key")
+    value = next(f for f in tables.intermediate_schema(planned, "id_key") if f.name == "value")
+    assert [f.name for f in pending.rows.schema.field("value").type] == [f.name for f in value.fields]
+    assert pending.rows.to_pylist()[0]["value"]["additional_properties"] == '{"100":[1]}'

@@ -147,6 +147,18 @@ def test_unknown_fields_written_or_rejected_by_policy(test_descriptors: Descript
     assert [(x.error.error_type, x.error.offset) for x in letters] == [(ErrorType.UNKNOWN_FIELDS_ERROR, 1)]
 
 
+def test_additional_properties_keep_unknown_fields_whatever_the_policy(test_descriptors: Descriptors,
+                                                                        letters: list[DeadLetter]) -> None:
+    newer = values(test_descriptors, "x")[0] + b"\xa0\x06\x01"
+    batch = source_batch([*values(test_descriptors, "a"), newer])
+    for policy in (handling(), handling(INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE="false")):
+        plan = FakePlan()
+        result = process_batch([batch], spec(test_descriptors, additional_properties=True), plan, policy)
+        assert result.stats.rows_written == 2 and result.stats.unknown_fields == 1 and not letters
+        assert [(r["label"], r["additional_properties"]) for r in plan.writer.written] == [
+            ("a", None), ("x", '{"100":[1]}')]
+
+
 def test_holding_on_unknown_fields_stops_before_writing_and_letters_nothing(
         test_descriptors: Descriptors, letters: list[DeadLetter]) -> None:
     newer = values(test_descriptors, "x")[0] + b"\xa0\x06\x01"

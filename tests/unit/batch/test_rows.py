@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pyarrow as pa
 import pytest
 
 from firehose_bq.batch.rows import METADATA_VALUES, NULL_KEY, TOMBSTONE, RowBuilder, insert_ids
+from firehose_bq.decode import make_value_decoder, native_unavailable
 from firehose_bq.decode.reference import ReferenceDecoder
+from firehose_bq.decode.unknown import UnknownFieldsJson
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import ErrorType
-from firehose_bq.schema import KEY_COLUMN, METADATA_COLUMNS, MetadataColumns, SchemaOptions, table_schema
+from firehose_bq.registry.confluent import encode_frame
+from firehose_bq.schema import ADDITIONAL_PROPERTIES, KEY_COLUMN, METADATA_COLUMNS, MetadataColumns, SchemaOptions, \
+    table_schema
 from firehose_bq.arrow_schema import arrow_schema
 from tests.unit.batch.sources import source_batch
 from tests.unit.populated import populated_key, populated_messages
@@ -226,3 +231,44 @@ def test_rows_are_the_tables_columns(test_descriptors: Descriptors, options: Sch
         # its REPEATED child: compared field by field.
         assert [(f.name, f.type) for f in table.schema.field("kafka").type] == \
             [(f.name, f.type) for f in expected.field("kafka").type]
+
+
+@pytest.mark.parametrize("decoder", ["native", "python"])
+@pytest.mark.parametrize("framed", [False, True])
+def test_additional_properties_hold_the_flagged_rows_unknown_fields(test_descriptors: Descriptors, decoder: str,
+                                                                    framed: bool) -> None:
+    if decoder == "native" and native_unavailable():
+        pytest.skip(native_unavailable())
+    cls = test_descriptors.message_class("testdata.AllTypes")
+    frame = (lambda v: encode_frame(3, [0], v)) if framed else (lambda v: v)
+    plain = cls(f_string="a", r_message=[{"label": "x"}]).SerializeToString()
+    inner_newer = b"\x0a\x01y" + b"\x38\x05"  # Inner{label: "y", <7: 5>}
+    newer = (cls(f_string="b").SerializeToString() + b"\xa0\x06\x01"  # <100: 1>
+             + b"\xb2\x01" + bytes([len(inner_newer)]) + inner_newer)  # r_message[0] = that Inner
+    broken = b"\xff"
+    source = source_batch([frame(v) for v in (plain, newer, broken, newer)], offsets=[1, 2, 3, 4],
+                          keys=[b"\x0a\x01k"] * 4)  # Inner{label: "k"}
+    values = make_value_decoder(cls, confluent_framed=framed, prefer=decoder)
+    key = make_value_decoder(test_descriptors.message_class("testdata.Inner"), 2, detect_unknown_fields=False,
+                             prefer=decoder)
+    metadata = MetadataColumns(namespace="kafka")
+    rows = RowBuilder(values, metadata, key, unknown=UnknownFieldsJson(cls, framed)).build(source, LOAD_US)
+    assert rows.unknown_fields == [1, 3] and rows.sources.tolist() == [0, 1, 3]
+    assert [(f.index, f.error_type) for f in rows.failures] == [(2, ErrorType.DESERIALIZATION_ERROR)]
+    table = rows.table()
+    schema = table_schema(cls.DESCRIPTOR, metadata, key=test_descriptors.find_message("testdata.Inner"),
+                          additional_properties=True)
+    assert table.schema.names == [f.name for f in schema] and table.schema.names[-1] == ADDITIONAL_PROPERTIES
+    assert table.schema.field(ADDITIONAL_PROPERTIES).type == pa.string()
+    expected = {"100": [1], "r_message": [{"7": [5]}]}
+    assert [r[ADDITIONAL_PROPERTIES] and json.loads(r[ADDITIONAL_PROPERTIES]) for r in table.to_pylist()] == \
+        [None, expected, expected]
+    assert table.to_pylist()[1]["r_message"] == [{"label": "y", "counts": []}]  # known columns as ever
+    assert rows.take([2]).table()[ADDITIONAL_PROPERTIES].to_pylist() == [json.dumps(expected, separators=(",", ":"))]
+
+
+def test_without_additional_properties_there_is_no_column(test_descriptors: Descriptors) -> None:
+    inner = test_descriptors.message_class("testdata.Inner")
+    newer = inner(label="x").SerializeToString() + b"\xa0\x06\x01"
+    rows = builder(test_descriptors, "testdata.Inner").build(source_batch([newer]), LOAD_US)
+    assert rows.additional is None and ADDITIONAL_PROPERTIES not in rows.table().schema.names
