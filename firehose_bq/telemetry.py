@@ -154,6 +154,7 @@ class Telemetry:
             self._statsd.send("rows_written", stats.rows_written, "c")
             self._statsd.send("messages_dead_lettered", stats.dead_lettered, "c")
             self._statsd.send("messages_failed", stats.failed, "c")
+            self._statsd.send("messages_fallback", stats.fallback, "c")  # so read = the four outcomes
             self._statsd.send("messages_retried", stats.retried, "c")
             for error_type, count in stats.errors_by_type.items():
                 self._statsd.send("errors", count, "c", {"error_type": error_type})

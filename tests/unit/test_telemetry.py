@@ -89,12 +89,15 @@ def test_statsd_lines_carry_firehose_tags() -> None:
                                 statsd_tags="team=data,env=test"), "job")
     try:
         t.observe_batch(stats(), 1.0, ok=True)
-        lines = [server.recv(4096).decode() for _ in range(3)]
+        lines = [server.recv(4096).decode() for _ in range(5)]
     finally:
         t.close()
         server.close()
     assert lines[0] == "firehose_bq.messages_read:10|c|#team:data,env:test"
     assert lines[1].startswith("firehose_bq.rows_written:6|c")
+    # Read = written + dead-lettered + failed + fallback, in StatsD too: 10 = 6 + 2 + 1 + 1.
+    assert [line.split("|")[0] for line in lines[2:]] == [
+        "firehose_bq.messages_dead_lettered:2", "firehose_bq.messages_failed:1", "firehose_bq.messages_fallback:1"]
 
 
 def test_every_metric_the_dashboard_queries_exists() -> None:
