@@ -120,9 +120,9 @@ class Seen:
 class ScrapedTelemetry(Telemetry):
     """The job's telemetry, scraped over HTTP right after each micro-batch is counted into it."""
 
-    def __init__(self, cfg: Config, pipeline: Pipeline | None = None) -> None:
-        super().__init__(cfg.metrics, cfg.spark.app_name)
-        self.pipeline = pipeline
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg.metrics, cfg.spark.app_name)  # as `firehose-bq run` makes it
+        self.pipeline: Pipeline | None = None  # whose summary each scrape is compared with
         self.seen: list[Seen] = []
 
     def observe_batch(self, stats: BatchStats, seconds: float, ok: bool,
