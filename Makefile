@@ -90,7 +90,8 @@ clean: down
 
 # README's configuration tables are generated from the settings' declarations (a unit test checks them).
 readme: $(STAMP)
-	$(PY) -c 'import re, pathlib; from firehose_bq import config as c; from firehose_bq.devstack.stack_config import StackConfig; p = pathlib.Path("README.md"); t = p.read_text(); \
+	$(PY) -c 'import re, pathlib; from firehose_bq import config as c, telemetry; from firehose_bq.devstack.stack_config import StackConfig; p = pathlib.Path("README.md"); t = p.read_text(); \
 	t = re.sub(r"(<!-- config-reference:start -->\n).*?(\n<!-- config-reference:end -->)", lambda m: m[1] + c.reference_markdown() + m[2], t, flags=re.S); \
 	t = re.sub(r"(<!-- stack-reference:start -->\n).*?(\n<!-- stack-reference:end -->)", lambda m: m[1] + c.reference_markdown((StackConfig,)) + m[2], t, flags=re.S); \
+	t = re.sub(r"(<!-- metrics-reference:start -->\n).*?(\n<!-- metrics-reference:end -->)", lambda m: m[1] + telemetry.reference_markdown() + m[2], t, flags=re.S); \
 	p.write_text(t)'

@@ -2,8 +2,9 @@
 
 Everything is counted on the driver from what the tasks report (TaskResult): the tasks never talk to
 a metrics backend, so a Spark cluster needs nothing more than the driver's port (or its StatsD agent).
-The names below are the contract the Grafana dashboard in `dashboards/` queries (a test checks it);
-`firehose_bq_` is their prefix, and StatsD gets the same names with `.` for `_` between words kept.
+The names below are the contract the Grafana dashboard in `dashboards/` queries and README's tables
+list (tests check both); `firehose_bq_` is their prefix. StatsD gets the per-batch counts as
+`firehose_bq.<name>`, under names of its own (`_StatsD.send` calls in `observe_*`).
 
 Counters follow the run summary exactly: at any moment `messages_total{outcome}` summed over outcomes
 is the messages read, and the summary's counts equal these counters at the end of a run.
@@ -15,6 +16,7 @@ import logging
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -46,6 +48,26 @@ class MetricsConfig:
     )
 
 
+_M = TypeVar("_M", Counter, Gauge, Histogram)
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    """One Prometheus metric the job exports, as README's metrics table lists it."""
+
+    name: str  # as exported
+    kind: str  # counter, gauge or histogram
+    labels: tuple[str, ...]  # besides `job`, which every metric has
+    doc: str
+
+
+def reference_markdown() -> str:
+    """README's Prometheus metrics table (`make readme` pastes it between the metrics-reference markers)."""
+    rows = [f"| `{m.name}` | {m.kind} | {', '.join(f'`{label}`' for label in m.labels) or '-'} | {m.doc} |"
+            for m in Telemetry(MetricsConfig(), "job").metrics]
+    return "\n".join(["| Metric | Type | Labels | Meaning |", "| --- | --- | --- | --- |", *rows])
+
+
 class _StatsD:
     """Fire-and-forget StatsD over UDP with DogStatsD tags: a lost datagram loses a sample, never a message."""
 
@@ -74,39 +96,44 @@ class Telemetry:
         self.port: int | None = None
         self.registry = CollectorRegistry()
         self._job = job
-        r, labels = self.registry, ["job"]
-        self.messages = Counter(f"{PREFIX}_messages", "Messages read, by where they ended (written, dlq, failed, "
-                                "fallback) and destination table", [*labels, "outcome", "table"], registry=r)
-        self.read = Counter(f"{PREFIX}_messages_read", "Messages read from Kafka", labels, registry=r)
-        self.rows = Counter(f"{PREFIX}_rows_written", "Rows written to BigQuery, by table", [*labels, "table"],
-                            registry=r)
-        self.retried = Counter(f"{PREFIX}_messages_retried", "Messages sent again at least once", labels, registry=r)
-        self.errors = Counter(f"{PREFIX}_errors", "Messages that were not written, by error type and where they "
-                              "ended (dlq, failed)", [*labels, "error_type", "outcome"], registry=r)
-        self.unknown = Counter(f"{PREFIX}_unknown_fields_messages", "Messages written carrying fields their "
-                               "descriptors lack (dropped, or kept in additional_properties)", labels, registry=r)
-        self.batches = Counter(f"{PREFIX}_batches", "Micro-batches settled, by result (ok, failed)",
-                               [*labels, "result"], registry=r)
-        self.batch_seconds = Histogram(f"{PREFIX}_batch_duration_seconds", "Micro-batch duration, tasks and the "
-                                       "driver step", labels, buckets=BATCH_BUCKETS, registry=r)
-        self.rate = Gauge(f"{PREFIX}_batch_messages_per_second", "Messages per second of the last micro-batch",
-                          labels, registry=r)
-        self.lag = Gauge(f"{PREFIX}_consumer_lag", "Records on the broker not yet read, per partition (as seen "
-                         "when the last micro-batch was planned)", [*labels, "topic", "partition"], registry=r)
-        self.requests = Histogram(f"{PREFIX}_bigquery_write_seconds", "Duration of one BigQuery write call from a "
-                                  "task, per write path", [*labels, "path"], buckets=REQUEST_BUCKETS, registry=r)
-        self.driver_steps = Histogram(f"{PREFIX}_driver_step_seconds", "The write mode's driver step per batch "
-                                      "(load jobs, MERGE)", [*labels, "mode"], buckets=BATCH_BUCKETS, registry=r)
-        self.refreshes = Counter(f"{PREFIX}_schema_refreshes", "Descriptor fetches, by result (changed, "
-                                 "unchanged, failed)", [*labels, "result"], registry=r)
-        self.table_updates = Counter(f"{PREFIX}_table_updates", "Tables created or evolved by the driver",
-                                     labels, registry=r)
-        self.replayed = Counter(f"{PREFIX}_dlq_replay_messages", "Dead letters replayed, by where they ended",
-                                [*labels, "outcome"], registry=r)
+        self.metrics: list[MetricInfo] = []
+        self.messages = self._add(Counter, "messages", "Messages read, by where they ended (written, dlq, failed, "
+                                  "fallback) and destination table (empty: none was found)", "outcome", "table")
+        self.read = self._add(Counter, "messages_read", "Messages read from Kafka")
+        self.rows = self._add(Counter, "rows_written", "Rows written to BigQuery, by table", "table")
+        self.retried = self._add(Counter, "messages_retried", "Messages sent again at least once")
+        self.errors = self._add(Counter, "errors", "Messages that were not written, by error type and where they "
+                                "ended (dlq, failed)", "error_type", "outcome")
+        self.unknown = self._add(Counter, "unknown_fields_messages", "Messages written carrying fields their "
+                                 "descriptors lack (dropped, or kept in additional_properties)")
+        self.batches = self._add(Counter, "batches", "Micro-batches settled, by result (ok, failed)", "result")
+        self.batch_seconds = self._add(Histogram, "batch_duration_seconds", "Micro-batch duration, tasks and the "
+                                       "driver step", buckets=BATCH_BUCKETS)
+        self.rate = self._add(Gauge, "batch_messages_per_second", "Messages per second of the last micro-batch")
+        self.lag = self._add(Gauge, "consumer_lag", "Records on the broker not yet read, per partition (as seen "
+                             "when the last micro-batch was planned)", "topic", "partition")
+        self.requests = self._add(Histogram, "bigquery_write_seconds", "Duration of one BigQuery write call from a "
+                                  "task, per write path", "path", buckets=REQUEST_BUCKETS)
+        self.driver_steps = self._add(Histogram, "driver_step_seconds", "The write mode's driver step per batch "
+                                      "(load jobs, MERGE)", "mode", buckets=BATCH_BUCKETS)
+        self.refreshes = self._add(Counter, "schema_refreshes", "Descriptor fetches, by result (changed, "
+                                   "unchanged, failed)", "result")
+        self.table_updates = self._add(Counter, "table_updates", "Tables created or evolved by the driver")
+        self.replayed = self._add(Counter, "dlq_replay_messages", "Dead letters replayed, by where they ended",
+                                  "outcome")
         self._statsd = _StatsD(config.statsd_host, config.statsd_port, config.statsd_tags) \
             if config.statsd_host else None
         self._refresh_seen = (0, 0, 0)
         self._tables_seen = 0
+
+    def _add(self, kind: type[_M], name: str, doc: str, *labels: str, buckets: tuple[float, ...] = ()) -> _M:
+        """A metric of this registry, labelled by `job` and `labels`, and listed in `self.metrics`."""
+        extra = {"buckets": buckets} if buckets else {}
+        metric = kind(f"{PREFIX}_{name}", doc, ["job", *labels], registry=self.registry, **extra)
+        # Prometheus exports a counter as `<name>_total` (and a histogram as `_bucket`, `_sum`, `_count`).
+        exported = f"{PREFIX}_{name}_total" if kind is Counter else f"{PREFIX}_{name}"
+        self.metrics.append(MetricInfo(exported, kind.__name__.lower(), labels, doc))
+        return metric
 
     def start(self) -> Telemetry:
         if self.config.prometheus_port >= 0:
@@ -154,6 +181,7 @@ class Telemetry:
             self._statsd.send("rows_written", stats.rows_written, "c")
             self._statsd.send("messages_dead_lettered", stats.dead_lettered, "c")
             self._statsd.send("messages_failed", stats.failed, "c")
+            self._statsd.send("messages_fallback", stats.fallback, "c")  # so read = the four outcomes
             self._statsd.send("messages_retried", stats.retried, "c")
             for error_type, count in stats.errors_by_type.items():
                 self._statsd.send("errors", count, "c", {"error_type": error_type})

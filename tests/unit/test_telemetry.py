@@ -12,15 +12,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from firehose_bq.errors import ErrorType, MessageError
 from firehose_bq.metrics import BatchStats
-from firehose_bq.telemetry import MetricsConfig, Telemetry
+from firehose_bq.telemetry import MetricsConfig, Telemetry, reference_markdown
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "firehose-bq.json"
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARD = REPO / "dashboards" / "firehose-bq.json"
+README = REPO / "README.md"
 
 
 def stats() -> BatchStats:
     s = BatchStats(messages=10, rows_written=6)
-    s.add_outcome("dlq", [MessageError(ErrorType.SINK_4XX_ERROR, "t", 0, 1, "bad")] * 2)
-    s.add_outcome("failed", [MessageError(ErrorType.DESERIALIZATION_ERROR, "t", 0, 2, "bad")])
+    dead = [MessageError(ErrorType.SINK_4XX_ERROR, "t", 0, 1, "bad")] * 2
+    failed = [MessageError(ErrorType.DESERIALIZATION_ERROR, "t", 0, 2, "bad")]
+    s.add_errors(dead + failed)  # as the batch core counts them: by type, then by outcome
+    s.add_outcome("dlq", dead)
+    s.add_outcome("failed", failed)
     s.add_outcome("fallback", 1)
     s.add_outcome("retried", 3)
     s.add_table("ds.a", messages=5, written=4, dlq=1)
@@ -89,23 +94,67 @@ def test_statsd_lines_carry_firehose_tags() -> None:
                                 statsd_tags="team=data,env=test"), "job")
     try:
         t.observe_batch(stats(), 1.0, ok=True)
-        lines = [server.recv(4096).decode() for _ in range(3)]
+        lines = [server.recv(4096).decode() for _ in range(5)]
     finally:
         t.close()
         server.close()
     assert lines[0] == "firehose_bq.messages_read:10|c|#team:data,env:test"
     assert lines[1].startswith("firehose_bq.rows_written:6|c")
+    # Read = written + dead-lettered + failed + fallback, in StatsD too: 10 = 6 + 2 + 1 + 1.
+    assert [line.split("|")[0] for line in lines[2:]] == [
+        "firehose_bq.messages_dead_lettered:2", "firehose_bq.messages_failed:1", "firehose_bq.messages_fallback:1"]
 
 
-def test_every_metric_the_dashboard_queries_exists() -> None:
-    t = Telemetry(MetricsConfig(), "job")
+def observe_everything(t: Telemetry) -> None:
     t.observe_batch(stats(), 1.0, ok=True, write_seconds={"insertall": [0.1]})
     t.observe_driver_step("file_loads", 1.0)
     t.observe_lag({("t", 0): 1})
     t.observe_refreshes(1, 0, 0)
     t.observe_table_updates(1)
     t.observe_replay(stats())
+
+
+def test_every_metric_the_dashboard_queries_exists() -> None:
+    t = Telemetry(MetricsConfig(), "job")
+    observe_everything(t)
     exported = {sample.name for metric in t.registry.collect() for sample in metric.samples}
     queried = {name for panel in json.loads(DASHBOARD.read_text())["panels"] for target in panel["targets"]
                for name in re.findall(r"firehose_bq_\w+", target["expr"])}
     assert len(queried) >= 12 and queried <= exported, sorted(queried - exported)
+
+
+def readme_block(name: str) -> str:
+    match = re.search(rf"<!-- {name}:start -->\n(.*?)\n<!-- {name}:end -->", README.read_text(), re.S)
+    assert match, f"README.md has no {name} block"
+    return match.group(1).strip()
+
+
+def test_readme_lists_exactly_the_metrics_the_job_exports() -> None:
+    t = Telemetry(MetricsConfig(), "job")
+    families = {metric.name for metric in t.registry.collect()}
+    assert {m.name.removesuffix("_total") for m in t.metrics} == families  # none made around `_add`
+    assert readme_block("metrics-reference") == reference_markdown(), (
+        "README's metrics table is out of date: run `make readme`")
+
+
+def test_readme_lists_exactly_the_statsd_metrics_the_job_sends() -> None:
+    server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    server.bind(("127.0.0.1", 0))
+    t = Telemetry(MetricsConfig(statsd_host="127.0.0.1", statsd_port=server.getsockname()[1]), "job")
+    try:
+        observe_everything(t)
+        server.setblocking(False)
+        sent: set[tuple[str, str, str]] = set()
+        kinds = {"c": "counter", "g": "gauge", "ms": "timer"}
+        while True:
+            try:
+                metric, _, tags = server.recv(4096).decode().partition("|#")
+            except BlockingIOError:  # sent before observe_* returned: every datagram is here
+                break
+            name, kind = metric.split(":", 1)[0], metric.split("|")[1]
+            sent.add((name, kinds[kind], ", ".join(f"`{tag.split(':')[0]}`" for tag in tags.split(",") if tag) or "-"))
+    finally:
+        t.close()
+        server.close()
+    rows = [line.split("|")[1:4] for line in readme_block("statsd-reference").splitlines()[2:]]
+    assert {(name.strip().strip("`"), kind.strip(), tags.strip()) for name, kind, tags in rows} == sent
