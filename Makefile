@@ -14,7 +14,7 @@ DESCRIPTORS := descriptors/example.desc
 N ?= 10000
 LOCAL := --env-file config/local.env --stack
 
-.PHONY: help venv descriptors run test test-unit test-integration native-check bench up down status clean readme
+.PHONY: help venv descriptors run test test-unit test-integration native-check lint bench up down status clean readme
 
 help:
 	@echo "make run     local broker + BigQuery emulator + $(N) sample messages → Spark job → summary"
@@ -53,6 +53,10 @@ run: venv descriptors
 
 test: venv descriptors
 	$(PY) -m pytest tests
+
+# Pyflakes' checks only (unused imports, undefined names): the layout is the authors', not a formatter's.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check --select F firehose_bq tests bench
 
 test-unit: venv descriptors
 	$(PY) -m pytest tests/unit
