@@ -4,7 +4,7 @@ directory), the job settings that point at it, and a fast producer for large top
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,9 +28,11 @@ def local_stack() -> Iterator[tuple[dict[str, str], Path]]:
             stack.down(report=lambda line: None)
 
 
-def produce_fast(cfg: Config, topic: str, count: int, partitions: int, distinct: int = 10_000) -> None:
+def produce_fast(cfg: Config, topic: str, count: int, partitions: int, distinct: int = 10_000,
+                 headers: Callable[[int], list[tuple[str, bytes]]] | None = None) -> None:
     """`count` example bookings through confluent-kafka's producer (kafka-python sends ~10k msg/s, too slow
-    for a million), cycling `distinct` prebuilt messages: building each booking costs more than sending it."""
+    for a million), cycling `distinct` prebuilt messages: building each booking costs more than sending it.
+    `headers(i)`: the Kafka headers of record i (none by default)."""
     from confluent_kafka import Producer
 
     cls = descriptors.load(cfg.input_schema.stencil_urls).message_class(sample.EXAMPLE_MESSAGE)
@@ -49,7 +51,8 @@ def produce_fast(cfg: Config, topic: str, count: int, partitions: int, distinct:
         key, value, _headers = pool[i % len(pool)]
         while True:
             try:
-                producer.produce(topic, key=key, value=value, on_delivery=on_delivery)
+                producer.produce(topic, key=key, value=value, headers=headers(i) if headers else None,
+                                 on_delivery=on_delivery)
                 break
             except BufferError:  # local queue full: let librdkafka send some first
                 producer.poll(0.1)

@@ -1,36 +1,39 @@
 """Merge-flush cost: one MERGE of 100k intermediate rows vs a plain INSERT … SELECT of the same rows.
 
 Both run on the same emulator (a local stack started for the run) over the same intermediate table,
-whose rows are the sample bookings converted and reshaped by the production code (20k keys, ~10%
-tombstones) and loaded with a load job (the loading is not timed). Timed: the MERGE of the batch into
+whose rows are the sample bookings decoded and reshaped by the production code (20k keys, ~10%
+tombstones) and appended with Storage Write (the staging is not timed). Timed: the MERGE of the batch into
 an empty table (all INSERT branches after dedup), the same MERGE again (all UPDATE/DELETE branches: a
 replayed batch), and an INSERT … SELECT of every non-tombstone row into another empty table.
 """
 
 from __future__ import annotations
 
-import io
-import json
+import dataclasses
 import random
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import pyarrow as pa
 from google.cloud import bigquery
 from google.protobuf import message_factory
 
 from firehose_bq import descriptors, sample
 from firehose_bq.bigquery.client import make_client
 from firehose_bq.config import Config, read_env_file
-from firehose_bq.convert import KafkaRecords, RowConverter
+from firehose_bq.batch.rows import RowBuilder
+from firehose_bq.bigquery.storage_write import StorageWriteWriter, make_write_client
+from firehose_bq.decode import make_value_decoder
 from firehose_bq.devstack.stack import Stack, isolated_env
 from firehose_bq.devstack.stack_config import StackConfig
 from firehose_bq.schema import MetadataColumns
 from firehose_bq.sink_schema import plan_table
 from firehose_bq.upsert import tables
 from firehose_bq.upsert.sql import MergePlan, TableRef, quote
-from firehose_bq.upsert.writer import to_intermediate
+from firehose_bq.source.batches import ARROW_SCHEMA
+from firehose_bq.upsert.writer import intermediate_rows
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS = 100_000
@@ -39,20 +42,24 @@ KEY_FIELD = "booking_key"
 BATCH = 1
 
 
-def intermediate_rows(cfg: Config, n: int) -> list[dict[str, object]]:
+def staged_rows(cfg: Config, n: int) -> pa.RecordBatch:
+    """n changelog records (keys drawn from KEYS, ~10% tombstones) as the upsert mode's tasks stage them:
+    decoded by the row builder a task uses, reshaped by upsert.writer.intermediate_rows."""
     loaded = descriptors.load(cfg.input_schema.stencil_urls)
     cls = loaded.message_class(cfg.input_schema.proto_class)
     key_class = message_factory.GetMessageClass(cls.DESCRIPTOR.file.message_types_by_name["BookingKey"])
     rng = random.Random(11)
     keys = [key_class(order_number=f"K-{rng.randrange(KEYS):05d}").SerializeToString() for _ in range(n)]
     values = [None if rng.random() < 0.1 else sample.booking(j % 5000, cls).SerializeToString() for j in range(n)]
-    records = KafkaRecords(topics=["bench"] * n, partitions=[0] * n, offsets=list(range(n)),
-                           timestamps_ms=[1_767_225_600_000 + j for j in range(n)], values=values, keys=keys)
-    converter = RowConverter(cls, MetadataColumns(), key_class=key_class, changelog=True)
-    load_time = "2026-11-23T00:00:00Z"
-    staged, errors = to_intermediate(converter.convert(records, load_time), records, BATCH, load_time, deletes=True)
-    assert not errors
-    return staged.rows
+    source = pa.RecordBatch.from_pydict(
+        {"key": keys, "value": values, "topic": ["bench"] * n, "partition": [0] * n, "offset": range(n),
+         "timestamp": [1_767_225_600_000_000 + 1000 * j for j in range(n)], "timestamp_type": [0] * n,
+         "headers": [[]] * n, "leader_epoch": [0] * n}, schema=ARROW_SCHEMA)
+    builder = RowBuilder(make_value_decoder(cls, 1), MetadataColumns(),
+                         make_value_decoder(key_class, 2, detect_unknown_fields=False), changelog=True)
+    rows = builder.build(source, 1_795_392_000_000_000)
+    assert not rows.failures, rows.failures[:1]
+    return intermediate_rows(rows, source, BATCH)
 
 
 def timed(client: bigquery.Client, sql: str) -> float:
@@ -61,7 +68,7 @@ def timed(client: bigquery.Client, sql: str) -> float:
     return time.monotonic() - started
 
 
-def run() -> dict[str, float]:
+def run(rows: int = ROWS) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as state:
         stack = Stack(StackConfig.from_env(isolated_env(state)))
         stack.up(report=lambda line: None)
@@ -82,10 +89,12 @@ def run() -> dict[str, float]:
             for ref in (dest, plain):
                 client.create_table(bigquery.Table(ref.api, schema=schema))
             client.create_table(tables.intermediate_table(inter, schema, KEY_FIELD))
-            rows = intermediate_rows(cfg, ROWS)
-            body = "\n".join(json.dumps(r) for r in rows).encode()
-            job_config = bigquery.LoadJobConfig(source_format=bigquery.SourceFormat.NEWLINE_DELIMITED_JSON)
-            client.load_table_from_file(io.BytesIO(body), inter.api, job_config=job_config).result()
+            staging = dataclasses.replace(bq, table=inter.table)
+            writer = StorageWriteWriter(make_client(staging), make_write_client(staging), staging)
+            try:
+                assert not writer.write(staged_rows(cfg, rows), None)
+            finally:
+                writer.close()
             key, values = tables.split_key(schema, KEY_FIELD)
             plan = MergePlan(dest, inter, KEY_FIELD, tuple(key.fields), tuple(v.name for v in values), True, True)
 
@@ -99,7 +108,7 @@ def run() -> dict[str, float]:
             inserted = next(iter(client.query(f"SELECT COUNT(*) AS n FROM {plain.sql}").result())).n
         finally:
             stack.down(report=lambda line: None)
-    print(f"Merge flush, {ROWS} intermediate rows ({KEYS} keys, ~10% tombstones), on the emulator")
+    print(f"Merge flush, {rows} intermediate rows ({KEYS} keys, ~10% tombstones), on the emulator")
     print(f"  MERGE into an empty table        {merge_new:7.2f} s  → {merged} rows (latest per live key)")
     print(f"  same MERGE again (update/delete) {merge_again:7.2f} s")
     print(f"  plain INSERT … SELECT            {insert:7.2f} s  → {inserted} rows (no dedup)")
@@ -108,4 +117,4 @@ def run() -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    sys.exit(run() and 0)
+    sys.exit(run(int(sys.argv[1]) if len(sys.argv) > 1 else ROWS) and 0)
