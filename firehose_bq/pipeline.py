@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import json
 import logging
+import operator
 import re
 import threading
 import time
@@ -21,7 +22,8 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from firehose_bq import logs
 from firehose_bq.batch.core import TaskPlan, TaskResult, process_batch
@@ -50,6 +52,12 @@ def run_task(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, worker_log
     with logs.log_context(**(worker_logging.fields if worker_logging is not None else {})):
         result = process_batch(batches, spec, plan, handling)
     yield pa.RecordBatch.from_pydict({"result": [result.to_json()]})
+
+
+def _from_starts(starts: list[tuple[str, int, int]]) -> Column:
+    """The records of each (topic, partition) from its offset on."""
+    return functools.reduce(operator.or_, ((F.col("topic") == topic) & (F.col("partition") == partition)
+                                           & (F.col("offset") >= offset) for topic, partition, offset in starts))
 
 
 class Pipeline:
@@ -181,8 +189,9 @@ class Pipeline:
         results = self._tasks(df, batch_id, self._spec(batch_id, hold))
         held = [r.held for r in results if r.held]
         if held:
-            # Some task met fields its descriptors lack and wrote nothing more: refresh, then write the
-            # whole batch again (rows already written carry the same insertIds, so they are not doubled).
+            # Some task met fields its descriptors lack and stopped before that source batch: refresh, then
+            # run again from where each held task stopped. What the first run settled stays settled (its
+            # rows, letters and staged files count), so nothing is written twice, whatever the write mode.
             assert self._refresh is not None
             changed = self._refresh(f"unknown fields in {held[0]}")
             log.info("batch %d: unknown fields at %s; registry refresh %s", batch_id, held[0],
@@ -190,8 +199,9 @@ class Pipeline:
             if not changed:
                 interval = self.config.registry.unknown_fields_refresh_min_interval_ms / 1000
                 self._accept_unknown_until = time.monotonic() + interval
-            self.mode.abort(batch_id)  # what the held run staged: the second run stages everything again
-            results = self._tasks(df, batch_id, self._spec(batch_id))
+            resume = [start for r in results for start in r.resume]
+            settled = [dataclasses.replace(r, held=None, resume=[]) for r in results]
+            results = settled + self._tasks(df.where(_from_starts(resume)), batch_id, self._spec(batch_id))
         stats = batch_stats(results)
         self._count(batch_id, stats, time.monotonic() - started)
         step = time.monotonic()

@@ -30,7 +30,8 @@ from firehose_bq.decode import make_value_decoder
 from firehose_bq.decode.unknown import UnknownFieldsJson
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.dlq.writers import dead_letter
-from firehose_bq.errors import DeadLetterError, ErrorType, FirehoseError, MessageError, RowError, SinkError, cause_of
+from firehose_bq.errors import (DeadLetterError, ErrorType, FirehoseError, MessageError, RowError, SchemaError,
+                                 SinkError, cause_of)
 from firehose_bq.logs import log_context
 from firehose_bq.metrics import BatchStats
 from firehose_bq.policy import DLQ, FAILED, FALLBACK, RETRIED, ErrorHandling, write_with_policy
@@ -70,18 +71,23 @@ class TaskResult:
     stats: BatchStats = field(default_factory=BatchStats)
     fatal: str | None = None  # the task stopped: nothing of its batch may be committed
     # `topic/partition@offset` of the first record carrying fields the descriptors lack, when the task
-    # was told to hold there (the driver refreshes the descriptors and runs the batch again).
+    # was told to hold there (the driver refreshes the descriptors and runs the rest of the batch again).
     held: str | None = None
     reports: list[str] = field(default_factory=list)  # the mode's TaskPlan.report, one per writer that has one
+    # With `held`: where the task stopped, per Kafka partition (topic, partition, first offset not done).
+    # Everything before it is settled (written, dead-lettered), so the second run starts there: a row
+    # appended twice would stay twice in Storage Write's default stream, which has no insertIds.
+    resume: list[tuple[str, int, int]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps({"stats": json.loads(self.stats.to_json()), "fatal": self.fatal, "held": self.held,
-                           "reports": self.reports})
+                           "reports": self.reports, "resume": self.resume})
 
     @classmethod
     def from_json(cls, text: str) -> TaskResult:
         data = json.loads(text)
-        return cls(BatchStats.from_json(json.dumps(data["stats"])), data["fatal"], data["held"], data["reports"])
+        return cls(BatchStats.from_json(json.dumps(data["stats"])), data["fatal"], data["held"], data["reports"],
+                   [(t, int(p), int(o)) for t, p, o in data.get("resume", [])])
 
 
 class TooManyDestinationsError(FirehoseError):
@@ -124,6 +130,9 @@ class _Task:
         self.writers: dict[Destination | None, RowWriter] = {}
         self.letters: list[DeadLetter] = []
         self.unrouted: list[DeadLetter] = []
+        # Routed destinations whose table cannot be created or evolved (a name that exists with another
+        # schema, a JSON table with no schema file): why, so their records fail alone, once per task.
+        self.unusable: dict[Destination, str] = {}
 
     def process(self, source: pa.RecordBatch) -> bool:
         """Decode, write and settle one source batch; False when the task must hold (unknown fields)."""
@@ -140,25 +149,44 @@ class _Task:
             groups, unrouted = list(assignment.groups), assignment.unrouted
         parts = [(d, source if ix is None or len(ix) == source.num_rows else source.take(pa.array(ix)))
                  for d, ix in groups]
-        decoded = []
+        decoded, refused = [], []
         for destination, part in parts:
-            rows = self._builder(destination).build(part, load_time_us)
+            builder = self._builder(destination)
+            if builder is None:
+                refused.append((destination, part))
+                continue
+            rows = builder.build(part, load_time_us)
             if rows.unknown_fields and self.spec.hold_on_unknown_fields:
+                # Nothing of this source batch is written or counted: the second run starts with it.
                 self.result.held = _where(part, rows.unknown_fields[0])
+                self.result.resume = _starts(source)
                 return False
             decoded.append((destination, part, rows))
         self.result.stats.messages += source.num_rows
         self._unrouted(source, unrouted)
+        for destination, part in refused:
+            self._refuse(destination, part)
         for destination, part, rows in decoded:
             self._write(destination, part, rows)
         return True
 
-    def _builder(self, destination: Destination | None) -> RowBuilder:
+    def _builder(self, destination: Destination | None) -> RowBuilder | None:
         """The destination's row builder, its table created or evolved first (once per task) when the
-        records name it (routed jobs)."""
+        records name it (routed jobs); None when that table cannot be (`unusable`)."""
         spec, changelog = self.spec, self.plan.changelog
+        if destination is not None and destination in self.unusable:
+            return None
         if destination is not None and spec.tables is not None and destination not in self.ready:
-            json_columns = spec.tables.ensure(spec.descriptors, destination)
+            # The cap first: a template over a high-cardinality attribute must not create the tables.
+            self._check_cap(self.ready, destination)
+            try:
+                json_columns = spec.tables.ensure(spec.descriptors, destination)
+            except SchemaError as exc:
+                # The record's attributes chose a table it cannot go to: its records fail (ROUTING_ERROR,
+                # for the policy), the other destinations go on; stopping the batch would stop it again
+                # on every restart, for one record's header.
+                self.unusable[destination] = str(exc)
+                return None
             self.ready.add(destination)
             if spec.json:
                 self.builders[destination] = row_builder(spec, changelog, json_columns=json_columns)
@@ -172,17 +200,29 @@ class _Task:
             self.builders[proto_class] = row_builder(spec, changelog, proto_class)
         return self.builders[proto_class]
 
+    def _check_cap(self, held: Iterable[Destination | None], destination: Destination | None) -> None:
+        cap = self.spec.router.max_destinations if self.spec.router else 1
+        names = sorted(d.name for d in held if d is not None)
+        if len(names) >= cap:
+            raise TooManyDestinationsError(
+                f"a task met more than {cap} destination tables in one micro-batch ({', '.join(names[:5])}, ..., "
+                f"{destination.name if destination else '?'}); raise SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK or "
+                "check the routing templates")
+
     def _writer(self, destination: Destination | None) -> RowWriter:
         if destination not in self.writers:
-            cap = self.spec.router.max_destinations if self.spec.router else 1
-            if len(self.writers) >= cap:
-                names = sorted(d.name for d in self.writers if d is not None)
-                raise TooManyDestinationsError(
-                    f"a task met more than {cap} destination tables in one micro-batch ({', '.join(names[:5])}, ..., "
-                    f"{destination.name if destination else '?'}); raise SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK or "
-                    "check the routing templates")
+            self._check_cap(self.writers, destination)
             self.writers[destination] = self.plan.open_writer(destination)
         return self.writers[destination]
+
+    def _refuse(self, destination: Destination, part: pa.RecordBatch) -> None:
+        """`part`'s records, routed to a table that cannot be used, as ROUTING_ERRORs for the policy."""
+        why = f"destination table {destination.name} cannot be used: {self.unusable[destination]}"
+        failures = [RowError(i, ErrorType.ROUTING_ERROR, why) for i in range(part.num_rows)]
+        with log_context(table=destination.name):
+            done = write_with_policy(self.handling, Writable.empty(), failures, None)
+        _count(self.result.stats, destination.name, part.num_rows, 0, 0, part, done.dead, done.failed)
+        self.letters.extend(_letter(part, f, destination.name) for f in done.dead)
 
     def _write(self, destination: Destination | None, part: pa.RecordBatch, rows: Rows) -> None:
         stats, handling = self.result.stats, self.handling
@@ -255,10 +295,10 @@ def process_batch(sources: Iterable[pa.RecordBatch], spec: SinkSpec, plan: TaskP
     try:
         for source in sources:
             if not task.process(source):
-                # Nothing is stored: the whole batch runs again after the refresh (no letter twice).
+                # The source batches before this one are settled: their letters are stored like any
+                # other's, and the driver's second run starts at `resume` (no row or letter twice).
                 break
-        else:
-            task.finish()
+        task.finish()
     except (SinkError, DeadLetterError, TooManyDestinationsError) as exc:
         task.result.fatal = str(exc)
     finally:
@@ -291,7 +331,8 @@ def _without_unknown(rows: Rows, handling: ErrorHandling, stats: BatchStats) -> 
     if not rows.unknown_fields:
         return rows
     if _keeps_unknown(rows, handling):
-        stats.unknown_fields += len(rows.unknown_fields)
+        # `unknown_fields` lists source records, rows or not: count those that are written.
+        stats.unknown_fields += int(np.isin(rows.unknown_fields, rows.sources).sum())
         return rows
     return rows.take(np.flatnonzero(~np.isin(rows.sources, rows.unknown_fields)))
 
@@ -318,6 +359,13 @@ def _count(stats: BatchStats, table: str, messages: int, written: int, retried: 
 
 def _coordinates(source: pa.RecordBatch, index: int) -> tuple[str, int, int]:
     return source["topic"][index].as_py(), source["partition"][index].as_py(), source["offset"][index].as_py()
+
+
+def _starts(source: pa.RecordBatch) -> list[tuple[str, int, int]]:
+    """(topic, partition, first offset) of each Kafka partition among `source`'s records."""
+    firsts = pa.Table.from_batches([source]).group_by(["topic", "partition"]).aggregate([("offset", "min")])
+    return sorted(zip(firsts["topic"].to_pylist(), firsts["partition"].to_pylist(), firsts["offset_min"].to_pylist(),
+                      strict=True))
 
 
 def _where(source: pa.RecordBatch, index: int) -> str:

@@ -14,7 +14,7 @@ from firehose_bq.batch.rows import Rows, Writable
 from firehose_bq.config import Config
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.dlq.letters import DeadLetter
-from firehose_bq.errors import ErrorType, RowError, SinkError
+from firehose_bq.errors import ErrorType, RowError, SchemaEvolutionError, SinkError
 from firehose_bq.modes import table_rows
 from firehose_bq.policy import ErrorHandling
 from firehose_bq.routing import Destination, router_of
@@ -159,15 +159,20 @@ def test_additional_properties_keep_unknown_fields_whatever_the_policy(test_desc
             ("a", None), ("x", '{"100":[1]}')]
 
 
-def test_holding_on_unknown_fields_stops_before_writing_and_letters_nothing(
+def test_holding_on_unknown_fields_settles_what_came_before_and_says_where_to_resume(
         test_descriptors: Descriptors, letters: list[DeadLetter]) -> None:
     newer = values(test_descriptors, "x")[0] + b"\xa0\x06\x01"
-    first = source_batch(values(test_descriptors, "bad"), offsets=[1])
-    held = source_batch([newer], offsets=[2])
+    first = source_batch(values(test_descriptors, "a", "bad"), offsets=[1, 2])
+    held = source_batch([*values(test_descriptors, "b"), newer], offsets=[3, 4])
+    after = source_batch(values(test_descriptors, "c"), offsets=[5])
     plan = FakePlan(FakeWriter(bad={"bad"}))
-    result = process_batch([first, held], spec(test_descriptors, hold_on_unknown_fields=True), plan, handling())
-    assert result.held == "t/0@2" and not letters  # the whole batch runs again after the refresh
-    assert result.stats.messages == 1
+    result = process_batch([first, held, after], spec(test_descriptors, hold_on_unknown_fields=True), plan,
+                           handling())
+    # The first source batch is settled (its row written, its bad record dead-lettered); nothing of the
+    # held one is, and the second run starts at its first offset.
+    assert result.held == "t/0@4" and result.resume == [("t", 0, 3)]
+    assert [r["label"] for r in plan.writer.written] == ["a"] and [x.error.offset for x in letters] == [2]
+    assert (result.stats.messages, result.stats.rows_written, result.stats.dead_lettered) == (2, 1, 1)
 
 
 def test_a_sink_failure_is_fatal_and_the_writer_is_closed(test_descriptors: Descriptors,
@@ -193,19 +198,23 @@ def test_decode_only_opens_no_writer(test_descriptors: Descriptors, letters: lis
 
 
 def test_task_results_travel_as_json() -> None:
-    result = TaskResult(fatal="x", held="t/0@1", reports=['{"path": "p"}'])
+    result = TaskResult(fatal="x", held="t/0@1", reports=['{"path": "p"}'], resume=[("t", 0, 1)])
     result.stats.messages = 3
     result.stats.add_table("d.t", written=2)
     again = TaskResult.from_json(result.to_json())
-    assert (again.fatal, again.held, again.reports, again.stats.messages) == ("x", "t/0@1", ['{"path": "p"}'], 3)
+    assert (again.fatal, again.held, again.reports, again.resume, again.stats.messages) == (
+        "x", "t/0@1", ['{"path": "p"}'], [("t", 0, 1)], 3)
     assert again.stats.tables == {"d.t": {"written": 2}}
 
 
 @dataclass
 class FakeTables:
     ensured: list[Destination] = field(default_factory=list)
+    conflicting: set[str] = field(default_factory=set)  # table names whose ensure fails
 
     def ensure(self, loaded: Descriptors, destination: Destination) -> None:
+        if destination.name in self.conflicting:
+            raise SchemaEvolutionError(f"column label of {destination.name} is INTEGER, the proto says STRING")
         self.ensured.append(destination)
 
 
@@ -269,7 +278,27 @@ def test_too_many_destinations_stop_the_task_with_the_reason(test_descriptors: D
                          headers=[[("type", b"inner"), ("n", bytes([48 + i]))] for i in range(3)])
     router = router_of("ds", "t_${header.n}", "testdata.Inner", None, "")
     plan = RoutingPlan()
+    tables = FakeTables()
     result = process_batch([batch], spec(test_descriptors, router=replace(router, max_destinations=2),
-                                         tables=FakeTables()), plan, handling())
+                                         tables=tables), plan, handling())
     assert "more than 2 destination tables" in result.fatal and "SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK" in result.fatal
     assert not letters
+    assert len(tables.ensured) == 2  # the third table is never created: the cap comes first
+
+
+def test_a_table_that_cannot_be_used_fails_its_records_alone(test_descriptors: Descriptors,
+                                                             letters: list[DeadLetter]) -> None:
+    legacy = test_descriptors.message_class("testdata.Legacy")
+    batch = source_batch([*values(test_descriptors, "a"), legacy(id="L").SerializeToString(),
+                          legacy(id="M").SerializeToString()],
+                         headers=[[("type", b"inner")], [("type", b"legacy")], [("type", b"legacy")]],
+                         offsets=[1, 2, 3])
+    tables, plan = FakeTables(conflicting={"ds.legacy_v1"}), RoutingPlan()
+    result = process_batch([batch, batch], routed(test_descriptors, tables), plan, handling())
+    assert result.fatal is None
+    assert [r["label"] for r in plan.by_table["ds.inner_v1"].written] == ["a", "a"]
+    assert "ds.legacy_v1" not in plan.by_table  # no writer for it
+    assert [(x.error.error_type, x.error.offset, x.route) for x in letters] == [
+        (ErrorType.ROUTING_ERROR, 2, "ds.legacy_v1"), (ErrorType.ROUTING_ERROR, 3, "ds.legacy_v1")] * 2
+    assert "column label of ds.legacy_v1 is INTEGER" in letters[0].error.message
+    assert (result.stats.messages, result.stats.rows_written, result.stats.dead_lettered) == (6, 2, 4)
