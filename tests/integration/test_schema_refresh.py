@@ -122,24 +122,32 @@ def test_unknown_fields_refresh_the_descriptors_before_the_message_is_written(
                            "SCHEMA_REGISTRY_STENCIL_CACHE_TTL_MS": "600000",  # no background refresh in this test
                            "SCHEMA_REGISTRY_UNKNOWN_FIELDS_REFRESH_MIN_INTERVAL_MS": "0"})
     topic = cfg.source.topics[0]
-    ensure_topic(cfg.source.brokers, topic, 1)
+    ensure_topic(cfg.source.brokers, topic, 2)
     v2 = descriptors.load([str(paths["v2"])]).message_class("evo.Event")
     producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
     cache = DescriptorCache.for_stencil(cfg.input_schema.stencil_urls, cfg.registry).start()
     try:
-        # The producer and the registry already have v2; the running sink still has v1.
+        # The producer and the registry already have v2; the running sink still has v1. Partition 0 holds
+        # only what v1 knows (its task writes it all before the refresh); partition 1 starts the same way.
         fake.routes["/evo.desc"] = paths["v2"].read_bytes()
+        for i in range(5):
+            producer.send(topic, v2(id=f"o{i}", amount=i).SerializeToString(), partition=i % 2)
         for i in range(3):
-            producer.send(topic, v2(id=f"n{i}", detail={"note": "v2", "priority": i}, tags=["t"]).SerializeToString())
+            producer.send(topic, v2(id=f"n{i}", detail={"note": "v2", "priority": i}, tags=["t"]).SerializeToString(),
+                          partition=1)
         unknown_to_all = v2(id="u0", amount=7).SerializeToString() + b"\x98\x06\x01"  # field 99: in no version
-        producer.send(topic, unknown_to_all)
+        producer.send(topic, unknown_to_all, partition=1)
         producer.flush()
 
         pipeline = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now)
         summary = pipeline.run(available_now=True)
 
-        assert (summary.totals.rows_written, summary.totals.failed) == (4, 0)
+        assert (summary.totals.messages, summary.totals.rows_written, summary.totals.failed) == (9, 9, 0)
         assert summary.totals.unknown_fields == 1  # only field 99, after the refresh explained the rest
+        # Written once each, in the default write mode (Storage Write: no insertIds to drop a second append)
+        # although the batch ran twice around the refresh.
+        ids = [r["id"] for r in bq_client.query(f"SELECT id FROM `{cfg.bigquery.table_ref}`")]
+        assert sorted(ids) == sorted([f"o{i}" for i in range(5)] + ["n0", "n1", "n2", "u0"])
         rows = {r["id"]: dict(r.items()) for r in bq_client.query(f"SELECT * FROM `{cfg.bigquery.table_ref}`")}
         assert rows["n2"]["detail"] == {"note": "v2", "priority": 2} and rows["n2"]["tags"] == ["t"]
         assert rows["u0"]["amount"] == 7
