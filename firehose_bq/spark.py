@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource
 
 from firehose_bq.config import SparkConfig
 from firehose_bq.errors import FirehoseError
@@ -30,6 +31,14 @@ JAVA_HINT = "install it with `sudo apt-get install -y openjdk-17-jre-headless` (
 # missing entry, as Python does, and starts exactly as before; another sitecustomize still runs after it.
 WORKER_STARTUP = Path(__file__).resolve().parent / "worker_startup"
 WORKER_PYTHONPATH_CONF = "spark.executorEnv.PYTHONPATH"
+# Spark keeps one pool of Python workers (one daemon, forking them) per distinct set of worker environment
+# variables, and reuses an idle worker for any Python task of that pool. The source's read() and the
+# batch core's mapInArrow run in separate workers within one task, both from the same pool by default,
+# so after a few batches every worker has imported everything (the BigQuery client, the decoders,
+# ~170 MB) although the readers need only the Kafka client and pyarrow (~80 MB). This variable, set for
+# the source alone, gives its readers a pool of their own: one more daemon (~35 MB), lighter readers.
+WORKER_ROLE_ENV = "FIREHOSE_BQ_WORKER_ROLE"
+SOURCE_ROLE = "source"
 
 
 def java_version() -> int:
@@ -70,8 +79,24 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None)
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    spark.dataSource.register(KafkaDataSource)
+    register_source(spark, KafkaDataSource)
     return spark
+
+
+def register_source(spark: SparkSession, source: type[DataSource]) -> None:
+    """Register a Python data source whose readers run in a worker pool of their own (WORKER_ROLE_ENV).
+    A function passed to Spark takes the worker environment (`SparkContext.environment`) as it is at that
+    moment, so the role is set for this registration only and what was there before is put back."""
+    env = spark.sparkContext.environment
+    before = env.get(WORKER_ROLE_ENV)
+    env[WORKER_ROLE_ENV] = SOURCE_ROLE
+    try:
+        spark.dataSource.register(source)
+    finally:
+        if before is None:
+            env.pop(WORKER_ROLE_ENV, None)
+        else:
+            env[WORKER_ROLE_ENV] = before
 
 
 def worker_pythonpath(given: str | None = None) -> str:

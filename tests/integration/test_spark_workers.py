@@ -52,3 +52,56 @@ def test_spark_python_processes_import_the_installed_pyspark(spark) -> None:  # 
     assert len(rows) == 1
     for where in rows[0]:
         assert ".zip" not in where and where.endswith("pyspark/__init__.py"), where
+
+
+def test_source_readers_run_in_a_worker_pool_of_their_own(spark) -> None:  # noqa: ANN001
+    """A source registered through `register_source` reads in workers whose environment names the source
+    role, while the job's mapInArrow tasks run in the ordinary pool: the two never share (or swap) a
+    worker, so readers do not carry the batch core's imports. The session's environment is left as it was."""
+    import os
+
+    import pyarrow as pa
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    from firehose_bq.spark import WORKER_ROLE_ENV, register_source
+
+    class Roles(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "worker-roles"
+
+        def schema(self) -> str:
+            return "reader STRING"
+
+        def streamReader(self, schema):  # noqa: ANN001, ANN202
+            return RolesReader()
+
+    class RolesReader(DataSourceStreamReader):
+        def initialOffset(self) -> dict:
+            return {"at": 0}
+
+        def latestOffset(self) -> dict:
+            return {"at": 1}
+
+        def partitions(self, start: dict, end: dict) -> list:
+            return [InputPartition(0)] if start["at"] < end["at"] else []
+
+        def read(self, partition):  # noqa: ANN001, ANN201
+            yield (os.environ.get(WORKER_ROLE_ENV, "none"),)
+
+        def commit(self, end: dict) -> None:
+            pass
+
+    def task_role(batches):  # noqa: ANN001, ANN202
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"reader": batch.column(0),
+                                              "task": [os.environ.get(WORKER_ROLE_ENV, "none")] * batch.num_rows})
+
+    register_source(spark, Roles)
+    assert WORKER_ROLE_ENV not in spark.sparkContext.environment
+    rows = []
+    query = (spark.readStream.format("worker-roles").load().writeStream
+             .foreachBatch(lambda df, _: rows.extend(df.mapInArrow(task_role, "reader STRING, task STRING").collect()))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert [tuple(r) for r in rows] == [("source", "none")]
