@@ -18,7 +18,9 @@ from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, KAFKA_PYTHON, read_
 pytestmark = pytest.mark.integration
 
 CLIENTS = (KAFKA_PYTHON, CONFLUENT_KAFKA)
-BASE_MS = 1_700_000_000_000
+# Recent: the broker applies time-based retention (7 days) to CreateTime, and would delete records
+# timestamped years ago between their write and their read (seen as offsets out of range under load).
+BASE_MS = (int(time.time()) - 3600) * 1000
 # (key, value, headers) per offset: tombstones, NULL keys, empty values, headers with NULL values.
 RECORDS = [
     (b"k0", b"v0", []),
