@@ -178,7 +178,7 @@ class _Task:
             return None
         if destination is not None and spec.tables is not None and destination not in self.ready:
             # The cap first: a template over a high-cardinality attribute must not create the tables.
-            self._check_cap(self.ready, destination)
+            self._check_cap(destination)
             try:
                 json_columns = spec.tables.ensure(spec.descriptors, destination)
             except SchemaError as exc:
@@ -200,29 +200,34 @@ class _Task:
             self.builders[proto_class] = row_builder(spec, changelog, proto_class)
         return self.builders[proto_class]
 
-    def _check_cap(self, held: Iterable[Destination | None], destination: Destination | None) -> None:
-        cap = self.spec.router.max_destinations if self.spec.router else 1
-        names = sorted(d.name for d in held if d is not None)
-        if len(names) >= cap:
+    def _check_cap(self, destination: Destination) -> None:
+        """Every routed destination is ensured (`ready`) before its writer opens: capping those caps both."""
+        assert self.spec.router is not None, "only routed jobs ensure tables"
+        cap = self.spec.router.max_destinations
+        if len(self.ready) >= cap:
+            names = sorted(d.name for d in self.ready)
             raise TooManyDestinationsError(
                 f"a task met more than {cap} destination tables in one micro-batch ({', '.join(names[:5])}, ..., "
-                f"{destination.name if destination else '?'}); raise SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK or "
-                "check the routing templates")
+                f"{destination.name}); raise SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK or check the routing templates")
 
     def _writer(self, destination: Destination | None) -> RowWriter:
         if destination not in self.writers:
-            self._check_cap(self.writers, destination)
             self.writers[destination] = self.plan.open_writer(destination)
         return self.writers[destination]
 
     def _refuse(self, destination: Destination, part: pa.RecordBatch) -> None:
         """`part`'s records, routed to a table that cannot be used, as ROUTING_ERRORs for the policy."""
         why = f"destination table {destination.name} cannot be used: {self.unusable[destination]}"
-        failures = [RowError(i, ErrorType.ROUTING_ERROR, why) for i in range(part.num_rows)]
         with log_context(table=destination.name):
-            done = write_with_policy(self.handling, Writable.empty(), failures, None)
-        _count(self.result.stats, destination.name, part.num_rows, 0, 0, part, done.dead, done.failed)
-        self.letters.extend(_letter(part, f, destination.name) for f in done.dead)
+            self._fail(part, [RowError(i, ErrorType.ROUTING_ERROR, why) for i in range(part.num_rows)],
+                       destination.name, part.num_rows)
+
+    def _fail(self, source: pa.RecordBatch, failures: list[RowError], table: str, messages: int) -> None:
+        """Records that fail before any write (no route, no usable table): the policy dead-letters or fails
+        them."""
+        done = write_with_policy(self.handling, Writable.empty(), failures, None)
+        _count(self.result.stats, table, messages, 0, 0, source, done.dead, done.failed)
+        self.letters.extend(_letter(source, f, table) for f in done.dead)
 
     def _write(self, destination: Destination | None, part: pa.RecordBatch, rows: Rows) -> None:
         stats, handling = self.result.stats, self.handling
@@ -246,9 +251,7 @@ class _Task:
             self.result.stats.add_outcome(FALLBACK, len(unrouted))
             return
         # No fallback output: an error like any other, for the policy to dead-letter or fail.
-        done = write_with_policy(self.handling, Writable.empty(), unrouted, None)
-        _count(self.result.stats, "", 0, 0, 0, source, done.dead, done.failed)
-        self.letters.extend(_letter(source, f, "") for f in done.dead)
+        self._fail(source, unrouted, "", 0)
 
     def finish(self) -> None:
         """Store the dead letters and fallback records: only once every row of the task is written."""
