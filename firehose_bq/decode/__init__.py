@@ -44,9 +44,17 @@ def native_unavailable(module: str = "_native") -> str:
     return ""
 
 
-def _check_prefer(prefer: str) -> None:
+def _why_not_native(prefer: str, module: str) -> str | None:
+    """Whether the extension `module` decodes under `prefer`: None = the Python decoder was asked for, "" =
+    the extension is there, else why it is not (for the log line); NativeUnavailable when it was required."""
     if prefer not in DECODERS:
         raise ValueError(f"prefer must be one of {', '.join(DECODERS)}, not {prefer!r}")
+    if prefer == "python":
+        return None
+    why = native_unavailable(module)
+    if why and prefer == "native":
+        raise NativeUnavailable(f"INPUT_SCHEMA_PROTO_DECODER=native, but {why}")
+    return why
 
 
 def make_value_decoder(message_class: type[Message], depth: int = 1, options: SchemaOptions = SchemaOptions(),
@@ -61,13 +69,10 @@ def make_value_decoder(message_class: type[Message], depth: int = 1, options: Sc
     refreshes, mid-run); "python" = the reference decoder."""
     from firehose_bq.decode.reference import ReferenceDecoder
 
-    _check_prefer(prefer)
     args = (message_class, depth, options, confluent_framed, detect_unknown_fields)
-    if prefer == "python":
+    why = _why_not_native(prefer, "_native")
+    if why is None:
         return ReferenceDecoder(*args)
-    why = native_unavailable()
-    if why and prefer == "native":
-        raise NativeUnavailable(f"INPUT_SCHEMA_PROTO_DECODER=native, but {why}")
     if not why:
         from firehose_bq.decode.native import NativeDecoder, UnsupportedShape
 
@@ -86,14 +91,11 @@ def make_json_decoder(columns: Sequence[SchemaField], *, additional_properties: 
     make_value_decoder (the JSON decoder supports every column shape, so only a missing build falls back)."""
     from firehose_bq.decode.json_reference import JsonReferenceDecoder
 
-    _check_prefer(prefer)
-    if prefer != "python":
-        why = native_unavailable("_json")
-        if why and prefer == "native":
-            raise NativeUnavailable(f"INPUT_SCHEMA_PROTO_DECODER=native, but {why}")
-        if not why:
-            from firehose_bq.decode.json_native import JsonNativeDecoder
+    why = _why_not_native(prefer, "_json")
+    if why == "":
+        from firehose_bq.decode.json_native import JsonNativeDecoder
 
-            return JsonNativeDecoder(columns, additional_properties=additional_properties)
+        return JsonNativeDecoder(columns, additional_properties=additional_properties)
+    if why is not None:
         log.warning("decoding JSON with the Python reference decoder (much slower): %s", why)
     return JsonReferenceDecoder(columns, additional_properties=additional_properties)

@@ -29,7 +29,7 @@ def test_auto_and_native_use_the_native_decoder(test_descriptors: Descriptors) -
 def test_without_the_build_auto_falls_back_and_native_refuses(test_descriptors: Descriptors,
                                                               monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(decode, "native_unavailable", lambda: "the native decoder is not built (test)")
+    monkeypatch.setattr(decode, "native_unavailable", lambda module="_native": "the native decoder is not built (test)")
     cls = test_descriptors.message_class("testdata.AllTypes")
     with caplog.at_level(logging.WARNING, logger="firehose_bq.decode"):
         assert isinstance(make_value_decoder(cls), ReferenceDecoder)
