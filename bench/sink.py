@@ -20,6 +20,7 @@ from firehose_bq.bigquery import file_loads
 from firehose_bq.bigquery.client import make_client
 from firehose_bq.bigquery.insert_all import InsertAllWriter
 from firehose_bq.bigquery.storage_write import StorageWriteWriter, make_write_client
+from firehose_bq.bigquery.writers import RowWriter
 from firehose_bq.blobstore import LocalBlobStore
 from firehose_bq.config import BigQueryConfig, Config, SparkConfig
 from firehose_bq.modes import table_rows
@@ -35,26 +36,24 @@ TOPIC = "p2b"
 METHODS = ("insertall", "storage_write", "file_loads")
 
 
-def direct_insert_all(cfg: BigQueryConfig, batches: list[Writable]) -> None:
-    """tabledata.insertAll of the rows and insertIds the pipeline sends, through its writer."""
-    writer = InsertAllWriter(make_client(cfg), cfg)
+def write_all(writer: RowWriter, batches: list[Writable], what: str) -> None:
+    """Every batch through `writer` (closed after), as a task's writer gets them; a rejected row is an error."""
     try:
         for batch in batches:
             if rejected := writer.write(batch.rows, batch.insert_ids):
-                raise RuntimeError(f"insertAll rejected rows: {rejected[:1]}")
+                raise RuntimeError(f"{what} rejected rows: {rejected[:1]}")
     finally:
         writer.close()
+
+
+def direct_insert_all(cfg: BigQueryConfig, batches: list[Writable]) -> None:
+    """tabledata.insertAll of the rows and insertIds the pipeline sends, through its writer."""
+    write_all(InsertAllWriter(make_client(cfg), cfg), batches, "insertAll")
 
 
 def direct_storage_write(cfg: BigQueryConfig, batches: list[Writable]) -> None:
     """AppendRows of the rows as Arrow record batches into the table's default stream."""
-    writer = StorageWriteWriter(make_client(cfg), make_write_client(cfg), cfg)
-    try:
-        for batch in batches:
-            if rejected := writer.write(batch.rows, batch.insert_ids):
-                raise RuntimeError(f"Storage Write rejected rows: {rejected[:1]}")
-    finally:
-        writer.close()
+    write_all(StorageWriteWriter(make_client(cfg), make_write_client(cfg), cfg), batches, "Storage Write")
 
 
 def direct_file_load(cfg: BigQueryConfig, batches: list[Writable]) -> None:
@@ -62,12 +61,7 @@ def direct_file_load(cfg: BigQueryConfig, batches: list[Writable]) -> None:
     with tempfile.TemporaryDirectory() as root:
         store = LocalBlobStore(root)
         writer = file_loads.StagingWriter(make_client(cfg), cfg, store, "batch-0/")
-        try:
-            for batch in batches:
-                if rejected := writer.write(batch.rows, batch.insert_ids):
-                    raise RuntimeError(f"staging rejected rows: {rejected[:1]}")
-        finally:
-            writer.close()
+        write_all(writer, batches, "staging")
         with make_client(cfg) as client:
             file_loads.FileLoader(client, cfg, store, "bench-direct").load(0, [writer.staged])
 
