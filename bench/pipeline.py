@@ -27,7 +27,7 @@ from firehose_bq import descriptors, sample
 from firehose_bq.config import Config, SparkConfig
 from firehose_bq.pipeline import Pipeline
 from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, KAFKA_PYTHON, KafkaMetadataClient
-from firehose_bq.source.kafka_source import READ_BATCH_ROWS
+from firehose_bq.source.kafka_client import READ_BATCH_ROWS
 from firehose_bq.spark import spark_session
 
 MESSAGES = 100_000

@@ -27,7 +27,7 @@ from firehose_bq.modes import table_rows
 from firehose_bq.pipeline import Pipeline
 from firehose_bq.sink_schema import SinkSpec
 from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, KafkaMetadataClient, read_range
-from firehose_bq.source.kafka_source import READ_BATCH_ROWS
+from firehose_bq.source.kafka_client import READ_BATCH_ROWS
 from firehose_bq.spark import spark_session
 
 MESSAGES = 100_000  # at 20k the fixed cost of a query (≈ 1–1.5 s) was most of what the ratio measured

@@ -1,8 +1,9 @@
-"""The streaming job: Kafka source → the batch core in each Spark task → the write mode's driver step.
+"""The streaming job: Kafka offset ranges → the batch core in each Spark task → the write mode's driver step.
 
 Each micro-batch runs `process_batch` (batch/core.py) in the Python workers, one task per Kafka
-partition: the rows are written from there, and only a small TaskResult per task comes back to the
-driver. The driver's `foreachBatch` handler returns normally only when every message of the batch is in
+partition: the task reads its partition's range of records itself (the source plans the ranges, see
+source/kafka_source.py), the rows are written from there, and only a small TaskResult per task comes
+back to the driver. The driver's `foreachBatch` handler returns normally only when every message of the batch is in
 BigQuery or the DLQ (`modes.settle`); otherwise it raises, Spark does not commit the batch, and a
 restart replays it (at-least-once).
 """
@@ -13,7 +14,6 @@ import dataclasses
 import functools
 import json
 import logging
-import operator
 import re
 import threading
 import time
@@ -22,8 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession
 
 from firehose_bq import logs
 from firehose_bq.batch.core import TaskPlan, TaskResult, process_batch
@@ -35,7 +34,8 @@ from firehose_bq.modes import WriteMode, batch_stats, handling_of, settle, write
 from firehose_bq.policy import ErrorHandling
 from firehose_bq.registry.cache import CacheStats
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
-from firehose_bq.source.kafka_source import FORMAT_NAME
+from firehose_bq.source.kafka_client import RangeReader, resolve_client
+from firehose_bq.source.kafka_source import FORMAT_NAME, RANGE_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -44,20 +44,32 @@ RESULT_SCHEMA = "result STRING"
 POLL_SECONDS = 0.5
 
 
+# Where a rerun of a batch starts reading each (topic, partition): the first offset its first run left.
+Resume = dict[tuple[str, int], int]
+
+
 def run_task(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, worker_logging: logs.WorkerLogging | None,
-             batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """One Spark task: the batch core over its Kafka partition's records; yields its TaskResult. It runs
-    in a Python worker, which logs as the driver does (`worker_logging`: format, masking, batch id)."""
+             reader: RangeReader, resume: Resume | None, ranges: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """One Spark task: the batch core over the records of its Kafka offset ranges (the source's rows);
+    yields its TaskResult. `resume`: read only these partitions, from these offsets (a rerun). It runs in
+    a Python worker, which logs as the driver does (`worker_logging`: format, masking, batch id)."""
     logs.apply_in_worker(worker_logging)
     with logs.log_context(**(worker_logging.fields if worker_logging is not None else {})):
-        result = process_batch(batches, spec, plan, handling)
+        result = process_batch(_records(reader, ranges, resume), spec, plan, handling)
     yield pa.RecordBatch.from_pydict({"result": [result.to_json()]})
 
 
-def _from_starts(starts: list[tuple[str, int, int]]) -> Column:
-    """The records of each (topic, partition) from its offset on."""
-    return functools.reduce(operator.or_, ((F.col("topic") == topic) & (F.col("partition") == partition)
-                                           & (F.col("offset") >= offset) for topic, partition, offset in starts))
+def _records(reader: RangeReader, ranges: Iterator[pa.RecordBatch], resume: Resume | None) -> Iterator[pa.RecordBatch]:
+    """The records of each range, read only as the batch core asks for them: a task that stops early (a
+    batch held for a registry refresh) leaves the rest unread."""
+    for batch in ranges:
+        for topic, partition, start, end in zip(*(batch[name].to_pylist() for name in RANGE_COLUMNS), strict=True):
+            if resume is not None:
+                if (topic, partition) not in resume:
+                    continue
+                start = max(start, resume[(topic, partition)])
+            if start < end:
+                yield from reader.read(topic, partition, start, end)
 
 
 class Pipeline:
@@ -85,6 +97,8 @@ class Pipeline:
         self._accept_unknown_until = 0.0
         self._failure: Exception | None = None
         self._handling = handling_of(config)
+        src = config.source
+        self._reader = RangeReader(src.brokers, resolve_client(src.client), src.stall_timeout_ms)
 
     def prepare(self) -> SinkSpec:
         return self.schema.current()
@@ -98,8 +112,6 @@ class Pipeline:
             .option("group_id", src.consumer_group_id)
             .option("starting_offsets", src.auto_offset_reset)
             .option("max_offsets_per_trigger", str(self.mode.max_offsets_per_trigger()))
-            .option("stall_timeout_ms", str(src.stall_timeout_ms))
-            .option("client", src.client)
             .load()
         )
 
@@ -142,8 +154,9 @@ class Pipeline:
         return self.summary
 
     def _log_progress(self, progress: list[Any], logged: int) -> int:
-        """One line per micro-batch from Spark's progress reports newer than batch `logged`: rows/s and
-        the lag (records on the broker, as seen when the batch was planned, that it did not read)."""
+        """One line per micro-batch from Spark's progress reports newer than batch `logged`: the lag
+        (records on the broker, as seen when the batch was planned, that it did not read). Messages and
+        their rate are the batch's own line (`_count`): Spark's input rows are the batch's offset ranges."""
         for p in progress:
             if p.batchId <= logged or not p.numInputRows:
                 continue  # seen already, or a no-data report (Spark emits those while idle)
@@ -154,8 +167,7 @@ class Pipeline:
                 self.summary.lag = lag
                 if self.telemetry is not None:
                     self.telemetry.observe_lag(per_partition)
-            log.info("batch %d progress: %d rows at %.0f rows/s, lag %s", p.batchId, p.numInputRows,
-                     p.processedRowsPerSecond, "unknown" if lag is None else f"{lag} records")
+            log.info("batch %d: lag %s", p.batchId, "unknown" if lag is None else f"{lag} records")
         return logged
 
     def _spec(self, batch_id: int, hold: bool = False) -> SinkSpec:
@@ -167,10 +179,10 @@ class Pipeline:
             raise self._failure from exc
         return dataclasses.replace(spec, hold_on_unknown_fields=hold, write=self._write_rows)
 
-    def _tasks(self, df: DataFrame, batch_id: int, spec: SinkSpec) -> list[TaskResult]:
+    def _tasks(self, df: DataFrame, batch_id: int, spec: SinkSpec, resume: Resume | None = None) -> list[TaskResult]:
         try:
             task = functools.partial(run_task, spec, self.mode.task(batch_id), self._handling,
-                                     logs.for_workers(batch_id=batch_id))
+                                     logs.for_workers(batch_id=batch_id), self._reader, resume)
             return [TaskResult.from_json(row.result) for row in df.mapInArrow(task, RESULT_SCHEMA).collect()]
         except Exception as exc:
             # A task died (source unreachable, a bug): Spark's error wraps the worker's traceback in
@@ -199,9 +211,9 @@ class Pipeline:
             if not changed:
                 interval = self.config.registry.unknown_fields_refresh_min_interval_ms / 1000
                 self._accept_unknown_until = time.monotonic() + interval
-            resume = [start for r in results for start in r.resume]
+            resume = {(topic, partition): offset for r in results for topic, partition, offset in r.resume}
             settled = [dataclasses.replace(r, held=None, resume=[]) for r in results]
-            results = settled + self._tasks(df.where(_from_starts(resume)), batch_id, self._spec(batch_id))
+            results = settled + self._tasks(df, batch_id, self._spec(batch_id), resume)
         stats = batch_stats(results)
         self._count(batch_id, stats, time.monotonic() - started)
         step = time.monotonic()

@@ -12,6 +12,7 @@ import logging
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, TypeVar
 
@@ -33,6 +34,9 @@ Offsets = dict[str, dict[int, int]]
 REQUEST_TIMEOUT_MS = 30_000
 # Largest fetch per partition (kafka-python's default is 1 MiB; bigger fetches cut round trips).
 MAX_PARTITION_FETCH_BYTES = 8 * 1024 * 1024
+# Rows per Arrow batch a range is read in: large enough to amortize per-batch costs, small enough that a
+# task holds a few MB, not a whole partition's backlog.
+READ_BATCH_ROWS = 10_000
 
 
 class KafkaMetadataClient:
@@ -102,6 +106,21 @@ def resolve_client(name: str) -> str:
     except ImportError:
         return KAFKA_PYTHON
     return CONFLUENT_KAFKA
+
+
+@dataclass(frozen=True)
+class RangeReader:
+    """How a task reads the Kafka ranges it is given: settings only, pickled to the workers; each range
+    gets a consumer of its own, closed when the range is read."""
+
+    brokers: str
+    client: str  # KAFKA_PYTHON or CONFLUENT_KAFKA (`resolve_client` has settled `auto`)
+    stall_timeout_ms: int
+    batch_rows: int = READ_BATCH_ROWS
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        return read_range(self.brokers, topic, partition, start, end, stall_timeout_ms=self.stall_timeout_ms,
+                          batch_rows=self.batch_rows, client=self.client)
 
 
 def read_range(

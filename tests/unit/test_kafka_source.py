@@ -60,8 +60,13 @@ def test_client_choice() -> None:
 
     assert resolve_client("kafka-python") == "kafka-python"
     assert resolve_client("auto") == "confluent-kafka"  # installed as a dependency
-    reader = KafkaStreamReader({"brokers": "b:1", "topics": "t", "group_id": "g", "client": "confluent-kafka"})
-    assert reader.client == "confluent-kafka"
+
+
+def test_the_source_reads_no_record_it_hands_each_task_its_range() -> None:
+    """The records are read in the task that processes them (pipeline.run_task), not by the source."""
+    reader = KafkaStreamReader({"brokers": "b:1", "topics": "t", "group_id": "g"})
+    (partition,) = reader.partitions({"t": {"0": 3, "1": 7}}, {"t": {"0": 9, "1": 7}})
+    assert list(reader.read(partition)) == [("t", 0, 3, 9)]
 
 
 def _message(offset: int, error: object = None, topic: str | None = "t"):  # noqa: ANN202

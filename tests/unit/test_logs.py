@@ -178,6 +178,16 @@ class LeakyWriter:
         pass
 
 
+@dataclass(frozen=True)
+class ServedReader:
+    """A RangeReader that serves the given source batches for any range."""
+
+    batches: tuple[pa.RecordBatch, ...]
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        return iter(self.batches)
+
+
 def test_a_spark_task_logs_like_the_driver_in_a_fresh_worker_process(test_descriptors: Descriptors,
                                                                      tmp_path: Path) -> None:
     """A Python worker runs the task in a process where nothing configured logging: the settings travel
@@ -198,7 +208,10 @@ def test_a_spark_task_logs_like_the_driver_in_a_fresh_worker_process(test_descri
     assert shipped is not None and HEADER_TOKEN not in repr(shipped)
     batch = source_batch(values(test_descriptors, "a", "b"), topic="orders", partition=3)
     task = tmp_path / "task.pickle"
-    task.write_bytes(pickle.dumps((spec(test_descriptors), FakePlan(LeakyWriter()), handling(), shipped, [batch])))
+    ranges = [pa.RecordBatch.from_pydict({"topic": ["orders"], "partition": [3], "start_offset": [0],
+                                          "end_offset": [2]})]
+    task.write_bytes(pickle.dumps((spec(test_descriptors), FakePlan(LeakyWriter()), handling(), shipped,
+                                   ServedReader((batch,)), None, ranges)))
     worker = ("import pickle, sys\nfrom firehose_bq.pipeline import run_task\n"
               "print(list(run_task(*pickle.load(open(sys.argv[1], 'rb'))))[0]['result'][0].as_py())")
     done = subprocess.run([sys.executable, "-c", worker, str(task)], cwd=REPO, capture_output=True, text=True,

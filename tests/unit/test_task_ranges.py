@@ -1,0 +1,43 @@
+"""A task's records: the source hands each Spark task offset ranges, and the task reads them itself."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from firehose_bq.pipeline import _records
+from firehose_bq.source.kafka_source import RANGE_COLUMNS
+
+
+class Reads:
+    """A RangeReader that records which ranges were read, and when."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int, int]] = []
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        self.calls.append((topic, partition, start, end))
+        yield pa.RecordBatch.from_pydict({"offset": list(range(start, end))})
+
+
+def ranges(*rows: tuple[str, int, int, int]) -> list[pa.RecordBatch]:
+    return [pa.RecordBatch.from_pydict({name: [row[i]] for i, name in enumerate(RANGE_COLUMNS)}) for row in rows]
+
+
+def test_every_range_is_read_in_turn_and_only_when_asked_for() -> None:
+    reads = Reads()
+    records = _records(reads, iter(ranges(("t", 0, 3, 5), ("t", 1, 0, 2))), None)  # type: ignore[arg-type]
+    assert next(records)["offset"].to_pylist() == [3, 4]
+    assert reads.calls == [("t", 0, 3, 5)]  # a task that stops here leaves the second range unread
+    assert next(records)["offset"].to_pylist() == [0, 1]
+    assert reads.calls == [("t", 0, 3, 5), ("t", 1, 0, 2)]
+
+
+def test_a_rerun_reads_only_the_held_partitions_from_where_they_stopped() -> None:
+    reads = Reads()
+    resume = {("t", 1): 6, ("u", 0): 9}
+    got = [b["offset"].to_pylist() for b in _records(reads, iter(ranges(("t", 0, 0, 5), ("t", 1, 2, 8),
+                                                                         ("u", 0, 4, 9))), resume)]  # type: ignore[arg-type]
+    assert got == [[6, 7]]
+    assert reads.calls == [("t", 1, 6, 8)]  # u/0 had nothing left past its resume offset
