@@ -27,6 +27,7 @@ FIGURES = [
     Figure("P7 JSON → Arrow rows / json.loads", "p7_ratio", "x", "≥ 0.5x", lambda v: v >= 0.5),
     Figure("P2a Spark, no sink (confluent, native) / plain", "p2a_confluent-kafka_native", "x", "≥ 1.0x",
            lambda v: v >= 1.0),
+    Figure(f"P2a at {pipeline.LARGE // 1000}k messages (default levers) / plain", "p2a_large", "x", "", None),
     Figure("P2a … kafka-python reader, python decoder", "p2a_kafka-python_python", "x", "", None),
     Figure("P2a … confluent-kafka reader, python decoder", "p2a_confluent-kafka_python", "x", "", None),
     Figure("P2a … kafka-python reader, native decoder", "p2a_kafka-python_native", "x", "", None),
