@@ -154,3 +154,8 @@ class StackError(FirehoseError):
 
 class DeadLetterError(FirehoseError):
     """Dead letters could not be stored after every retry: the batch is not committed."""
+
+
+class DeadLetterTooLargeError(DeadLetterError):
+    """A dead letter the DLQ store refuses for its size: no retry can store it, only a larger limit or
+    another store can."""

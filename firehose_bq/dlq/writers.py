@@ -23,7 +23,7 @@ from typing import Protocol
 from firehose_bq.blobstore import BlobStore, open_blob_store
 from firehose_bq.dlq.config import BLOB, KAFKA, DlqConfig
 from firehose_bq.dlq.letters import DeadLetter
-from firehose_bq.errors import DeadLetterError
+from firehose_bq.errors import DeadLetterError, DeadLetterTooLargeError
 from firehose_bq.retrying import retry_call
 
 log = logging.getLogger(__name__)
@@ -59,16 +59,35 @@ class KafkaDlqWriter:
                                        request_timeout_ms=send_ms, delivery_timeout_ms=send_ms)
 
     def write(self, letters: Sequence[DeadLetter]) -> None:
+        from kafka.errors import MessageSizeTooLargeError, RecordListTooLargeError
+
         deadline = time.monotonic() + SEND_TIMEOUT_S
-        futures = [self._producer.send(self._topic, key=letter.key, value=letter.value,
-                                       headers=letter.kafka_headers(), timestamp_ms=letter.timestamp_ms)
-                   for letter in letters]
-        self._producer.flush(max(0.0, deadline - time.monotonic()))
-        for future in futures:
-            future.get(timeout=max(0.001, deadline - time.monotonic()))  # raises the send's own error
+        sent = []
+        current = letters[0]  # the letter being sent, or whose delivery is being awaited
+        try:
+            for current in letters:
+                sent.append((current, self._producer.send(self._topic, key=current.key, value=current.value,
+                                                          headers=current.kafka_headers(),
+                                                          timestamp_ms=current.timestamp_ms)))
+            self._producer.flush(max(0.0, deadline - time.monotonic()))
+            for current, future in sent:
+                future.get(timeout=max(0.001, deadline - time.monotonic()))  # raises the send's own error
+        except (MessageSizeTooLargeError, RecordListTooLargeError) as exc:
+            # Refused by this client's request limit (at send) or the topic's max.message.bytes (at get).
+            raise DeadLetterTooLargeError(
+                f"the dead letter of {current.error.topic}/{current.error.partition}@{current.error.offset} "
+                f"({_size(current):,} bytes with its headers) is too large for DLQ topic {self._topic!r}: "
+                f"{type(exc).__name__}: {exc}. Raise the topic's max.message.bytes (up to "
+                f"{MAX_REQUEST_BYTES:,} bytes, this writer's request limit), or use DLQ_WRITER_TYPE=BLOB; "
+                "the batch is not committed until then") from exc
 
     def close(self) -> None:
         self._producer.close(timeout=5)
+
+
+def _size(letter: DeadLetter) -> int:
+    return (len(letter.key or b"") + len(letter.value or b"")
+            + sum(len(k) + len(v or b"") for k, v in letter.kafka_headers()))
 
 
 class BlobDlqWriter:
@@ -138,8 +157,10 @@ def dead_letter(cfg: DlqConfig, letters: Sequence[DeadLetter], opener: Callable[
             f"{first.partition}@{first.offset}) failed {attempts} time(s) in {seconds:.1f} s: "
             f"{type(error).__name__}: {error}")
 
-    # Any failure of the DLQ is retried, then reported: which ones could pass is the store's business.
-    retry_call(attempt, cfg.backoff(), retry_on=lambda e: isinstance(e, Exception), give_up=gave_up,
+    # Any failure of the DLQ is retried, then reported: which ones could pass is the store's business,
+    # except a letter the store refused for its size, which no retry can change.
+    retry_call(attempt, cfg.backoff(), retry_on=lambda e: not isinstance(e, DeadLetterTooLargeError),
+               give_up=gave_up,
                what=f"{cfg.writer_type} dead-letter write of {len(letters)} message(s)", sleep=sleep, clock=clock)
 
 

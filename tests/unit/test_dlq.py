@@ -133,3 +133,40 @@ def test_blob_location_is_the_directory_or_the_bucket_and_prefix() -> None:
                     gcs_api_endpoint="http://127.0.0.1:1")
     assert gcs.blob_location() == "gs://b/dlq/bookings"
     assert gcs.gcs_options().endpoint == "http://127.0.0.1:1"
+
+
+def test_a_letter_the_dlq_topic_refuses_for_its_size_is_named_and_not_retried(monkeypatch) -> None:  # noqa: ANN001
+    """The broker's refusal (the topic's max.message.bytes) arrives with the delivery, not at send()."""
+    import kafka
+    from kafka.errors import MessageSizeTooLargeError
+
+    from firehose_bq.errors import DeadLetterTooLargeError
+
+    class Delivery:
+        def __init__(self, value: bytes) -> None:
+            self.value = value
+
+        def get(self, timeout: float) -> None:
+            if len(self.value) > 10:
+                raise MessageSizeTooLargeError("rejected by the broker")
+
+    class Producer:
+        def __init__(self, **_: object) -> None:
+            opened.append(1)
+
+        def send(self, topic: str, *, value: bytes, **_: object) -> Delivery:
+            return Delivery(value)
+
+        def flush(self, timeout: float) -> None:
+            pass
+
+        def close(self, timeout: float) -> None:
+            pass
+
+    opened: list[int] = []
+    monkeypatch.setattr(kafka, "KafkaProducer", Producer)
+    big = dataclasses.replace(LETTER, error=dataclasses.replace(LETTER.error, offset=42), value=b"v" * 11)
+    cfg = DlqConfig(enabled=True, kafka_brokers="b:1", retry_max_attempts=3)
+    with pytest.raises(DeadLetterTooLargeError, match=r"orders/2@42 \(\d+ bytes with its headers\) is too large"):
+        dead_letter(cfg, [LETTER, big], sleep=lambda s: None)
+    assert opened == [1]
