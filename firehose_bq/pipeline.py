@@ -34,8 +34,8 @@ from firehose_bq.modes import WriteMode, batch_stats, handling_of, settle, write
 from firehose_bq.policy import ErrorHandling
 from firehose_bq.registry.cache import CacheStats
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
-from firehose_bq.source.kafka_client import RangeReader, resolve_client
-from firehose_bq.source.kafka_source import FORMAT_NAME, RANGE_COLUMNS
+from firehose_bq.source.kafka_client import RANGE_COLUMNS, RangeReader, resolve_client
+from firehose_bq.source.kafka_source import FORMAT_NAME
 
 log = logging.getLogger(__name__)
 

@@ -108,6 +108,10 @@ def resolve_client(name: str) -> str:
     return CONFLUENT_KAFKA
 
 
+# The columns of a range, as the source hands it to a task (kafka_source.RANGE_DDL).
+RANGE_COLUMNS = ("topic", "partition", "start_offset", "end_offset")
+
+
 @dataclass(frozen=True)
 class RangeReader:
     """How a task reads the Kafka ranges it is given: settings only, pickled to the workers; each range

@@ -41,8 +41,8 @@ log = logging.getLogger(__name__)
 
 FORMAT_NAME = "firehose-kafka"
 
-# One row per Spark partition of a micro-batch: the records [start_offset, end_offset) of one partition.
-RANGE_COLUMNS = ("topic", "partition", "start_offset", "end_offset")
+# One row per Spark partition of a micro-batch: the records [start_offset, end_offset) of one partition
+# (kafka_client.RANGE_COLUMNS, in this order).
 RANGE_DDL = "topic STRING, partition INT, start_offset BIGINT, end_offset BIGINT"
 
 

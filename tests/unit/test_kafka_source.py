@@ -62,6 +62,13 @@ def test_client_choice() -> None:
     assert resolve_client("auto") == "confluent-kafka"  # installed as a dependency
 
 
+def test_the_source_rows_are_the_ranges_tasks_read() -> None:
+    from firehose_bq.source.kafka_client import RANGE_COLUMNS
+    from firehose_bq.source.kafka_source import RANGE_DDL
+
+    assert tuple(column.split()[0] for column in RANGE_DDL.split(", ")) == RANGE_COLUMNS
+
+
 def test_the_source_reads_no_record_it_hands_each_task_its_range() -> None:
     """The records are read in the task that processes them (pipeline.run_task), not by the source."""
     reader = KafkaStreamReader({"brokers": "b:1", "topics": "t", "group_id": "g"})
