@@ -17,41 +17,29 @@ import operator
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pyarrow as pa
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from firehose_bq import logs
-from firehose_bq.batch.core import TaskPlan, TaskResult, process_batch
+from firehose_bq.batch.core import TaskResult
+from firehose_bq.batch.task import RESULT_SCHEMA, run_task
 from firehose_bq.config import Config
 from firehose_bq.errors import FirehoseError
 from firehose_bq.metrics import BatchStats, RunSummary
 from firehose_bq.telemetry import Telemetry
 from firehose_bq.modes import WriteMode, batch_stats, handling_of, settle, write_mode
-from firehose_bq.policy import ErrorHandling
 from firehose_bq.registry.cache import CacheStats
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
 from firehose_bq.source.kafka_source import FORMAT_NAME
 
 log = logging.getLogger(__name__)
 
-RESULT_SCHEMA = "result STRING"
 # How often the run loop looks at the stop flag and the query's state.
 POLL_SECONDS = 0.5
-
-
-def run_task(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, worker_logging: logs.WorkerLogging | None,
-             batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """One Spark task: the batch core over its Kafka partition's records; yields its TaskResult. It runs
-    in a Python worker, which logs as the driver does (`worker_logging`: format, masking, batch id)."""
-    logs.apply_in_worker(worker_logging)
-    with logs.log_context(**(worker_logging.fields if worker_logging is not None else {})):
-        result = process_batch(batches, spec, plan, handling)
-    yield pa.RecordBatch.from_pydict({"result": [result.to_json()]})
 
 
 def _from_starts(starts: list[tuple[str, int, int]]) -> Column:

@@ -199,7 +199,7 @@ def test_a_spark_task_logs_like_the_driver_in_a_fresh_worker_process(test_descri
     batch = source_batch(values(test_descriptors, "a", "b"), topic="orders", partition=3)
     task = tmp_path / "task.pickle"
     task.write_bytes(pickle.dumps((spec(test_descriptors), FakePlan(LeakyWriter()), handling(), shipped, [batch])))
-    worker = ("import pickle, sys\nfrom firehose_bq.pipeline import run_task\n"
+    worker = ("import pickle, sys\nfrom firehose_bq.batch.task import run_task\n"
               "print(list(run_task(*pickle.load(open(sys.argv[1], 'rb'))))[0]['result'][0].as_py())")
     done = subprocess.run([sys.executable, "-c", worker, str(task)], cwd=REPO, capture_output=True, text=True,
                           timeout=120, check=False)
