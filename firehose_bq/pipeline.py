@@ -17,59 +17,31 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pyarrow as pa
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from firehose_bq import logs
-from firehose_bq.batch.core import TaskPlan, TaskResult, process_batch
+from firehose_bq.batch.core import TaskResult
+from firehose_bq.batch.task import RESULT_SCHEMA, Resume, run_task
 from firehose_bq.config import Config
 from firehose_bq.errors import FirehoseError
 from firehose_bq.metrics import BatchStats, RunSummary
 from firehose_bq.telemetry import Telemetry
 from firehose_bq.modes import WriteMode, batch_stats, handling_of, settle, write_mode
-from firehose_bq.policy import ErrorHandling
 from firehose_bq.registry.cache import CacheStats
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
-from firehose_bq.source.kafka_client import RANGE_COLUMNS, RangeReader, resolve_client
+from firehose_bq.source.kafka_client import RangeReader, resolve_client
 from firehose_bq.source.kafka_source import FORMAT_NAME
 
 log = logging.getLogger(__name__)
 
-RESULT_SCHEMA = "result STRING"
 # How often the run loop looks at the stop flag and the query's state.
 POLL_SECONDS = 0.5
 
 
-# Where a rerun of a batch starts reading each (topic, partition): the first offset its first run left.
-Resume = dict[tuple[str, int], int]
-
-
-def run_task(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, worker_logging: logs.WorkerLogging | None,
-             reader: RangeReader, resume: Resume | None, ranges: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """One Spark task: the batch core over the records of its Kafka offset ranges (the source's rows);
-    yields its TaskResult. `resume`: read only these partitions, from these offsets (a rerun). It runs in
-    a Python worker, which logs as the driver does (`worker_logging`: format, masking, batch id)."""
-    logs.apply_in_worker(worker_logging)
-    with logs.log_context(**(worker_logging.fields if worker_logging is not None else {})):
-        result = process_batch(_records(reader, ranges, resume), spec, plan, handling)
-    yield pa.RecordBatch.from_pydict({"result": [result.to_json()]})
-
-
-def _records(reader: RangeReader, ranges: Iterator[pa.RecordBatch], resume: Resume | None) -> Iterator[pa.RecordBatch]:
-    """The records of each range, read only as the batch core asks for them: a task that stops early (a
-    batch held for a registry refresh) leaves the rest unread."""
-    for batch in ranges:
-        for topic, partition, start, end in zip(*(batch[name].to_pylist() for name in RANGE_COLUMNS), strict=True):
-            if resume is not None:
-                if (topic, partition) not in resume:
-                    continue
-                start = max(start, resume[(topic, partition)])
-            if start < end:
-                yield from reader.read(topic, partition, start, end)
 
 
 class Pipeline:

@@ -42,10 +42,10 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from google.api_core import exceptions as api_exceptions
 from google.auth import exceptions as auth_exceptions
 from google.cloud import bigquery
@@ -58,6 +58,9 @@ from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.errors import ErrorType, RowError, SinkError
 from firehose_bq.policy import ErrorHandling, gave_up
 from firehose_bq.retrying import retry_call
+
+if TYPE_CHECKING:
+    import pyarrow.parquet as pq
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +197,10 @@ class StagingWriter:
             self._file.close()
             self._file = None
         if self._file is None:
+            # Imported here, not at the top: pyarrow.parquet and its filesystems (~4 MB per process) are of
+            # no use to the workers of the streaming modes, which import this module through modes.py.
+            import pyarrow.parquet as pq
+
             if self._scratch is None:
                 self._scratch = Path(tempfile.mkdtemp(prefix="firehose-staging-", dir=_scratch_parent()))
             path = self._scratch / f"{len(self._files)}{STAGED_SUFFIX}"
@@ -280,6 +287,8 @@ def combine(paths: Sequence[Path], target: Path) -> Path:
     columns, a file's missing ones NULL (empty for REPEATED)."""
     if len(paths) == 1:
         return paths[0]
+    import pyarrow.parquet as pq  # see StagingWriter._stage
+
     schema = _union([pq.read_schema(p).remove_metadata() for p in paths])
     with pq.ParquetWriter(target, schema) as out:
         for path in paths:

@@ -212,7 +212,7 @@ def test_a_spark_task_logs_like_the_driver_in_a_fresh_worker_process(test_descri
                                           "end_offset": [2]})]
     task.write_bytes(pickle.dumps((spec(test_descriptors), FakePlan(LeakyWriter()), handling(), shipped,
                                    ServedReader((batch,)), None, ranges)))
-    worker = ("import pickle, sys\nfrom firehose_bq.pipeline import run_task\n"
+    worker = ("import pickle, sys\nfrom firehose_bq.batch.task import run_task\n"
               "print(list(run_task(*pickle.load(open(sys.argv[1], 'rb'))))[0]['result'][0].as_py())")
     done = subprocess.run([sys.executable, "-c", worker, str(task)], cwd=REPO, capture_output=True, text=True,
                           timeout=120, check=False)

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from firehose_bq.pipeline import _records
+from firehose_bq.batch.task import _records
 from firehose_bq.source.kafka_client import RANGE_COLUMNS
 
 

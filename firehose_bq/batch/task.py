@@ -1,0 +1,50 @@
+"""The function each Spark task of the streaming job runs (`mapInArrow`): it reads the records of the Kafka
+offset ranges the source planned for it and runs the batch core over them, answering with one small row
+for the driver.
+
+It lives apart from pipeline.py on purpose. Spark pickles the function by reference, so a Python worker
+imports the module that defines it before the task can start, and every worker of a fresh job pays for
+that import on the job's critical path. Here that is the batch core and the write path alone, not the
+driver's modules (the Spark query wiring, the Kafka source's metadata client, telemetry).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from firehose_bq import logs
+from firehose_bq.batch.core import TaskPlan, process_batch
+from firehose_bq.policy import ErrorHandling
+from firehose_bq.sink_schema import SinkSpec
+from firehose_bq.source.kafka_client import RANGE_COLUMNS, RangeReader
+
+# The schema of what each task yields: its TaskResult as JSON (batch/core.py).
+RESULT_SCHEMA = "result STRING"
+# Where a rerun of a batch starts reading each (topic, partition): the first offset its first run left.
+Resume = dict[tuple[str, int], int]
+
+
+def run_task(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, worker_logging: logs.WorkerLogging | None,
+             reader: RangeReader, resume: Resume | None, ranges: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """One Spark task: the batch core over the records of its Kafka offset ranges (the source's rows);
+    yields its TaskResult. `resume`: read only these partitions, from these offsets (a rerun). It runs in
+    a Python worker, which logs as the driver does (`worker_logging`: format, masking, batch id)."""
+    logs.apply_in_worker(worker_logging)
+    with logs.log_context(**(worker_logging.fields if worker_logging is not None else {})):
+        result = process_batch(_records(reader, ranges, resume), spec, plan, handling)
+    yield pa.RecordBatch.from_pydict({"result": [result.to_json()]})
+
+
+def _records(reader: RangeReader, ranges: Iterator[pa.RecordBatch], resume: Resume | None) -> Iterator[pa.RecordBatch]:
+    """The records of each range, read only as the batch core asks for them: a task that stops early (a
+    batch held for a registry refresh) leaves the rest unread."""
+    for batch in ranges:
+        for topic, partition, start, end in zip(*(batch[name].to_pylist() for name in RANGE_COLUMNS), strict=True):
+            if resume is not None:
+                if (topic, partition) not in resume:
+                    continue
+                start = max(start, resume[(topic, partition)])
+            if start < end:
+                yield from reader.read(topic, partition, start, end)
