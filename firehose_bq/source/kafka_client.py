@@ -128,6 +128,9 @@ def read_range(
     build = batches.from_confluent if confluent else batches.from_kafka_python
     for messages in _rebatch(polls, batch_rows):
         yield _uncollected(build, messages, topic, partition)
+    # Arrow's allocator (mimalloc) keeps freed pages for reuse; a reader worker then idles until its next
+    # range with them resident (~30 MB each in P4). Spark has taken the last batch by now: give them back.
+    pa.default_memory_pool().release_unused()
 
 
 def _uncollected(call: Callable[..., T], *args: Any) -> T:
@@ -226,13 +229,16 @@ def confluent_config(brokers: str, batch_rows: int) -> dict[str, Any]:
         "auto.offset.reset": "error",  # a deleted start offset must surface, not be skipped
         "enable.partition.eof": True,
         "max.partition.fetch.bytes": MAX_PARTITION_FETCH_BYTES,
-        "fetch.max.bytes": 4 * MAX_PARTITION_FETCH_BYTES,
+        "fetch.max.bytes": MAX_PARTITION_FETCH_BYTES,  # one partition per reader: its cap is the fetch's
         "socket.timeout.ms": REQUEST_TIMEOUT_MS,
         # A task reads a bounded range already on the broker: waiting for a fuller fetch only adds latency.
         "fetch.wait.max.ms": 50,
         # Fetch about one batch ahead, not librdkafka's default of 100,000 messages: more is never used
         # sooner, may lie past the range's end, and keeps the fetcher busy while the task works.
         "queued.min.messages": batch_rows,
+        # Likewise by size: about two fetches ahead, not librdkafka's default of 64 MiB: with large
+        # messages, a batch's worth of them would otherwise be held in every reader at once.
+        "queued.max.messages.kbytes": 2 * MAX_PARTITION_FETCH_BYTES // 1024,
     }
 
 
