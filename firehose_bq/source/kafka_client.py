@@ -3,6 +3,10 @@
 Offsets are plain dicts `{topic: {partition: offset}}` (partition as int here; the Spark-facing
 offset JSON uses string keys, see `kafka_source.py`). "End" offsets are exclusive: the offset of the
 next record to be written, i.e. the high watermark.
+
+kafka-python is imported where it is used: Spark's source workers import this module, and with the
+default confluent-kafka reader most of them (range readers, planning workers) never touch kafka-python,
+which would cost each of those processes ~9 MB.
 """
 
 from __future__ import annotations
@@ -13,15 +17,15 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from operator import attrgetter
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
-from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import KafkaError, OffsetOutOfRangeError
-from kafka.structs import OffsetAndMetadata
 
 from firehose_bq.errors import SourceError
 from firehose_bq.source import batches
+
+if TYPE_CHECKING:
+    from kafka import TopicPartition
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,6 +43,9 @@ class KafkaMetadataClient:
     """Driver-side view of topics, watermarks and the consumer group's committed offsets."""
 
     def __init__(self, brokers: str, group_id: str) -> None:
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaError
+
         self._brokers = brokers
         try:
             self._consumer = KafkaConsumer(
@@ -52,6 +59,8 @@ class KafkaMetadataClient:
             raise SourceError(f"cannot connect to Kafka at {brokers}: {exc}") from exc
 
     def partitions(self, topics: tuple[str, ...]) -> list[TopicPartition]:
+        from kafka import TopicPartition
+
         result = []
         for topic in topics:
             found = self._consumer.partitions_for_topic(topic)
@@ -76,6 +85,9 @@ class KafkaMetadataClient:
         return result
 
     def commit(self, offsets: Offsets) -> None:
+        from kafka import TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
         self._consumer.commit(
             {
                 TopicPartition(topic, partition): OffsetAndMetadata(offset, "", -1)
@@ -194,6 +206,9 @@ class _Progress:
 def _polls_kafka_python(brokers: str, topic: str, partition: int, start: int, end: int,
                         stall_timeout_ms: int, batch_rows: int) -> Iterator[list[Any]]:
     """kafka-python's ConsumerRecords below `end`, one list per poll."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import OffsetOutOfRangeError
+
     consumer = KafkaConsumer(
         bootstrap_servers=brokers.split(","),
         group_id=None,
