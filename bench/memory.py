@@ -6,9 +6,11 @@ The job runs in a child process (a fresh JVM, nothing left over from other bench
 samples the RSS of the child's process tree from /proc once a second. The no-op writer is used, so the
 emulator's insert rate does not pace the drain; SPARK_MAX_OFFSETS_PER_TRIGGER paces it.
 
-`python -m bench.memory [MESSAGES] [CLIENT]` runs P4 alone. The reader is kafka-python by default: with a
-1M-message topic on the local broker, the confluent-kafka reader fails its task on a client-level
-error ("FindCoordinator response error: Local: Bad message format") that it treats as fatal."""
+`python -m bench.memory [MESSAGES] [CLIENT]` runs P4 alone. CLIENT (SOURCE_KAFKA_CLIENT) defaults to the
+job's own default, `auto`: confluent-kafka when it is installed, as it is here; `kafka-python` measures the
+other reader. (Until the reader skipped librdkafka's non-fatal background errors of other topics, the
+confluent-kafka reader failed its task here on "FindCoordinator response error: Local: Bad message
+format", so P4 used to force kafka-python.)"""
 
 from __future__ import annotations
 
@@ -21,11 +23,13 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from bench.localstack import REPO, local_stack, produce_fast
 from bench.proctree import Proc, pss_bytes, tree
 from firehose_bq.config import Config, SparkConfig
-from firehose_bq.source.kafka_client import KAFKA_PYTHON
+from firehose_bq.source.kafka_client import AUTO, resolve_client
+from firehose_bq.spark import SOURCE_ROLE, WORKER_ROLE_ENV
 
 MESSAGES = 1_000_000
 # The local broker (noida-db) stalls serving a fetch from the start of a partition holding ~500k
@@ -53,7 +57,7 @@ def child(env: dict[str, str]) -> None:
     spark.stop()
 
 
-def run(messages: int = MESSAGES, client: str = KAFKA_PYTHON) -> dict[str, float]:
+def run(messages: int = MESSAGES, client: str = AUTO) -> dict[str, float]:
     with local_stack() as (stack_env, state):
         env = {**stack_env, "SOURCE_KAFKA_TOPIC": TOPIC, "SOURCE_KAFKA_CLIENT": client,
                "SPARK_MAX_OFFSETS_PER_TRIGGER": str(PER_BATCH), "SPARK_CHECKPOINT_LOCATION": f"{state}/ck-p4",
@@ -61,7 +65,7 @@ def run(messages: int = MESSAGES, client: str = KAFKA_PYTHON) -> dict[str, float
         started = time.perf_counter()
         produce_fast(Config.from_env(env), TOPIC, messages, PARTITIONS)
         print(f"P4 memory while draining a backlog of {messages:,} example bookings ({PARTITIONS} partitions, "
-              f"{PER_BATCH:,} per batch, local[2], {client} reader, no-op writer; produced in "
+              f"{PER_BATCH:,} per batch, local[2], {resolve_client(client)} reader, no-op writer; produced in "
               f"{time.perf_counter() - started:.0f} s)", flush=True)
         job = subprocess.Popen([sys.executable, "-m", "bench.memory", "--child", json.dumps(env)], cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -81,12 +85,13 @@ def run(messages: int = MESSAGES, client: str = KAFKA_PYTHON) -> dict[str, float
         reader = threading.Thread(target=relay, daemon=True)
         reader.start()
         samples: list[tuple[float, int, int]] = []  # (time, RSS sum, PSS sum)
-        peak_parts: dict[str, int] = {}
+        peak_parts: dict[str, tuple[int, int]] = {}  # role: (RSS, PSS) when the PSS sum peaked
         while job.poll() is None:
             procs = tree(job.pid)
-            samples.append((time.monotonic(), sum(p.rss_bytes for p in procs), sum(pss_bytes(p.pid) for p in procs)))
-            if samples[-1][1] >= max(s[1] for s in samples):
-                peak_parts = roles(job.pid, procs)
+            pss = {p.pid: pss_bytes(p.pid) for p in procs}
+            samples.append((time.monotonic(), sum(p.rss_bytes for p in procs), sum(pss.values())))
+            if samples[-1][2] >= max(s[2] for s in samples):
+                peak_parts = roles(job.pid, procs, pss)
             time.sleep(SAMPLE_SECONDS)
         reader.join(timeout=10)
     if job.returncode != 0:
@@ -103,17 +108,32 @@ def run(messages: int = MESSAGES, client: str = KAFKA_PYTHON) -> dict[str, float
               f"{first / GIB:.2f} GiB, last quarter {last / GIB:.2f} GiB, trend {last / first - 1:+.0%}")
     print(f"  ({len(samples)} samples, {SAMPLE_SECONDS:.0f} s apart; RSS sums count pages the forked Python "
           "workers share once per process, PSS splits them)")
-    print("  RSS at its peak: " + ", ".join(f"{name} {rss / GIB:.2f} GiB" for name, rss in peak_parts.items()))
+    print("  at the PSS peak, PSS (RSS): " + ", ".join(f"{name} {pss / GIB:.2f} ({rss / GIB:.2f}) GiB"
+                                                       for name, (rss, pss) in peak_parts.items()))
     return {"p4_peak_rss_gib": figures["RSS"][0] / GIB, "p4_rss_trend": figures["RSS"][1],
             "p4_peak_pss_gib": figures["PSS"][0] / GIB, "p4_pss_trend": figures["PSS"][1]}
 
 
-def roles(root: int, procs: list[Proc]) -> dict[str, int]:
-    """RSS by role: the Python driver (the job's own process), the JVM, the Python workers (the rest)."""
-    workers = [p for p in procs if p.pid != root and p.name != "java"]
-    return {"Python driver": sum(p.rss_bytes for p in procs if p.pid == root),
-            "JVM": sum(p.rss_bytes for p in procs if p.name == "java"),
-            f"{len(workers)} Python workers": sum(p.rss_bytes for p in workers)}
+def roles(root: int, procs: list[Proc], pss: dict[int, int]) -> dict[str, tuple[int, int]]:
+    """(RSS, PSS) by role: the Python driver (the job's own process), the JVM, the Python processes of the
+    Kafka source's own worker pool (spark.register_source), the other Python workers and daemons."""
+    groups: dict[str, list[Proc]] = {"Python driver": [], "JVM": [], "source": [], "other": []}
+    for p in procs:
+        role = ("Python driver" if p.pid == root else "JVM" if p.name == "java"
+                else "source" if _in_source_pool(p.pid) else "other")
+        groups[role].append(p)
+    for role in ("source", "other"):
+        members = groups.pop(role)
+        groups[f"{len(members)} {role} Python processes"] = members
+    return {name: (sum(p.rss_bytes for p in members), sum(pss[p.pid] for p in members))
+            for name, members in groups.items()}
+
+
+def _in_source_pool(pid: int) -> bool:
+    try:
+        return f"{WORKER_ROLE_ENV}={SOURCE_ROLE}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False  # exited meanwhile
 
 
 if __name__ == "__main__":

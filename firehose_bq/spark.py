@@ -7,7 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
 from pyspark import SparkConf
@@ -39,6 +39,14 @@ WORKER_PYTHONPATH_CONF = "spark.executorEnv.PYTHONPATH"
 # the source alone, gives its readers a pool of their own: one more daemon (~35 MB), lighter readers.
 WORKER_ROLE_ENV = "FIREHOSE_BQ_WORKER_ROLE"
 SOURCE_ROLE = "source"
+# glibc's malloc serves a block of 128 KiB or more with its own mmap, unmapped when freed, but after the
+# first such free it raises that threshold to the freed size (up to 32 MiB) and its trim threshold to twice
+# that, so later large blocks come from the thread's heap and stay resident once freed. A source reader
+# opens a consumer per range: librdkafka's fetch buffers (MBs each) then pile up in a fresh arena per
+# consumer thread, ~55 MB each, ~350 MB per reader worker draining a backlog. A fixed threshold keeps
+# large blocks mmapped (and switches the raising off); setting it goes through the workers' environment,
+# read by glibc when the worker daemon starts. Other C libraries ignore it; a value the user set wins.
+WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1024 * 1024)}
 
 
 def java_version() -> int:
@@ -79,6 +87,7 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None)
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    add_worker_env(spark.sparkContext.environment, WORKER_MALLOC_ENV, os.environ)
     register_source(spark, KafkaDataSource)
     return spark
 
@@ -97,6 +106,15 @@ def register_source(spark: SparkSession, source: type[DataSource]) -> None:
             env.pop(WORKER_ROLE_ENV, None)
         else:
             env[WORKER_ROLE_ENV] = before
+
+
+def add_worker_env(environment: MutableMapping[str, str], wanted: Mapping[str, str],
+                   inherited: Mapping[str, str]) -> None:
+    """Put `wanted` into the Python workers' environment, except what the user already set there
+    (spark.executorEnv.*) or in the environment the workers inherit."""
+    for key, value in wanted.items():
+        if key not in environment and key not in inherited:
+            environment[key] = value
 
 
 def worker_pythonpath(given: str | None = None) -> str:

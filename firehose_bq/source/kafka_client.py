@@ -3,6 +3,10 @@
 Offsets are plain dicts `{topic: {partition: offset}}` (partition as int here; the Spark-facing
 offset JSON uses string keys, see `kafka_source.py`). "End" offsets are exclusive: the offset of the
 next record to be written, i.e. the high watermark.
+
+kafka-python is imported where it is used: Spark's source workers import this module, and with the
+default confluent-kafka reader most of them (range readers, planning workers) never touch kafka-python,
+which would cost each of those processes ~9 MB.
 """
 
 from __future__ import annotations
@@ -14,15 +18,15 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
-from kafka import KafkaConsumer, TopicPartition
-from kafka.errors import KafkaError, OffsetOutOfRangeError
-from kafka.structs import OffsetAndMetadata
 
 from firehose_bq.errors import SourceError
 from firehose_bq.source import batches
+
+if TYPE_CHECKING:
+    from kafka import TopicPartition
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -43,6 +47,9 @@ class KafkaMetadataClient:
     """Driver-side view of topics, watermarks and the consumer group's committed offsets."""
 
     def __init__(self, brokers: str, group_id: str) -> None:
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaError
+
         self._brokers = brokers
         try:
             self._consumer = KafkaConsumer(
@@ -56,6 +63,8 @@ class KafkaMetadataClient:
             raise SourceError(f"cannot connect to Kafka at {brokers}: {exc}") from exc
 
     def partitions(self, topics: tuple[str, ...]) -> list[TopicPartition]:
+        from kafka import TopicPartition
+
         result = []
         for topic in topics:
             found = self._consumer.partitions_for_topic(topic)
@@ -80,6 +89,9 @@ class KafkaMetadataClient:
         return result
 
     def commit(self, offsets: Offsets) -> None:
+        from kafka import TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
         self._consumer.commit(
             {
                 TopicPartition(topic, partition): OffsetAndMetadata(offset, "", -1)
@@ -151,6 +163,9 @@ def read_range(
     build = batches.from_confluent if confluent else batches.from_kafka_python
     for messages in _rebatch(polls, batch_rows):
         yield _uncollected(build, messages, topic, partition)
+    # Arrow's allocator (mimalloc) keeps freed pages for reuse; a reader worker then idles until its next
+    # range with them resident (~30 MB each in P4). Spark has taken the last batch by now: give them back.
+    pa.default_memory_pool().release_unused()
 
 
 def _uncollected(call: Callable[..., T], *args: Any) -> T:
@@ -214,6 +229,9 @@ class _Progress:
 def _polls_kafka_python(brokers: str, topic: str, partition: int, start: int, end: int,
                         stall_timeout_ms: int, batch_rows: int) -> Iterator[list[Any]]:
     """kafka-python's ConsumerRecords below `end`, one list per poll."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import OffsetOutOfRangeError
+
     consumer = KafkaConsumer(
         bootstrap_servers=brokers.split(","),
         group_id=None,
@@ -249,13 +267,16 @@ def confluent_config(brokers: str, batch_rows: int) -> dict[str, Any]:
         "auto.offset.reset": "error",  # a deleted start offset must surface, not be skipped
         "enable.partition.eof": True,
         "max.partition.fetch.bytes": MAX_PARTITION_FETCH_BYTES,
-        "fetch.max.bytes": 4 * MAX_PARTITION_FETCH_BYTES,
+        "fetch.max.bytes": MAX_PARTITION_FETCH_BYTES,  # one partition per reader: its cap is the fetch's
         "socket.timeout.ms": REQUEST_TIMEOUT_MS,
         # A task reads a bounded range already on the broker: waiting for a fuller fetch only adds latency.
         "fetch.wait.max.ms": 50,
         # Fetch about one batch ahead, not librdkafka's default of 100,000 messages: more is never used
         # sooner, may lie past the range's end, and keeps the fetcher busy while the task works.
         "queued.min.messages": batch_rows,
+        # Likewise by size: about two fetches ahead, not librdkafka's default of 64 MiB: with large
+        # messages, a batch's worth of them would otherwise be held in every reader at once.
+        "queued.max.messages.kbytes": 2 * MAX_PARTITION_FETCH_BYTES // 1024,
     }
 
 

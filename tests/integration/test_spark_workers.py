@@ -57,13 +57,16 @@ def test_spark_python_processes_import_the_installed_pyspark(spark) -> None:  # 
 def test_source_readers_run_in_a_worker_pool_of_their_own(spark) -> None:  # noqa: ANN001
     """A source registered through `register_source` reads in workers whose environment names the source
     role, while the job's mapInArrow tasks run in the ordinary pool: the two never share (or swap) a
-    worker, so readers do not carry the batch core's imports. The session's environment is left as it was."""
+    worker, so readers do not carry the batch core's imports. The session's environment is left as it was.
+    Both pools get the session's malloc setting (WORKER_MALLOC_ENV), set before the workers start."""
     import os
 
     import pyarrow as pa
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-    from firehose_bq.spark import WORKER_ROLE_ENV, register_source
+    from firehose_bq.spark import WORKER_MALLOC_ENV, WORKER_ROLE_ENV, register_source
+
+    (malloc, wanted), = WORKER_MALLOC_ENV.items()
 
     class Roles(DataSource):
         @classmethod
@@ -71,7 +74,7 @@ def test_source_readers_run_in_a_worker_pool_of_their_own(spark) -> None:  # noq
             return "worker-roles"
 
         def schema(self) -> str:
-            return "reader STRING"
+            return "reader STRING, reader_malloc STRING"
 
         def streamReader(self, schema):  # noqa: ANN001, ANN202
             return RolesReader()
@@ -87,21 +90,24 @@ def test_source_readers_run_in_a_worker_pool_of_their_own(spark) -> None:  # noq
             return [InputPartition(0)] if start["at"] < end["at"] else []
 
         def read(self, partition):  # noqa: ANN001, ANN201
-            yield (os.environ.get(WORKER_ROLE_ENV, "none"),)
+            yield os.environ.get(WORKER_ROLE_ENV, "none"), os.environ.get(malloc, "none")
 
         def commit(self, end: dict) -> None:
             pass
 
     def task_role(batches):  # noqa: ANN001, ANN202
         for batch in batches:
-            yield pa.RecordBatch.from_pydict({"reader": batch.column(0),
-                                              "task": [os.environ.get(WORKER_ROLE_ENV, "none")] * batch.num_rows})
+            yield pa.RecordBatch.from_pydict({"reader": batch.column(0), "reader_malloc": batch.column(1),
+                                              "task": [os.environ.get(WORKER_ROLE_ENV, "none")] * batch.num_rows,
+                                              "task_malloc": [os.environ.get(malloc, "none")] * batch.num_rows})
 
     register_source(spark, Roles)
     assert WORKER_ROLE_ENV not in spark.sparkContext.environment
     rows = []
     query = (spark.readStream.format("worker-roles").load().writeStream
-             .foreachBatch(lambda df, _: rows.extend(df.mapInArrow(task_role, "reader STRING, task STRING").collect()))
+             .foreachBatch(lambda df, _: rows.extend(df.mapInArrow(
+                 task_role, "reader STRING, reader_malloc STRING, task STRING, task_malloc STRING").collect()))
              .trigger(availableNow=True).start())
     query.awaitTermination(120)
-    assert [tuple(r) for r in rows] == [("source", "none")]
+    expected = os.environ.get(malloc, wanted)  # the user's own value wins
+    assert [tuple(r) for r in rows] == [("source", expected, "none", expected)]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyspark
 
-from firehose_bq.spark import WORKER_STARTUP, worker_pythonpath
+from firehose_bq.spark import WORKER_STARTUP, add_worker_env, worker_pythonpath
 
 HOOK = WORKER_STARTUP / "sitecustomize.py"
 INSTALLED = Path(pyspark.__file__).parent
@@ -74,3 +74,9 @@ def test_worker_pythonpath_puts_the_hook_first_and_keeps_what_was_given() -> Non
     assert worker_pythonpath() == str(WORKER_STARTUP)
     assert worker_pythonpath(f"/a{os.pathsep}/b") == os.pathsep.join([str(WORKER_STARTUP), "/a", "/b"])
     assert worker_pythonpath(worker_pythonpath("/a")) == os.pathsep.join([str(WORKER_STARTUP), "/a"])
+
+
+def test_worker_env_is_added_unless_the_user_set_it_for_the_workers_or_their_parent() -> None:
+    environment = {"MALLOC_ARENA_MAX": "2"}
+    add_worker_env(environment, {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_ARENA_MAX": "4", "X": "1"}, {"X": "7"})
+    assert environment == {"MALLOC_ARENA_MAX": "2", "MALLOC_MMAP_THRESHOLD_": "1048576"}
