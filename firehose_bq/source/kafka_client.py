@@ -4,9 +4,9 @@ Offsets are plain dicts `{topic: {partition: offset}}` (partition as int here; t
 offset JSON uses string keys, see `kafka_source.py`). "End" offsets are exclusive: the offset of the
 next record to be written, i.e. the high watermark.
 
-kafka-python is imported where it is used: Spark's source workers import this module, and with the
-default confluent-kafka reader most of them (range readers, planning workers) never touch kafka-python,
-which would cost each of those processes ~9 MB.
+kafka-python is imported where it is used: Spark's source and task workers import this module, and with
+the default confluent-kafka reader most of them (tasks reading ranges, planning workers) never touch
+kafka-python, which would cost each of those processes ~9 MB.
 """
 
 from __future__ import annotations
@@ -163,8 +163,9 @@ def read_range(
     build = batches.from_confluent if confluent else batches.from_kafka_python
     for messages in _rebatch(polls, batch_rows):
         yield _uncollected(build, messages, topic, partition)
-    # Arrow's allocator (mimalloc) keeps freed pages for reuse; a reader worker then idles until its next
-    # range with them resident (~30 MB each in P4). Spark has taken the last batch by now: give them back.
+    # Arrow's allocator (mimalloc) keeps freed pages for reuse; a worker then idles until its next range
+    # with them resident (~30 MB each in P4). The caller asked past the last batch, so it is done with the
+    # batches: give the pages back.
     pa.default_memory_pool().release_unused()
 
 
