@@ -18,6 +18,7 @@ import collections
 import json
 import logging
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -70,6 +71,7 @@ def run(messages: int = MESSAGES, client: str = AUTO) -> dict[str, float]:
         job = subprocess.Popen([sys.executable, "-m", "bench.memory", "--child", json.dumps(env)], cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         first_batch: list[float] = []  # when the first batch finished: samples before it are start-up
+        batch_line = re.compile(r" batch \d+: (\d+ messages|lag )")  # pipeline.py's lines per batch
 
         tail: collections.deque[str] = collections.deque(maxlen=40)  # shown if the job fails
 
@@ -77,9 +79,9 @@ def run(messages: int = MESSAGES, client: str = AUTO) -> dict[str, float]:
             assert job.stdout is not None
             for line in job.stdout:
                 tail.append(line)
-                if " progress: " in line and not first_batch:
+                if batch_line.search(line) and not first_batch:
                     first_batch.append(time.monotonic())
-                if " progress: " in line or line.startswith("summary: "):  # not Spark's own chatter
+                if batch_line.search(line) or line.startswith("summary: "):  # not Spark's own chatter
                     print("    " + line.rstrip().removeprefix("summary: "))
 
         reader = threading.Thread(target=relay, daemon=True)
