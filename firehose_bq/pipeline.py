@@ -3,9 +3,9 @@
 Each micro-batch runs `process_batch` (batch/core.py) in the Python workers, one task per Kafka
 partition: the task reads its partition's range of records itself (the source plans the ranges, see
 source/kafka_source.py), the rows are written from there, and only a small TaskResult per task comes
-back to the driver. The driver's `foreachBatch` handler returns normally only when every message of the batch is in
-BigQuery or the DLQ (`modes.settle`); otherwise it raises, Spark does not commit the batch, and a
-restart replays it (at-least-once).
+back to the driver. The driver's `foreachBatch` handler returns normally only when every message of the
+batch is in BigQuery or the DLQ (`modes.settle`); otherwise it raises, Spark does not commit the batch,
+and a restart replays it (at-least-once).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ for the driver.
 
 It lives apart from pipeline.py on purpose. Spark pickles the function by reference, so a Python worker
 imports the module that defines it before the task can start, and every worker of a fresh job pays for
-that import on the job's critical path. Here that is the batch core and the write path alone, not the
-driver's modules (the Spark query wiring, the Kafka source's metadata client, telemetry).
+that import on the job's critical path. Here that is the batch core, the write path and the range reader
+alone, not the driver's modules (the Spark query wiring, kafka-python's metadata client, telemetry).
 """
 
 from __future__ import annotations
