@@ -262,13 +262,19 @@ def batch_stats(results: Sequence[TaskResult]) -> BatchStats:
     return stats
 
 
+def reaches_driver_step(results: Sequence[TaskResult], stats: BatchStats) -> bool:
+    """Whether `settle` gets to the mode's driver step (a load job, a MERGE) for this batch, rather than
+    stopping it first: no task gave up and no record failed."""
+    return not stats.failed and not any(r.fatal for r in results)
+
+
 def settle(mode: WriteMode, batch: int, results: Sequence[TaskResult], stats: BatchStats) -> None:
     """The driver's end of a batch, the same for the Spark job and the replay (`stats`: the results'
     `batch_stats`): stop, letting the mode drop the batch's leftovers, if a record failed or a task could
     not finish; else run the mode's driver step. Returns only when every record is in the table or the
     DLQ, which is when the caller may commit the batch's offsets."""
-    fatal = next((r.fatal for r in results if r.fatal), None)
-    if fatal or stats.failed:
+    if not reaches_driver_step(results, stats):
+        fatal = next((r.fatal for r in results if r.fatal), None)
         mode.abort(batch)
         if fatal:
             raise FirehoseError(f"batch {batch} stopped, offsets not committed: {fatal}")

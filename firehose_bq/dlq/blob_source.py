@@ -7,10 +7,10 @@ so a replay run again skips what an earlier run finished, and an object is repla
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from firehose_bq.blobstore import BlobStore
-from firehose_bq.dlq.letters import DeadLetter
+from firehose_bq.dlq.letters import DeadLetter, Position
 
 LETTERS_SUFFIX = ".jsonl"
 REPLAYED_SUFFIX = ".replayed"  # appended to an object whose letters were all handled
@@ -32,16 +32,25 @@ class BlobDlqSource:
         lines = sum(len(_lines(self._text(name))) for name in self._names)
         return lines if self._limit is None else min(lines, self._limit)
 
-    def batches(self) -> Iterator[tuple[list[DeadLetter], Callable[[], None]]]:
+    def batches(self) -> Iterator[tuple[list[DeadLetter], Position]]:
         left = self._limit
-        for name in self._names:
+        for name in list(self._names):
+            if name not in self._names:
+                continue  # committed meanwhile (a pending batch a replay finished first)
             text = self._texts.pop(name) if name in self._texts else self._store.get(name).decode()
             letters = [DeadLetter.from_json(line) for line in _lines(text)]
             if left is not None and len(letters) > left:
                 return  # an object is handled whole or not at all: the rename is its commit
-            yield letters, lambda name=name: self._store.rename(name, name + REPLAYED_SUFFIX)
+            yield letters, {"object": name}
             if left is not None:
                 left -= len(letters)
+
+    def commit(self, position: Position) -> None:
+        name = position["object"]
+        self._store.rename(name, name + REPLAYED_SUFFIX)
+        if name in self._names:
+            self._names.remove(name)
+            self._texts.pop(name, None)
 
     def close(self) -> None:
         self._texts.clear()

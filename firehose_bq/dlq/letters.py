@@ -11,6 +11,7 @@ import base64
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from firehose_bq.errors import ErrorType, MessageError
 
@@ -26,6 +27,10 @@ H_ATTEMPT = HEADER_PREFIX + "attempt-count"
 H_ROUTE = HEADER_PREFIX + "route"  # the destination table the record had (empty: unrouted)
 H_EXCEPTION = HEADER_PREFIX + "exception-class"  # what failed it: an exception's class, or the refusing component
 # Error messages can be long (a row's every error); a header is no place for kilobytes.
+# Where a batch of letters sits in its DLQ (offsets, an object name), as JSON: what commits the batch, in
+# this run or, for a batch whose load may have run before a crash, in the next one (dlq/replay.py).
+Position = dict[str, Any]
+
 MAX_MESSAGE_CHARS = 4000
 
 Headers = Sequence[tuple[str, bytes | None]]

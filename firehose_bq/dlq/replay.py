@@ -10,27 +10,36 @@ twice does not duplicate rows.
 
 What still fails is dead-lettered again (attempt count + 1) before the DLQ position is committed;
 a message that fails the policy stops the replay without committing, like the streaming job.
+
+With file loads, a batch's load job and the commit of its DLQ position are two steps, and a crash
+between them must not load the batch's rows twice. So before its load the replay writes the batch down
+(`PendingBatch`: its number, its staged files, its position) in the staging area, under a prefix that is
+the same for every replay of this DLQ, and deletes it once the position is committed. A replay that
+finds one finishes that batch first, exactly as it was: the same load job id (found done, or run), then
+the commit. The streaming job needs none of this: Spark's checkpoint replays a batch with its number.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import pyarrow as pa
 
 from firehose_bq import logs
-from firehose_bq.batch.core import ATTEMPT_COLUMN, process_batch
+from firehose_bq.batch.core import ATTEMPT_COLUMN, TaskResult, process_batch
 from firehose_bq.bigquery.file_loads import discard, staging_area
+from firehose_bq.blobstore import BlobStore
 from firehose_bq.config import Config
-from firehose_bq.dlq.letters import DeadLetter
+from firehose_bq.dlq.letters import DeadLetter, Position
 from firehose_bq.errors import FirehoseError
 from firehose_bq.metrics import BatchStats
-from firehose_bq.modes import FileLoadsMode, batch_stats, handling_of, settle, write_mode
+from firehose_bq.modes import FileLoadsMode, WriteMode, batch_stats, handling_of, reaches_driver_step, settle, write_mode
 from firehose_bq.source.batches import ARROW_SCHEMA
 from firehose_bq.telemetry import Telemetry
 
@@ -39,6 +48,8 @@ log = logging.getLogger(__name__)
 POLL_TIMEOUT_MS = 1000
 # A DLQ record is the original record plus headers; read what the DLQ writer may have written.
 MAX_FETCH_BYTES = 16 * 1024 * 1024
+# Letters per replayed batch from a DLQ topic, at most.
+DLQ_BATCH = 500
 # Polls without a record before a partition that is short of its planned end counts as stalled.
 EMPTY_POLLS_BEFORE_STALL = 30
 
@@ -50,8 +61,12 @@ class DlqSource(Protocol):
     def total(self) -> int:
         """Letters this replay will read at most (for the progress bar)."""
 
-    def batches(self) -> Iterator[tuple[list[DeadLetter], Callable[[], None]]]:
-        """Letters in order, each batch with the call that marks it handled (commit)."""
+    def batches(self) -> Iterator[tuple[list[DeadLetter], Position]]:
+        """Letters in order, each batch with its position, which `commit` marks handled."""
+
+    def commit(self, position: Position) -> None:
+        """Mark the batch at `position` handled, also one a previous run read (its pending batch): later
+        `batches()` skip it."""
 
     def close(self) -> None: ...
 
@@ -81,6 +96,8 @@ class KafkaDlqSource:
             self._consumer.seek(tp, self._start[tp])
         self._limit = max_messages
         self._identity = f"{topic}@{group_id}"
+        self._topic = topic
+        self._reading = False
 
     def identity(self) -> str:
         return self._identity
@@ -89,14 +106,13 @@ class KafkaDlqSource:
         available = sum(max(0, self._end[tp] - self._start[tp]) for tp in self._end)
         return available if self._limit is None else min(available, self._limit)
 
-    def batches(self) -> Iterator[tuple[list[DeadLetter], Callable[[], None]]]:
-        from kafka.structs import OffsetAndMetadata
-
+    def batches(self) -> Iterator[tuple[list[DeadLetter], Position]]:
+        self._reading = True
         left = self.total()
         position = dict(self._start)
         empty = 0
         while left > 0 and any(position[tp] < self._end[tp] for tp in self._end):
-            polled = self._consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=min(left, 500))
+            polled = self._consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=min(left, DLQ_BATCH))
             if not polled:
                 empty += 1
                 if empty >= EMPTY_POLLS_BEFORE_STALL:
@@ -120,8 +136,19 @@ class KafkaDlqSource:
                     position[tp] = self._end[tp]
                 continue
             position.update(done)
-            yield letters, lambda done=done: self._consumer.commit(
-                {tp: OffsetAndMetadata(offset, "", -1) for tp, offset in done.items()})
+            yield letters, {"offsets": {str(tp.partition): offset for tp, offset in done.items()}}
+
+    def commit(self, position: Position) -> None:
+        from kafka import TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
+        done = {TopicPartition(self._topic, int(p)): offset for p, offset in position["offsets"].items()}
+        self._consumer.commit({tp: OffsetAndMetadata(offset, "", -1) for tp, offset in done.items()})
+        if not self._reading:  # a previous run's batch, committed before this run reads: read past it
+            for tp, offset in done.items():
+                if offset > self._start[tp]:
+                    self._start[tp] = offset
+                    self._consumer.seek(tp, offset)
 
     def close(self) -> None:
         self._consumer.close(autocommit=False)
@@ -159,43 +186,106 @@ def letters_batch(letters: list[DeadLetter]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA.append(pa.field(ATTEMPT_COLUMN, pa.int32())))
 
 
+class PendingBatch:
+    """The replayed file-loads batch whose load may have run but whose DLQ position is not committed yet,
+    as one JSON object in the staging area (`<prefix>pending.json`), beside the files it staged."""
+
+    NAME = "pending.json"
+
+    def __init__(self, store: BlobStore, prefix: str) -> None:
+        self._store, self._name = store, prefix + self.NAME
+        self.held = False  # written by this run and not cleared: the next replay must finish it
+
+    def write(self, batch: int, results: Sequence[TaskResult], position: Position) -> None:
+        record = {"batch": batch, "results": [r.to_json() for r in results], "position": position}
+        self._store.put(self._name, json.dumps(record).encode())
+        self.held = True
+
+    def read(self) -> tuple[int, list[TaskResult], Position] | None:
+        if self._name not in self._store.names(self._name):
+            return None
+        record = json.loads(self._store.get(self._name))
+        return record["batch"], [TaskResult.from_json(r) for r in record["results"]], record["position"]
+
+    def clear(self) -> None:
+        self._store.delete_prefix(self._name)
+        self.held = False
+
+    def where(self) -> str:
+        return self._store.uri(self._name)
+
+
 def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Telemetry | None = None) -> ReplaySummary:
     """Replay every letter `source` yields through the job's write mode and batch core; raise
     BatchFailedError when the policy fails one (that batch is not committed)."""
     from tqdm import tqdm
 
     started = time.monotonic()
-    # File loads stage under a prefix of this replay's own and load once per replayed batch; the job id
-    # is derived from the DLQ source and the letters' coordinates, so a replay that is run again after
-    # a crash between load and commit finds the job done.
-    staging = staging_area(cfg, prefix=f"dlq-replay-{uuid.uuid4().hex}/")
-    mode = write_mode(cfg, staging=staging, identity=lambda: f"dlq-replay:{source.identity()}")
+    # File loads stage under a prefix of this DLQ's own (the same in every replay of it, so that a replay
+    # finds what a crashed one left pending) and load once per replayed batch.
+    identity = source.identity()
+    staging = staging_area(cfg, prefix=f"dlq-replay-{hashlib.sha256(identity.encode()).hexdigest()[:16]}/")
+    mode = write_mode(cfg, staging=staging, identity=lambda: f"dlq-replay:{identity}")
+    pending = PendingBatch(staging.store(), staging.prefix) if isinstance(mode, FileLoadsMode) else None
     handling = handling_of(cfg)
     summary = ReplaySummary()
-    bar = tqdm(total=source.total(), unit="msg", desc="replay-dlq", disable=not progress)
     try:
         spec = mode.schema.current()  # fresh descriptors; the table evolved to them
-        for number, (read, commit) in enumerate(source.batches()):
-            # The same message dead-lettered twice (a batch replayed after a crash) is one message.
-            letters = list({_coords(x): x for x in read}.values())
-            if len(letters) < len(read):
-                log.info("%d duplicate dead letter(s) in this batch replayed once", len(read) - len(letters))
-            with logs.log_context(batch_id=number):
-                results = [process_batch([letters_batch(letters)], spec, mode.task(number), handling)]
-                stats = batch_stats(results)
-                summary.stats.merge(stats)
-                if telemetry is not None:
-                    telemetry.observe_replay(stats)
-                settle(mode, number, results, stats)
-            commit()  # only now: every letter of the batch is in the table or the DLQ again
-            bar.update(len(read))
+        first = 0
+        if pending is not None:
+            first = _finish_pending(pending, mode, source)
+            discard(staging.store(), staging.prefix)  # what a crashed replay staged and never loaded
+        bar = tqdm(total=source.total(), unit="msg", desc="replay-dlq", disable=not progress)
+        try:
+            for number, (read, position) in enumerate(source.batches(), start=first):
+                # The same message dead-lettered twice (a batch replayed after a crash) is one message.
+                letters = list({_coords(x): x for x in read}.values())
+                if len(letters) < len(read):
+                    log.info("%d duplicate dead letter(s) in this batch replayed once", len(read) - len(letters))
+                with logs.log_context(batch_id=number):
+                    results = [process_batch([letters_batch(letters)], spec, mode.task(number), handling)]
+                    stats = batch_stats(results)
+                    summary.stats.merge(stats)
+                    if telemetry is not None:
+                        telemetry.observe_replay(stats)
+                    if pending is not None and reaches_driver_step(results, stats):
+                        pending.write(number, results, position)
+                    settle(mode, number, results, stats)
+                source.commit(position)  # only now: every letter of the batch is in the table or the DLQ again
+                if pending is not None:
+                    pending.clear()
+                bar.update(len(read))
+        finally:
+            bar.close()
     finally:
-        bar.close()
         mode.close()
-        if isinstance(mode, FileLoadsMode):  # the others stage nothing (and need no Cloud Storage client)
-            discard(staging.store(), staging.prefix)
+        if pending is not None:
+            if pending.held:  # its load may have run: the next replay finishes it from its staged files
+                log.warning("replay stopped with a batch staged and not committed; the next replay finishes it "
+                            "first (%s)", pending.where())
+            else:
+                discard(staging.store(), staging.prefix)
         summary.seconds = time.monotonic() - started
     return summary
+
+
+def _finish_pending(pending: PendingBatch, mode: WriteMode, source: DlqSource) -> int:
+    """Finish the batch a crashed replay left pending, as it was (the same load job, then the commit of its
+    position); return the number this replay's batches start at."""
+    found = pending.read()
+    if found is None:
+        return 0
+    batch, results, position = found
+    log.warning("an earlier replay stopped after staging batch %d and before committing it: finishing it first "
+                "(a load job that already ran is found by its id and not run again)", batch)
+    try:
+        settle(mode, batch, results, batch_stats(results))
+    except FirehoseError as exc:
+        raise FirehoseError(f"{exc} (the batch an earlier replay left pending, {pending.where()}; delete that "
+                            "object to read its letters again instead, if they must be staged anew)") from exc
+    source.commit(position)
+    pending.clear()
+    return batch + 1
 
 
 def _coords(letter: DeadLetter) -> tuple[str, int, int]:

@@ -17,7 +17,7 @@ from google.cloud import bigquery
 from kafka import KafkaProducer
 
 from firehose_bq import cli
-from firehose_bq.dlq.replay import KafkaDlqSource, replay
+from firehose_bq.dlq.replay import DLQ_BATCH, KafkaDlqSource, replay
 from firehose_bq.errors import ErrorType
 from firehose_bq.pipeline import Pipeline
 from firehose_bq.registry.cache import DescriptorCache
@@ -74,6 +74,63 @@ def test_replay_lands_dead_letters_once_through_each_write_path(
             monkeypatch.setenv(name, value)
         assert cli.main(["replay-dlq", "--available-now", "--group", "replay-it"]) == 0
         assert table_ids(bq_client, cfg) == expected  # the second replay adds nothing
+    finally:
+        cache.stop()
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_a_file_loads_replay_that_stopped_after_its_load_finishes_that_batch_once(
+        spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
+        tmp_path: Path) -> None:
+    """A replay stopped between a batch's load job and the commit of its DLQ position (the commit fails,
+    as a kill would leave it), on its second batch: the next replay reads from the first batch's commit,
+    where that batch is now its first. Its load must still be found done, not run again."""
+    fake, _server = registry
+    job = DlqJob.start(fake, job_env, tmp_path, SINK_BIGQUERY_WRITE_METHOD="file_loads",
+                       SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS="0")
+    cfg, topic, dlq_topic, v2 = job.cfg, job.topic, job.dlq_topic, job.v2
+    letters = 3 * DLQ_BATCH  # a replay reads the DLQ in batches of at most DLQ_BATCH letters
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    for i in range(letters):
+        producer.send(topic, v2(id=f"new{i}", amount=i, tags=[f"t{i}"]).SerializeToString(), partition=0)
+    producer.flush()
+    producer.close()
+    cache = DescriptorCache.for_stencil(cfg.input_schema.stencil_urls, cfg.registry).start()
+    try:
+        summary = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now).run(available_now=True)
+        assert (summary.totals.dead_lettered, summary.totals.rows_written) == (letters, 0)
+        fake.routes["/dlq.desc"] = job.paths["v2"].read_bytes()
+
+        class StopsBeforeCommittingItsSecondBatch(KafkaDlqSource):
+            commits = 0
+
+            def commit(self, position: dict) -> None:
+                self.commits += 1
+                if self.commits == 2:
+                    raise RuntimeError("killed between the load and the commit")
+                super().commit(position)
+
+        source = StopsBeforeCommittingItsSecondBatch(cfg.source.brokers, dlq_topic, "replay-crash", None)
+        try:
+            with pytest.raises(RuntimeError, match="killed between"):
+                replay(cfg, source)
+        finally:
+            source.close()
+        loaded = sum(table_ids(bq_client, cfg).values())
+        assert 0 < loaded < letters  # two batches loaded, the first committed
+
+        source = KafkaDlqSource(cfg.source.brokers, dlq_topic, "replay-crash", None)
+        try:
+            again = replay(cfg, source)
+        finally:
+            source.close()
+        assert again.stats.messages == letters - loaded  # the pending batch was finished, not read again
+        assert table_ids(bq_client, cfg) == Counter(f"new{i}" for i in range(letters))  # every letter once
+        source = KafkaDlqSource(cfg.source.brokers, dlq_topic, "replay-crash", None)
+        try:
+            assert source.total() == 0  # every position committed
+        finally:
+            source.close()
     finally:
         cache.stop()
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)

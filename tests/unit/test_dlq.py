@@ -114,7 +114,7 @@ def test_blob_letters_read_back_one_object_per_batch_and_the_rename_commits(tmp_
     assert source.total() == 3
     batches = list(source.batches())
     assert sorted(len(letters) for letters, _ in batches) == [1, 2]
-    batches[0][1]()  # commit the first object only
+    source.commit(batches[0][1])  # the first object only
     assert len([n for n in store.names() if n.endswith(".jsonl.replayed")]) == 1
     again = BlobDlqSource(store, max_messages=None)
     assert again.total() == 3 - len(batches[0][0]) and len(list(again.batches())) == 1
@@ -170,3 +170,31 @@ def test_a_letter_the_dlq_topic_refuses_for_its_size_is_named_and_not_retried(mo
     with pytest.raises(DeadLetterTooLargeError, match=r"orders/2@42 \(\d+ bytes with its headers\) is too large"):
         dead_letter(cfg, [LETTER, big], sleep=lambda s: None)
     assert opened == [1]
+
+
+def test_a_pending_replay_batch_round_trips_through_the_staging_area(tmp_path: Path) -> None:
+    from firehose_bq.batch.core import TaskResult
+    from firehose_bq.dlq.replay import PendingBatch
+
+    store = LocalBlobStore(tmp_path)
+    pending = PendingBatch(store, "dlq-replay-ab/")
+    assert pending.read() is None and not pending.held
+    result = TaskResult(reports=['{"table": "d.t", "staged": {}}'])
+    pending.write(3, [result], {"offsets": {"0": 17}})
+    assert pending.held
+    again = PendingBatch(store, "dlq-replay-ab/")  # the next replay
+    assert again.read() == (3, [result], {"offsets": {"0": 17}})
+    again.clear()
+    assert again.read() is None and store.names() == []
+
+
+def test_a_committed_blob_position_is_skipped_by_the_batches_still_to_come(tmp_path: Path) -> None:
+    """What a replay does with the batch an earlier one left pending: commit it before reading."""
+    store = LocalBlobStore(tmp_path)
+    BlobDlqWriter(store).write([LETTER])
+    BlobDlqWriter(store).write([dataclasses.replace(LETTER, error=dataclasses.replace(LETTER.error, offset=42))])
+    first = BlobDlqSource(store, max_messages=None)
+    (done, position), (left, _) = list(first.batches())
+    source = BlobDlqSource(store, max_messages=None)
+    source.commit(position)
+    assert [letters for letters, _ in source.batches()] == [left] and done != left
