@@ -194,7 +194,7 @@ class PendingBatch:
 
     def __init__(self, store: BlobStore, prefix: str) -> None:
         self._store, self._name = store, prefix + self.NAME
-        self.held = False  # written by this run and not cleared: the next replay must finish it
+        self.held = False  # written or found, and not cleared: a replay must finish it before reading on
 
     def write(self, batch: int, results: Sequence[TaskResult], position: Position) -> None:
         record = {"batch": batch, "results": [r.to_json() for r in results], "position": position}
@@ -205,6 +205,7 @@ class PendingBatch:
         if self._name not in self._store.names(self._name):
             return None
         record = json.loads(self._store.get(self._name))
+        self.held = True
         return record["batch"], [TaskResult.from_json(r) for r in record["results"]], record["position"]
 
     def clear(self) -> None:

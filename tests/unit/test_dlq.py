@@ -184,6 +184,7 @@ def test_a_pending_replay_batch_round_trips_through_the_staging_area(tmp_path: P
     assert pending.held
     again = PendingBatch(store, "dlq-replay-ab/")  # the next replay
     assert again.read() == (3, [result], {"offsets": {"0": 17}})
+    assert again.held  # until it is finished: a replay that fails to finish it must leave it there
     again.clear()
     assert again.read() is None and store.names() == []
 
