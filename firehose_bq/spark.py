@@ -32,18 +32,19 @@ JAVA_HINT = "install it with `sudo apt-get install -y openjdk-17-jre-headless` (
 WORKER_STARTUP = Path(__file__).resolve().parent / "worker_startup"
 WORKER_PYTHONPATH_CONF = "spark.executorEnv.PYTHONPATH"
 # Spark keeps one pool of Python workers (one daemon, forking them) per distinct set of worker environment
-# variables, and reuses an idle worker for any Python task of that pool. The source's read() and the
-# batch core's mapInArrow run in separate workers within one task, both from the same pool by default,
-# so after a few batches every worker has imported everything (the BigQuery client, the decoders,
-# ~170 MB) although the readers need only the Kafka client and pyarrow (~80 MB). This variable, set for
-# the source alone, gives its readers a pool of their own: one more daemon (~35 MB), lighter readers.
+# variables, and reuses an idle worker for any Python task of that pool. The source's read() (which hands
+# each task its offset range) and the batch core's mapInArrow run in separate workers within one task,
+# both from the same pool by default, so after a few batches every worker has imported everything (the
+# BigQuery client, the decoders, the Kafka client, ~170 MB) although read() needs only pyspark. This
+# variable, set for the source alone, gives its processes a pool of their own: one more daemon (~35 MB),
+# light source workers.
 WORKER_ROLE_ENV = "FIREHOSE_BQ_WORKER_ROLE"
 SOURCE_ROLE = "source"
 # glibc's malloc serves a block of 128 KiB or more with its own mmap, unmapped when freed, but after the
 # first such free it raises that threshold to the freed size (up to 32 MiB) and its trim threshold to twice
-# that, so later large blocks come from the thread's heap and stay resident once freed. A source reader
-# opens a consumer per range: librdkafka's fetch buffers (MBs each) then pile up in a fresh arena per
-# consumer thread, ~55 MB each, ~350 MB per reader worker draining a backlog. A fixed threshold keeps
+# that, so later large blocks come from the thread's heap and stay resident once freed. A task opens a
+# consumer per range: librdkafka's fetch buffers (MBs each) then pile up in a fresh arena per consumer
+# thread, ~55 MB each, ~350 MB per worker draining a backlog. A fixed threshold keeps
 # large blocks mmapped (and switches the raising off); setting it goes through the workers' environment,
 # read by glibc when the worker daemon starts. Other C libraries ignore it; a value the user set wins.
 WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1024 * 1024)}
