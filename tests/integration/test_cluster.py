@@ -269,26 +269,29 @@ class Kill:
 
 def kill_executor_mid_batch(job: subprocess.Popen[str], log_path: Path, cluster: Standalone,
                             client: bigquery.Client, cfg: Config) -> Kill:
-    """Once a batch after the first is part-written (the table's count between two batch boundaries: its
-    tasks are still writing), SIGKILL the executor JVM and its Python workers."""
+    """Once a batch after the first is under way (rows past the first batch in the table, and a task the
+    executor's log says it started and has not finished), SIGKILL the executor JVM and its Python workers.
+    The executor's log, not the table's count, says a task is running: a count between two batch
+    boundaries may also mean every task wrote and the driver is settling the batch."""
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while True:
         assert job.poll() is None, f"job ended before the kill:\n{log_path.read_text()}"
         assert time.monotonic() < deadline, f"no batch caught in flight:\n{log_path.read_text()}"
         landed = table_rows(client, cfg)
-        if landed > PER_BATCH and landed % PER_BATCH:
-            break
+        executors = cluster.executors() if landed > PER_BATCH else []
+        assert len(executors) <= 1, f"expected the one executor of the job, found {executors}"
+        if executors:
+            executor = executors[0]
+            executor_dir = Path(os.readlink(f"/proc/{executor.pid}/cwd"))
+            if task_attempts(executor_dir, "Running") - task_attempts(executor_dir, "Finished"):
+                break
         time.sleep(0.02)
-    executors = cluster.executors()
-    assert len(executors) == 1, f"expected the one executor of the job, found {executors}"
-    executor = executors[0]
-    executor_dir = Path(os.readlink(f"/proc/{executor.pid}/cwd"))
     workers = [WorkerStart.of(p.pid) for p in tree(executor.pid) if p.name.startswith("python")]
     victims = kill_tree(executor.pid)
     assert wait_gone(victims, 10), "the executor survived SIGKILL"
     done = BATCH_DONE.findall(log_path.read_text())
     moment = (f"executor JVM {executor.pid} and {len(victims) - 1} Python processes killed with {landed} rows in "
-              f"the table (batch {landed // PER_BATCH} part-written; last batch logged done: "
+              f"the table (batch {landed // PER_BATCH} or later under way; last batch logged done: "
               f"{done[-1][0] if done else None}), {table_rows(client, cfg)} right after")
     return Kill(moment, executor_dir, workers)
 
