@@ -26,8 +26,7 @@ from firehose_bq.config import BigQueryConfig, Config, SparkConfig
 from firehose_bq.modes import table_rows
 from firehose_bq.pipeline import Pipeline
 from firehose_bq.sink_schema import SinkSpec
-from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, KafkaMetadataClient, read_range
-from firehose_bq.source.kafka_client import READ_BATCH_ROWS
+from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, KafkaMetadataClient, RangeReader
 from firehose_bq.spark import spark_session
 
 MESSAGES = 100_000  # at 20k the fixed cost of a query (≈ 1–1.5 s) was most of what the ratio measured
@@ -77,10 +76,10 @@ def decoded_topic(cfg: Config, spec: SinkSpec) -> list[Writable]:
     """The topic as the pipeline's tasks decode it (same reader batches, same decoders); not timed."""
     builder = row_builder(spec, False, spec.proto_class)
     ends = KafkaMetadataClient(cfg.source.brokers, "bench-p2b").end_offsets((TOPIC,))[TOPIC]
+    reader = RangeReader(cfg.source.brokers, CONFLUENT_KAFKA, stall_timeout_ms=60_000)  # as the tasks read
     batches = []
     for partition, end in ends.items():
-        for source in read_range(cfg.source.brokers, TOPIC, partition, 0, end, stall_timeout_ms=60_000,
-                                 batch_rows=READ_BATCH_ROWS, client=CONFLUENT_KAFKA):
+        for source in reader.read(TOPIC, partition, 0, end):
             batches.append(table_rows(builder.build(source, time.time_ns() // 1000), insert_ids(source)))
     return batches
 

@@ -135,38 +135,23 @@ class RangeReader:
     batch_rows: int = READ_BATCH_ROWS
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
-        return read_range(self.brokers, topic, partition, start, end, stall_timeout_ms=self.stall_timeout_ms,
-                          batch_rows=self.batch_rows, client=self.client)
+        """Records of one partition in [start, end), as Arrow batches (batches.ARROW_SCHEMA) of at most
+        `batch_rows` rows.
 
-
-def read_range(
-    brokers: str,
-    topic: str,
-    partition: int,
-    start: int,
-    end: int,
-    *,
-    stall_timeout_ms: int,
-    batch_rows: int,
-    client: str = KAFKA_PYTHON,
-) -> Iterator[pa.RecordBatch]:
-    """Records of one partition in [start, end), as Arrow batches (batches.ARROW_SCHEMA) of at most
-    `batch_rows` rows.
-
-    Offsets may have gaps (compaction, transaction markers), so the loop ends when the consumer's
-    position reaches `end`, not after a fixed count. A start offset that retention already deleted
-    is an error, not a silent skip: those messages never reached the table.
-    """
-    confluent = client == CONFLUENT_KAFKA
-    polls = (_polls_confluent if confluent else _polls_kafka_python)(brokers, topic, partition, start, end,
-                                                                      stall_timeout_ms, batch_rows)
-    build = batches.from_confluent if confluent else batches.from_kafka_python
-    for messages in _rebatch(polls, batch_rows):
-        yield _uncollected(build, messages, topic, partition)
-    # Arrow's allocator (mimalloc) keeps freed pages for reuse; a worker then idles until its next range
-    # with them resident (~30 MB each in P4). The caller asked past the last batch, so it is done with the
-    # batches: give the pages back.
-    pa.default_memory_pool().release_unused()
+        Offsets may have gaps (compaction, transaction markers), so the loop ends when the consumer's
+        position reaches `end`, not after a fixed count. A start offset that retention already deleted
+        is an error, not a silent skip: those messages never reached the table.
+        """
+        confluent = self.client == CONFLUENT_KAFKA
+        polls = (_polls_confluent if confluent else _polls_kafka_python)(
+            self.brokers, topic, partition, start, end, self.stall_timeout_ms, self.batch_rows)
+        build = batches.from_confluent if confluent else batches.from_kafka_python
+        for messages in _rebatch(polls, self.batch_rows):
+            yield _uncollected(build, messages, topic, partition)
+        # Arrow's allocator (mimalloc) keeps freed pages for reuse; a worker then idles until its next range
+        # with them resident (~30 MB each in P4). The caller asked past the last batch, so it is done with
+        # the batches: give the pages back.
+        pa.default_memory_pool().release_unused()
 
 
 def _uncollected(call: Callable[..., T], *args: Any) -> T:

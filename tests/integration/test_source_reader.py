@@ -13,7 +13,7 @@ from kafka.admin import KafkaAdminClient, NewTopic
 
 from firehose_bq.errors import SourceError
 from firehose_bq.source.batches import ARROW_SCHEMA
-from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, KAFKA_PYTHON, read_range
+from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, KAFKA_PYTHON, RangeReader
 
 pytestmark = pytest.mark.integration
 
@@ -58,8 +58,7 @@ def produce_records(brokers: str, topic: str) -> None:
 
 def read(brokers: str, topic: str, start: int, end: int, client: str, batch_rows: int = 7,
          stall_timeout_ms: int = 20_000) -> pa.Table:
-    batches = list(read_range(brokers, topic, 0, start, end, stall_timeout_ms=stall_timeout_ms,
-                              batch_rows=batch_rows, client=client))
+    batches = list(RangeReader(brokers, client, stall_timeout_ms, batch_rows).read(topic, 0, start, end))
     assert all(b.schema == ARROW_SCHEMA and 0 < b.num_rows <= batch_rows for b in batches)
     return pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
 

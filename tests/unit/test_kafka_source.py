@@ -118,29 +118,29 @@ def test_confluent_reader_skips_background_client_errors_but_not_its_partitions(
     import pytest
 
     from firehose_bq.errors import SourceError
-    from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, read_range
+    from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, RangeReader
 
     coordinator = ck.KafkaError(ck.KafkaError._BAD_MSG, "FindCoordinator response error: Local: Bad message format")
     monkeypatch.setattr(ck, "Consumer", _fake_consumer([[_message(0, coordinator, topic=None), _message(0)],
                                                         [_message(1)]]))
-    read = list(read_range("b", "t", 0, 0, 2, stall_timeout_ms=1000, batch_rows=10, client=CONFLUENT_KAFKA))
+    read = list(RangeReader("b", CONFLUENT_KAFKA, 1000, 10).read("t", 0, 0, 2))
     assert [o for batch in read for o in batch.column("offset").to_pylist()] == [0, 1]
 
     broken = ck.KafkaError(ck.KafkaError._TRANSPORT, "broker down")
     monkeypatch.setattr(ck, "Consumer", _fake_consumer([[_message(0, broken)]]))
     with pytest.raises(SourceError, match="t/0: broker down"):
-        list(read_range("b", "t", 0, 0, 2, stall_timeout_ms=1000, batch_rows=10, client=CONFLUENT_KAFKA))
+        list(RangeReader("b", CONFLUENT_KAFKA, 1000, 10).read("t", 0, 0, 2))
 
 
 def test_confluent_reader_never_asks_for_more_than_the_range_holds(monkeypatch) -> None:
     """consume() waits its whole timeout unless it gets as many messages as asked for."""
     import confluent_kafka as ck
 
-    from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, read_range
+    from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, RangeReader
 
     asked: list[int] = []
     monkeypatch.setattr(ck, "Consumer", _fake_consumer([[_message(o) for o in range(0, 4)],
                                                         [_message(o) for o in range(4, 7)]], asked))
-    read = list(read_range("b", "t", 0, 0, 7, stall_timeout_ms=1000, batch_rows=4, client=CONFLUENT_KAFKA))
+    read = list(RangeReader("b", CONFLUENT_KAFKA, 1000, 4).read("t", 0, 0, 7))
     assert [b.num_rows for b in read] == [4, 3]
     assert asked == [4, 3]
