@@ -193,27 +193,27 @@ class PendingBatch:
     NAME = "pending.json"
 
     def __init__(self, store: BlobStore, prefix: str) -> None:
-        self._store, self._name = store, prefix + self.NAME
+        self.store, self._name = store, prefix + self.NAME  # the staging area's store
         self.held = False  # written or found, and not cleared: a replay must finish it before reading on
 
     def write(self, batch: int, results: Sequence[TaskResult], position: Position) -> None:
         record = {"batch": batch, "results": [r.to_json() for r in results], "position": position}
-        self._store.put(self._name, json.dumps(record).encode())
+        self.store.put(self._name, json.dumps(record).encode())
         self.held = True
 
     def read(self) -> tuple[int, list[TaskResult], Position] | None:
-        if self._name not in self._store.names(self._name):
+        if self._name not in self.store.names(self._name):
             return None
-        record = json.loads(self._store.get(self._name))
+        record = json.loads(self.store.get(self._name))
         self.held = True
         return record["batch"], [TaskResult.from_json(r) for r in record["results"]], record["position"]
 
     def clear(self) -> None:
-        self._store.delete_prefix(self._name)
+        self.store.delete_prefix(self._name)
         self.held = False
 
     def where(self) -> str:
-        return self._store.uri(self._name)
+        return self.store.uri(self._name)
 
 
 def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Telemetry | None = None) -> ReplaySummary:
@@ -227,6 +227,7 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
     identity = source.identity()
     staging = staging_area(cfg, prefix=f"dlq-replay-{hashlib.sha256(identity.encode()).hexdigest()[:16]}/")
     mode = write_mode(cfg, staging=staging, identity=lambda: f"dlq-replay:{identity}")
+    # The others stage nothing (and need no Cloud Storage client).
     pending = PendingBatch(staging.store(), staging.prefix) if isinstance(mode, FileLoadsMode) else None
     handling = handling_of(cfg)
     summary = ReplaySummary()
@@ -235,7 +236,7 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
         first = 0
         if pending is not None:
             first = _finish_pending(pending, mode, source)
-            discard(staging.store(), staging.prefix)  # what a crashed replay staged and never loaded
+            discard(pending.store, staging.prefix)  # what a crashed replay staged and never loaded
         bar = tqdm(total=source.total(), unit="msg", desc="replay-dlq", disable=not progress)
         try:
             for number, (read, position) in enumerate(source.batches(), start=first):
@@ -265,7 +266,7 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
                 log.warning("replay stopped with a batch staged and not committed; the next replay finishes it "
                             "first (%s)", pending.where())
             else:
-                discard(staging.store(), staging.prefix)
+                discard(pending.store, staging.prefix)
         summary.seconds = time.monotonic() - started
     return summary
 
