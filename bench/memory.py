@@ -17,20 +17,17 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import os
 import re
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 from bench.localstack import REPO, local_stack, produce_fast
 from bench.proctree import Proc, pss_bytes, tree
 from firehose_bq.config import Config, SparkConfig
 from firehose_bq.source.kafka_client import AUTO, resolve_client
-from firehose_bq.spark import SOURCE_ROLE, WORKER_ROLE_ENV
 
 MESSAGES = 1_000_000
 # The local broker (noida-db) stalls serving a fetch from the start of a partition holding ~500k
@@ -117,29 +114,17 @@ def run(messages: int = MESSAGES, client: str = AUTO) -> dict[str, float]:
 
 
 def roles(root: int, procs: list[Proc], pss: dict[int, int]) -> dict[str, tuple[int, int]]:
-    """(RSS, PSS) by role: the Python driver (the job's own process), the JVM, the Python processes of the
-    Kafka source's own worker pool (spark.register_source), the other Python workers and daemons."""
-    groups: dict[str, list[Proc]] = {"Python driver": [], "JVM": [], "source": [], "other": []}
+    """(RSS, PSS) by role: the Python driver (the job's own process), the JVM, the Python processes the
+    JVM started (worker daemons, planning processes, the source runner), and the workers the daemons forked
+    (tasks and the source's read(): their pages imported by the daemon are shared with it)."""
+    jvms = {p.pid for p in procs if p.name == "java"}
+    groups: dict[str, list[Proc]] = {"Python driver": [], "JVM": [], "started": [], "forked": []}
     for p in procs:
-        role = ("Python driver" if p.pid == root else "JVM" if p.name == "java"
-                else "source" if _in_source_pool(p.pid) else "other")
+        role = ("Python driver" if p.pid == root else "JVM" if p.pid in jvms
+                else "started" if p.ppid in jvms else "forked")
         groups[role].append(p)
-    for role in ("source", "other"):
+    for role, label in (("started", "Python daemons and runners"), ("forked", "Python workers")):
         members = groups.pop(role)
-        groups[f"{len(members)} {role} Python processes"] = members
+        groups[f"{len(members)} {label}"] = members
     return {name: (sum(p.rss_bytes for p in members), sum(pss[p.pid] for p in members))
             for name, members in groups.items()}
-
-
-def _in_source_pool(pid: int) -> bool:
-    try:
-        return f"{WORKER_ROLE_ENV}={SOURCE_ROLE}".encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False  # exited meanwhile
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        child({**os.environ, **json.loads(sys.argv[2])})
-    else:
-        run(int(sys.argv[1]) if len(sys.argv) > 1 else MESSAGES, *sys.argv[2:3])

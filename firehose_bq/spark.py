@@ -12,8 +12,8 @@ from pathlib import Path
 
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
-from pyspark.sql.datasource import DataSource
 
+from firehose_bq import worker_daemon
 from firehose_bq.config import SparkConfig
 from firehose_bq.errors import FirehoseError
 from firehose_bq.source.kafka_source import KafkaDataSource
@@ -31,15 +31,9 @@ JAVA_HINT = "install it with `sudo apt-get install -y openjdk-17-jre-headless` (
 # missing entry, as Python does, and starts exactly as before; another sitecustomize still runs after it.
 WORKER_STARTUP = Path(__file__).resolve().parent / "worker_startup"
 WORKER_PYTHONPATH_CONF = "spark.executorEnv.PYTHONPATH"
-# Spark keeps one pool of Python workers (one daemon, forking them) per distinct set of worker environment
-# variables, and reuses an idle worker for any Python task of that pool. The source's read() (which hands
-# each task its offset range) and the batch core's mapInArrow run in separate workers within one task,
-# both from the same pool by default, so after a few batches every worker has imported everything (the
-# BigQuery client, the decoders, the Kafka client, ~170 MB) although read() needs only pyspark. This
-# variable, set for the source alone, gives its processes a pool of their own: one more daemon (~35 MB),
-# light source workers.
-WORKER_ROLE_ENV = "FIREHOSE_BQ_WORKER_ROLE"
-SOURCE_ROLE = "source"
+# Spark forks every Python worker from a daemon; this one (worker_daemon.py) imports what the workers need
+# before it forks them, unless the user chose a daemon of their own.
+DAEMON_MODULE_CONF = "spark.python.daemon.module"
 # glibc's malloc serves a block of 128 KiB or more with its own mmap, unmapped when freed, but after the
 # first such free it raises that threshold to the freed size (up to 32 MiB) and its trim threshold to twice
 # that, so later large blocks come from the thread's heap and stay resident once freed. A task opens a
@@ -84,29 +78,15 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None)
     # Spark's own defaults (spark-defaults.conf, --conf) may set a worker PYTHONPATH already: keep it, after ours.
     given = extra.pop(WORKER_PYTHONPATH_CONF, None) or SparkConf().get(WORKER_PYTHONPATH_CONF, None)
     builder = builder.config(WORKER_PYTHONPATH_CONF, worker_pythonpath(given))
+    if DAEMON_MODULE_CONF not in extra and SparkConf().get(DAEMON_MODULE_CONF, None) is None:
+        builder = builder.config(DAEMON_MODULE_CONF, worker_daemon.__name__)
     for key, value in extra.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     add_worker_env(spark.sparkContext.environment, WORKER_MALLOC_ENV, os.environ)
-    register_source(spark, KafkaDataSource)
+    spark.dataSource.register(KafkaDataSource)
     return spark
-
-
-def register_source(spark: SparkSession, source: type[DataSource]) -> None:
-    """Register a Python data source whose readers run in a worker pool of their own (WORKER_ROLE_ENV).
-    A function passed to Spark takes the worker environment (`SparkContext.environment`) as it is at that
-    moment, so the role is set for this registration only and what was there before is put back."""
-    env = spark.sparkContext.environment
-    before = env.get(WORKER_ROLE_ENV)
-    env[WORKER_ROLE_ENV] = SOURCE_ROLE
-    try:
-        spark.dataSource.register(source)
-    finally:
-        if before is None:
-            env.pop(WORKER_ROLE_ENV, None)
-        else:
-            env[WORKER_ROLE_ENV] = before
 
 
 def add_worker_env(environment: MutableMapping[str, str], wanted: Mapping[str, str],

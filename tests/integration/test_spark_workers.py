@@ -1,5 +1,6 @@
 """Spark's Python processes as spark.py sets them up: each streaming query's source runner and the task
-workers import pyspark from the installed package, not from Spark's pyspark.zip (see worker_startup/)."""
+workers import pyspark from the installed package, not from Spark's pyspark.zip (see worker_startup/), and the
+workers start from the job's daemon with the batch core imported (worker_daemon.py)."""
 
 from __future__ import annotations
 
@@ -54,32 +55,37 @@ def test_spark_python_processes_import_the_installed_pyspark(spark) -> None:  # 
         assert ".zip" not in where and where.endswith("pyspark/__init__.py"), where
 
 
-def test_source_readers_run_in_a_worker_pool_of_their_own(spark) -> None:  # noqa: ANN001
-    """A source registered through `register_source` reads in workers whose environment names the source
-    role, while the job's mapInArrow tasks run in the ordinary pool: the two never share (or swap) a
-    worker, so readers do not carry the batch core's imports. The session's environment is left as it was.
-    Both pools get the session's malloc setting (WORKER_MALLOC_ENV), set before the workers start."""
+def test_workers_start_from_the_job_daemon_with_the_batch_core_imported(spark) -> None:  # noqa: ANN001
+    """The source's read() and the job's mapInArrow tasks run in workers forked by the job's daemon
+    (worker_daemon.py), which imported the batch core before forking them; both get the session's malloc
+    setting (WORKER_MALLOC_ENV), set before the workers start."""
     import os
+    import sys
 
     import pyarrow as pa
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-    from firehose_bq.spark import WORKER_MALLOC_ENV, WORKER_ROLE_ENV, register_source
+    from firehose_bq.spark import WORKER_MALLOC_ENV
 
     (malloc, wanted), = WORKER_MALLOC_ENV.items()
 
-    class Roles(DataSource):
+    def worker() -> tuple[str, str, str]:
+        """(the daemon that forked this worker, whether the batch core was imported, the malloc setting)."""
+        parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+        return parent, str("firehose_bq.batch.task" in sys.modules), os.environ.get(malloc, "none")
+
+    class Workers(DataSource):
         @classmethod
         def name(cls) -> str:
-            return "worker-roles"
+            return "which-workers"
 
         def schema(self) -> str:
-            return "reader STRING, reader_malloc STRING"
+            return "daemon STRING, preloaded STRING, malloc STRING"
 
         def streamReader(self, schema):  # noqa: ANN001, ANN202
-            return RolesReader()
+            return WorkersReader()
 
-    class RolesReader(DataSourceStreamReader):
+    class WorkersReader(DataSourceStreamReader):
         def initialOffset(self) -> dict:
             return {"at": 0}
 
@@ -90,24 +96,25 @@ def test_source_readers_run_in_a_worker_pool_of_their_own(spark) -> None:  # noq
             return [InputPartition(0)] if start["at"] < end["at"] else []
 
         def read(self, partition):  # noqa: ANN001, ANN201
-            yield os.environ.get(WORKER_ROLE_ENV, "none"), os.environ.get(malloc, "none")
+            yield worker()
 
-        def commit(self, end: dict) -> None:
-            pass
-
-    def task_role(batches):  # noqa: ANN001, ANN202
+    def task(batches):  # noqa: ANN001, ANN202
+        daemon, preloaded, env = worker()  # before anything of this function's own runs
         for batch in batches:
-            yield pa.RecordBatch.from_pydict({"reader": batch.column(0), "reader_malloc": batch.column(1),
-                                              "task": [os.environ.get(WORKER_ROLE_ENV, "none")] * batch.num_rows,
-                                              "task_malloc": [os.environ.get(malloc, "none")] * batch.num_rows})
+            yield batch.append_column("task_daemon", pa.array([daemon] * batch.num_rows)).append_column(
+                "task_preloaded", pa.array([preloaded] * batch.num_rows)).append_column(
+                "task_malloc", pa.array([env] * batch.num_rows))
 
-    register_source(spark, Roles)
-    assert WORKER_ROLE_ENV not in spark.sparkContext.environment
+    spark.dataSource.register(Workers)
     rows = []
-    query = (spark.readStream.format("worker-roles").load().writeStream
-             .foreachBatch(lambda df, _: rows.extend(df.mapInArrow(
-                 task_role, "reader STRING, reader_malloc STRING, task STRING, task_malloc STRING").collect()))
+    schema = "daemon STRING, preloaded STRING, malloc STRING, task_daemon STRING, task_preloaded STRING, task_malloc STRING"
+    query = (spark.readStream.format("which-workers").load().writeStream
+             .foreachBatch(lambda df, _: rows.extend(df.mapInArrow(task, schema).collect()))
              .trigger(availableNow=True).start())
     query.awaitTermination(120)
     expected = os.environ.get(malloc, wanted)  # the user's own value wins
-    assert [tuple(r) for r in rows] == [("source", expected, "none", expected)]
+    assert len(rows) == 1
+    daemon, preloaded, env, task_daemon, task_preloaded, task_env = rows[0]
+    for forked_by in (daemon, task_daemon):
+        assert "-m firehose_bq.worker_daemon pyspark.worker" in forked_by, forked_by
+    assert (preloaded, env, task_preloaded, task_env) == ("True", expected, "True", expected)

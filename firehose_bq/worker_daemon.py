@@ -1,0 +1,92 @@
+"""Spark's Python worker daemon for the job (`spark.python.daemon.module`): PySpark's own daemon, started
+with the modules its workers will import already imported.
+
+Spark starts one daemon per pool of Python workers and forks every worker from it. PySpark's daemon
+imports only pyspark before forking, so each fresh worker imports the batch core on its own: the
+BigQuery clients, gRPC, pyarrow, the decoders, ~0.6 CPU-s and ~130 MB each, paid again by every worker a
+job starts, on its first micro-batch's critical path (and by every executor of a cluster). Imported
+once here, a fork starts with them, and its workers share those pages with the daemon instead of each
+holding a copy.
+
+PySpark imports the worker module only after the fork because a module that starts a thread at import
+(pyarrow: jemalloc's background thread; numpy: OpenBLAS's pool) leaves the forked child with locks held
+by threads it does not have. So the daemon first turns both off (unless the user set them: a value the
+user set wins), imports, and checks: with any thread but its own still running, it replaces itself
+with PySpark's daemon (exec, so nothing imported here survives), and workers start as they always did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+
+# What makes pyarrow and numpy import without starting threads. pyarrow's default allocator is mimalloc
+# and the job does no linear algebra, so neither costs the job anything.
+SINGLE_THREADED_ENV = {"JE_ARROW_MALLOC_CONF": "background_thread:false", "OPENBLAS_NUM_THREADS": "1"}
+# What the source's processes import: Spark's data source modules and the source itself (its planning
+# runs in processes of their own; its read(), which hands each task its offset range, in the workers).
+SOURCE_MODULES = ("pyspark.sql.worker.plan_data_source_read", "firehose_bq.source.kafka_source")
+# What a streaming task imports: the batch core (batch/task.py imports it and everything it uses), and the
+# modules the write paths, the Kafka reader and the native decoders import on first use. Not Parquet:
+# only the file-loads tasks stage files, and they import it themselves.
+TASK_MODULES = ("firehose_bq.batch.task", "firehose_bq.decode.native", "firehose_bq.source.batches",
+                "confluent_kafka", "firehose_bq.bigquery.storage_write", "firehose_bq.bigquery.insert_all",
+                "google.cloud.bigquery_storage_v1.services.big_query_write.transports")
+PYSPARK_WORKER = "pyspark.worker"
+
+
+def modules_for(worker_module: str) -> tuple[str, ...]:
+    """The modules to import before forking workers that run `worker_module` (Spark's argument to the
+    daemon): Spark's own planning processes (`pyspark.sql.worker.*`) run the source's driver-side code;
+    its workers run the source's read() and the tasks."""
+    if worker_module != PYSPARK_WORKER:
+        return (worker_module, *SOURCE_MODULES)
+    return (worker_module, *SOURCE_MODULES, *TASK_MODULES)
+
+
+def thread_count() -> int:
+    """Threads of this process, Python's or not (a C library's thread is invisible to `threading`)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0  # unknown (no procfs): treated as unsafe
+
+
+def preload(modules: Sequence[str]) -> str | None:
+    """Import `modules`; why forking after it would be unsafe, or None when it is safe."""
+    for key, value in SINGLE_THREADED_ENV.items():
+        os.environ.setdefault(key, value)
+    try:
+        # The daemon's stdout is its channel to the JVM (it writes its port there): nothing else may go to it.
+        with contextlib.redirect_stdout(sys.stderr):
+            for name in modules:
+                __import__(name)
+    except Exception:  # noqa: BLE001 - an import that fails here fails in the worker too, with Spark's report
+        return "importing the workers' modules failed:\n" + traceback.format_exc()
+    threads = thread_count()
+    if threads != 1:
+        return f"{threads or 'an unknown number of'} threads run after importing the workers' modules"
+    # The imported objects stay as they are for the daemon's lifetime; out of the collector's reach, a
+    # collection in a worker does not write to (and so copy) the pages it shares with the daemon.
+    gc.freeze()
+    return None
+
+
+def main(argv: Sequence[str]) -> None:
+    worker_module = argv[1] if len(argv) > 1 else PYSPARK_WORKER
+    unsafe = preload(modules_for(worker_module))
+    if unsafe is not None:
+        print(f"firehose-bq worker daemon: starting PySpark's own daemon instead ({unsafe})", file=sys.stderr,
+              flush=True)
+        os.execv(sys.executable, [sys.executable, "-m", "pyspark.daemon", *argv[1:]])
+    from pyspark import daemon
+
+    daemon.manager()
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,87 @@
+"""The worker daemon: what it imports before forking, that doing so leaves it single-threaded with the
+installed libraries, and that it steps aside for PySpark's own daemon when it would not be."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+from firehose_bq import worker_daemon
+from firehose_bq.worker_daemon import PYSPARK_WORKER, SOURCE_MODULES, TASK_MODULES, modules_for
+
+REPO = Path(__file__).resolve().parents[2]
+# What the daemon must not import for every worker: the driver's modules, kafka-python (the driver's
+# metadata client) and Parquet (file loads import it in their own tasks).
+NOT_FOR_EVERY_WORKER = ("firehose_bq.pipeline", "firehose_bq.spark", "firehose_bq.cli", "kafka", "pyarrow.parquet")
+
+
+def run_python(code: str, env: dict[str, str] | None = None, **kwargs: object) -> subprocess.CompletedProcess:
+    # The environment a daemon gets: without this test's own settings of the variables under test.
+    clean = {k: v for k, v in os.environ.items() if k not in worker_daemon.SINGLE_THREADED_ENV}
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**clean, **(env or {})}, capture_output=True,
+                          text=True, timeout=120, check=False, **kwargs)
+
+
+def test_task_workers_get_the_batch_core_and_the_source_planners_only_the_source() -> None:
+    assert modules_for(PYSPARK_WORKER) == (PYSPARK_WORKER, *SOURCE_MODULES, *TASK_MODULES)
+    planner = "pyspark.sql.worker.plan_data_source_read"
+    assert modules_for(planner) == (planner, *SOURCE_MODULES)
+    assert "firehose_bq.batch.task" in TASK_MODULES
+
+
+def test_the_preload_leaves_the_daemon_single_threaded_and_keeps_out_what_workers_do_not_all_need() -> None:
+    # The premise of forking after the imports, checked against the libraries installed here: if an
+    # upgrade starts a thread at import, this fails (and the daemon falls back to PySpark's own).
+    code = ("import sys\nfrom firehose_bq import worker_daemon as d\n"
+            "print(d.preload(d.modules_for(d.PYSPARK_WORKER)))\n"
+            f"print(' '.join(m for m in {NOT_FOR_EVERY_WORKER!r} if m in sys.modules) or '-')\n"
+            f"print(all(m in sys.modules for m in d.modules_for(d.PYSPARK_WORKER)))")
+    done = run_python(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == ["None", "-", "True"]
+
+
+def test_a_thread_started_at_import_is_reported_as_unsafe() -> None:
+    # The user's own OpenBLAS setting wins over the daemon's, and starts numpy's thread pool at import.
+    done = run_python("from firehose_bq import worker_daemon as d\nprint(d.preload(['numpy']))",
+                      env={"OPENBLAS_NUM_THREADS": "2"})
+    assert done.returncode == 0, done.stderr
+    assert "threads run after importing the workers' modules" in done.stdout
+
+
+def test_a_failing_import_is_reported_not_raised() -> None:
+    done = run_python("from firehose_bq import worker_daemon as d\nprint(d.preload(['no_such_module_here']))")
+    assert done.returncode == 0, done.stderr
+    assert "importing the workers' modules failed" in done.stdout and "no_such_module_here" in done.stdout
+
+
+def daemon_port(env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Start the daemon as Spark does, read the port it announces on stdout, then close its stdin, which
+    tells a PySpark daemon to shut down; (port, its stderr)."""
+    clean = {k: v for k, v in os.environ.items() if k not in worker_daemon.SINGLE_THREADED_ENV}
+    daemon = subprocess.Popen([sys.executable, "-m", worker_daemon.__name__, PYSPARK_WORKER], cwd=REPO,
+                              env={**clean, **(env or {})}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    try:
+        assert daemon.stdout is not None and daemon.stdin is not None and daemon.stderr is not None
+        announced = daemon.stdout.read(4)
+        daemon.stdin.close()
+        daemon.wait(timeout=60)
+        return struct.unpack(">i", announced)[0], daemon.stderr.read().decode()
+    finally:
+        daemon.kill()
+
+
+def test_the_daemon_announces_its_port_on_stdout_as_pysparks_does() -> None:
+    port, stderr = daemon_port()
+    assert 0 < port < 65536
+    assert "instead" not in stderr
+
+
+def test_when_the_preload_is_unsafe_pysparks_own_daemon_takes_over() -> None:
+    port, stderr = daemon_port({"OPENBLAS_NUM_THREADS": "2"})
+    assert 0 < port < 65536
+    assert "starting PySpark's own daemon instead" in stderr and "threads run" in stderr
