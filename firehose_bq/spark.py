@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
@@ -17,6 +19,8 @@ from firehose_bq import worker_daemon
 from firehose_bq.config import SparkConfig
 from firehose_bq.errors import FirehoseError
 from firehose_bq.source.kafka_source import KafkaDataSource
+
+log = logging.getLogger(__name__)
 
 MIN_JAVA = 17
 JAVA_HINT = "install it with `sudo apt-get install -y openjdk-17-jre-headless` (Debian/Ubuntu) or set JAVA_HOME"
@@ -86,7 +90,28 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None)
     spark.sparkContext.setLogLevel("WARN")
     add_worker_env(spark.sparkContext.environment, WORKER_MALLOC_ENV, os.environ)
     spark.dataSource.register(KafkaDataSource)
+    start_workers(spark)
     return spark
+
+
+def start_workers(spark: SparkSession) -> threading.Thread:
+    """Have Spark start its Python workers now, in the background, rather than when the first micro-batch's
+    tasks ask for them: forking the worker daemon and its imports then overlap the query's start (a new
+    source process, the first planning) instead of following it. One task per core, in the pool the
+    job's tasks use (the same worker environment), doing nothing; Spark keeps idle workers for reuse.
+    Only the wait is saved: should this fail, the tasks start their workers as they would have."""
+
+    def run() -> None:
+        try:
+            spark.sparkContext.setJobDescription("firehose-bq: start the Python workers")
+            slots = spark.sparkContext.defaultParallelism
+            spark.range(slots, numPartitions=slots).mapInArrow(worker_daemon.no_rows, "id LONG").collect()
+        except Exception as exc:  # noqa: BLE001 - the job's own tasks report any real problem themselves
+            log.debug("starting the Python workers ahead of the first batch did not work: %s", exc)
+
+    thread = threading.Thread(target=run, name="start-python-workers", daemon=True)
+    thread.start()
+    return thread
 
 
 def add_worker_env(environment: MutableMapping[str, str], wanted: Mapping[str, str],

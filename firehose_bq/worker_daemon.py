@@ -22,7 +22,8 @@ import gc
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 # What makes pyarrow and numpy import without starting threads. pyarrow's default allocator is mimalloc
 # and the job does no linear algebra, so neither costs the job anything.
@@ -74,6 +75,15 @@ def preload(modules: Sequence[str]) -> str | None:
     # collection in a worker does not write to (and so copy) the pages it shares with the daemon.
     gc.freeze()
     return None
+
+
+def no_rows(batches: Iterator[Any]) -> Iterator[Any]:
+    """What the job that starts the workers (spark.start_workers) runs in each of them: it reads its input
+    to the end (Spark reuses a worker only once it has) and answers nothing. It lives here because a
+    worker imports the module of a function it is sent, and this one is imported already."""
+    for _ in batches:
+        pass
+    yield from ()
 
 
 def main(argv: Sequence[str]) -> None:

@@ -118,3 +118,37 @@ def test_workers_start_from_the_job_daemon_with_the_batch_core_imported(spark) -
     for forked_by in (daemon, task_daemon):
         assert "-m firehose_bq.worker_daemon pyspark.worker" in forked_by, forked_by
     assert (preloaded, env, task_preloaded, task_env) == ("True", expected, "True", expected)
+
+
+def test_the_session_starts_one_worker_per_core_ahead_of_the_first_batch(spark, caplog) -> None:  # noqa: ANN001
+    """start_workers' job runs (it logs nothing at DEBUG when it does) and leaves Spark's pool with its
+    daemon and an idle worker per core, which the first micro-batch's tasks then reuse."""
+    import logging
+    import os
+
+    from firehose_bq.spark import start_workers
+
+    with caplog.at_level(logging.DEBUG, logger="firehose_bq.spark"):
+        thread = start_workers(spark)
+        thread.join(120)
+    assert not thread.is_alive()
+    assert "did not work" not in caplog.text
+
+    def cmdline(pid: int) -> str:
+        try:
+            return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+        except OSError:
+            return ""
+
+    def parent(pid: int) -> int:
+        try:
+            return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return 0
+
+    jvm = spark.sparkContext._gateway.proc.pid
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    daemons = [p for p in pids if parent(p) == jvm and "-m firehose_bq.worker_daemon pyspark.worker" in cmdline(p)]
+    assert len(daemons) == 1, daemons
+    workers = [p for p in pids if parent(p) == daemons[0]]
+    assert len(workers) >= spark.sparkContext.defaultParallelism
