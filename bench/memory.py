@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
 import re
 import statistics
 import subprocess
@@ -93,8 +94,10 @@ def run(messages: int = MESSAGES, client: str = AUTO) -> dict[str, float]:
                 peak_parts = roles(job.pid, procs, pss)
             time.sleep(SAMPLE_SECONDS)
         reader.join(timeout=10)
-    if job.returncode != 0:
-        raise RuntimeError(f"P4 job failed with exit code {job.returncode}:\n{''.join(tail)}")
+    if job.returncode != 0 or not first_batch:
+        # A job that drained nothing measured nothing: its memory is no figure.
+        raise RuntimeError(f"P4 job failed (exit code {job.returncode}, {'a' if first_batch else 'no'} batch "
+                           f"logged):\n{''.join(tail)}")
     draining = [s for s in samples if first_batch and s[0] >= first_batch[0]] or samples
     quarter = max(1, len(draining) // 4)
     figures = {}
@@ -128,3 +131,10 @@ def roles(root: int, procs: list[Proc], pss: dict[int, int]) -> dict[str, tuple[
         groups[f"{len(members)} {label}"] = members
     return {name: (sum(p.rss_bytes for p in members), sum(pss[p.pid] for p in members))
             for name, members in groups.items()}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        child({**os.environ, **json.loads(sys.argv[2])})
+    else:
+        run(int(sys.argv[1]) if len(sys.argv) > 1 else MESSAGES, *sys.argv[2:3])
