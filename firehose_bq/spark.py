@@ -89,8 +89,8 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     add_worker_env(spark.sparkContext.environment, WORKER_MALLOC_ENV, os.environ)
+    start_workers(spark)  # after the workers' environment is complete: it is what Spark tells pools apart by
     spark.dataSource.register(KafkaDataSource)
-    start_workers(spark)
     return spark
 
 
