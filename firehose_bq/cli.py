@@ -183,16 +183,17 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
     from firehose_bq.pipeline import Pipeline
     from firehose_bq.sink_schema import descriptor_cache
-    from firehose_bq.spark import spark_session
+    from firehose_bq.spark import spark_session, start_workers, stop_session
     from firehose_bq.telemetry import Telemetry
 
     # Descriptors before Spark: an unreachable registry fails in seconds, not after the JVM starts.
     # (JSON input has none: the table is its schema.)
     cache = descriptor_cache(cfg).start() if cfg.input_schema.data_type == "PROTOBUF" else None
     telemetry = Telemetry(cfg.metrics, cfg.spark.app_name).start()
-    spark = None
+    spark, workers = None, None
     try:
         spark = spark_session(cfg.spark)
+        workers = start_workers(spark)
         if cache is None:
             pipeline = Pipeline(cfg, spark, telemetry=telemetry)
         else:
@@ -220,7 +221,7 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         if cache is not None:
             cache.stop()
         if spark is not None:
-            spark.stop()
+            stop_session(spark, workers)
         telemetry.close()
 
 

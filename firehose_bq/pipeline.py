@@ -34,7 +34,7 @@ from firehose_bq.modes import WriteMode, batch_stats, handling_of, settle, write
 from firehose_bq.registry.cache import CacheStats
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
 from firehose_bq.source.kafka_client import RangeReader, resolve_client
-from firehose_bq.source.kafka_source import FORMAT_NAME
+from firehose_bq.source.kafka_source import FORMAT_NAME, KafkaDataSource
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,9 @@ class Pipeline:
         self._handling = handling_of(config)
         src = config.source
         self._reader = RangeReader(src.brokers, resolve_client(src.client), src.stall_timeout_ms)
+        # Now rather than when the query starts: Spark looks the session's Python data sources up on the
+        # first registration (a process of its own), which then overlaps the table's preparation.
+        spark.dataSource.register(KafkaDataSource)
 
     def prepare(self) -> SinkSpec:
         return self.schema.current()

@@ -18,7 +18,6 @@ from pyspark.sql import SparkSession
 from firehose_bq import worker_daemon
 from firehose_bq.config import SparkConfig
 from firehose_bq.errors import FirehoseError
-from firehose_bq.source.kafka_source import KafkaDataSource
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +45,10 @@ DAEMON_MODULE_CONF = "spark.python.daemon.module"
 # large blocks mmapped (and switches the raising off); setting it goes through the workers' environment,
 # read by glibc when the worker daemon starts. Other C libraries ignore it; a value the user set wins.
 WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1024 * 1024)}
+# The job that starts the workers ahead of the first batch, as stop_session finds it to cancel it, and how
+# long a stop waits for it to end (it takes a few seconds on a cold JVM), then for it to end once cancelled.
+START_WORKERS_GROUP = "firehose-bq-start-workers"
+STOP_WAIT_S = 10.0
 
 
 def java_version() -> int:
@@ -89,8 +92,6 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     add_worker_env(spark.sparkContext.environment, WORKER_MALLOC_ENV, os.environ)
-    start_workers(spark)  # after the workers' environment is complete: it is what Spark tells pools apart by
-    spark.dataSource.register(KafkaDataSource)
     return spark
 
 
@@ -98,12 +99,13 @@ def start_workers(spark: SparkSession) -> threading.Thread:
     """Have Spark start its Python workers now, in the background, rather than when the first micro-batch's
     tasks ask for them: forking the worker daemon and its imports then overlap the query's start (a new
     source process, the first planning) instead of following it. One task per core, in the pool the
-    job's tasks use (the same worker environment), doing nothing; Spark keeps idle workers for reuse.
-    Only the wait is saved: should this fail, the tasks start their workers as they would have."""
+    job's tasks use (the same worker environment: call this once the session's is complete), doing
+    nothing; Spark keeps idle workers for reuse. Only the wait is saved: should this fail, the tasks start
+    their workers as they would have. Stop the session with `stop_session`."""
 
     def run() -> None:
         try:
-            spark.sparkContext.setJobDescription("firehose-bq: start the Python workers")
+            spark.sparkContext.setJobGroup(START_WORKERS_GROUP, "firehose-bq: start the Python workers", True)
             slots = spark.sparkContext.defaultParallelism
             spark.range(slots, numPartitions=slots).mapInArrow(worker_daemon.no_rows, "id LONG").collect()
         except Exception as exc:  # noqa: BLE001 - the job's own tasks report any real problem themselves
@@ -112,6 +114,20 @@ def start_workers(spark: SparkSession) -> threading.Thread:
     thread = threading.Thread(target=run, name="start-python-workers", daemon=True)
     thread.start()
     return thread
+
+
+def stop_session(spark: SparkSession, workers: threading.Thread | None = None, wait_s: float = STOP_WAIT_S) -> None:
+    """Stop the session once the job that starts the workers (`workers`) is over. A job that stops early
+    (a table it cannot create) gets there while that job still runs, and stopping under it has Spark log
+    its tasks' failure as errors that have nothing to do with why the job stopped. It ends within
+    seconds, unless it waits for executors that never come (a cluster without capacity): that case is
+    cancelled. (Cancelling at once would not do: a job still being planned cannot be cancelled yet.)"""
+    if workers is not None:
+        workers.join(wait_s)
+        if workers.is_alive():
+            spark.sparkContext.cancelJobGroup(START_WORKERS_GROUP)
+            workers.join(wait_s)
+    spark.stop()
 
 
 def add_worker_env(environment: MutableMapping[str, str], wanted: Mapping[str, str],

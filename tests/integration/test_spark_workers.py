@@ -120,9 +120,10 @@ def test_workers_start_from_the_job_daemon_with_the_batch_core_imported(spark) -
     assert (preloaded, env, task_preloaded, task_env) == ("True", expected, "True", expected)
 
 
-def test_the_session_starts_one_worker_per_core_ahead_of_the_first_batch(spark, caplog) -> None:  # noqa: ANN001
+def test_start_workers_leaves_an_idle_worker_per_core_for_the_first_batch(spark, caplog) -> None:  # noqa: ANN001
     """start_workers' job runs (it logs nothing at DEBUG when it does) and leaves Spark's pool with its
-    daemon and an idle worker per core, which the first micro-batch's tasks then reuse."""
+    daemon and an idle worker per core, which the first micro-batch's tasks then reuse (the job calls it
+    as soon as its session is made)."""
     import logging
     import os
 

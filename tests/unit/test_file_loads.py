@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -626,9 +627,10 @@ def test_discarding_a_batch_drops_its_prefix_only_and_never_fails_the_batch(
 def test_a_streaming_run_with_file_loads_triggers_at_the_file_loads_interval() -> None:
     from firehose_bq.pipeline import Pipeline
 
+    spark = SimpleNamespace(dataSource=SimpleNamespace(register=lambda source: None))  # all a Pipeline asks first
     env = {**MINIMAL, "SPARK_TRIGGER_INTERVAL_MS": "5000", "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS": "90000"}
-    assert Pipeline(Config.from_env(env), None).mode.trigger_interval_ms() == 5000  # type: ignore[arg-type]
+    assert Pipeline(Config.from_env(env), spark).mode.trigger_interval_ms() == 5000  # type: ignore[arg-type]
     loads = Config.from_env({**env, "SINK_BIGQUERY_WRITE_METHOD": "file_loads"})
-    assert Pipeline(loads, None).mode.trigger_interval_ms() == 90_000  # type: ignore[arg-type]
+    assert Pipeline(loads, spark).mode.trigger_interval_ms() == 90_000  # type: ignore[arg-type]
     # Decoding only (benchmarks): nothing is loaded, so nothing paces the trigger but Spark's interval.
-    assert Pipeline(loads, None, write=False).mode.trigger_interval_ms() == 5000  # type: ignore[arg-type]
+    assert Pipeline(loads, spark, write=False).mode.trigger_interval_ms() == 5000  # type: ignore[arg-type]
