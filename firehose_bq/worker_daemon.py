@@ -42,8 +42,9 @@ PYSPARK_WORKER = "pyspark.worker"
 
 def modules_for(worker_module: str) -> tuple[str, ...]:
     """The modules to import before forking workers that run `worker_module` (Spark's argument to the
-    daemon): Spark's own planning processes (`pyspark.sql.worker.*`) run the source's driver-side code;
-    its workers run the source's read() and the tasks."""
+    daemon). The workers run the source's read() and the tasks. Spark 4.3 forks its planning processes
+    (`pyspark.sql.worker.*`, which run the source's driver-side code) from PySpark's own daemon, whatever
+    spark.python.daemon.module says; should a later release use this one, they get the source alone."""
     if worker_module != PYSPARK_WORKER:
         return (worker_module, *SOURCE_MODULES)
     return (worker_module, *SOURCE_MODULES, *TASK_MODULES)
