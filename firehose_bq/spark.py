@@ -12,7 +12,7 @@ import threading
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-from pyspark import SparkConf
+from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
 from firehose_bq import worker_daemon
@@ -82,10 +82,14 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None)
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
     )
     extra = dict(extra_conf or {})
-    # Spark's own defaults (spark-defaults.conf, --conf) may set a worker PYTHONPATH already: keep it, after ours.
-    given = extra.pop(WORKER_PYTHONPATH_CONF, None) or SparkConf().get(WORKER_PYTHONPATH_CONF, None)
+    # What the user configured Spark with (spark-defaults.conf, PYSPARK_SUBMIT_ARGS) reaches SparkConf only
+    # once the JVM runs, and whatever the builder sets overrides it: start the JVM first, then keep theirs.
+    SparkContext._ensure_initialized()
+    defaults = SparkConf()
+    # A worker PYTHONPATH of theirs goes after ours; a daemon of their own replaces ours.
+    given = extra.pop(WORKER_PYTHONPATH_CONF, None) or defaults.get(WORKER_PYTHONPATH_CONF, None)
     builder = builder.config(WORKER_PYTHONPATH_CONF, worker_pythonpath(given))
-    if DAEMON_MODULE_CONF not in extra and SparkConf().get(DAEMON_MODULE_CONF, None) is None:
+    if DAEMON_MODULE_CONF not in extra and defaults.get(DAEMON_MODULE_CONF, None) is None:
         builder = builder.config(DAEMON_MODULE_CONF, worker_daemon.__name__)
     for key, value in extra.items():
         builder = builder.config(key, value)

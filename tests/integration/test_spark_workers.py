@@ -153,3 +153,27 @@ def test_start_workers_leaves_an_idle_worker_per_core_for_the_first_batch(spark,
     assert len(daemons) == 1, daemons
     workers = [p for p in pids if parent(p) == daemons[0]]
     assert len(workers) >= spark.sparkContext.defaultParallelism
+
+
+def test_what_the_user_configured_spark_with_is_kept(tmp_path) -> None:  # noqa: ANN001
+    """spark-defaults.conf is read by Spark's JVM, which the builder's settings override: the session
+    keeps a daemon of the user's own, and puts their worker PYTHONPATH after the start-up hook."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from firehose_bq.spark import WORKER_STARTUP
+
+    (tmp_path / "spark-defaults.conf").write_text("spark.python.daemon.module pyspark.daemon\n"
+                                                  "spark.executorEnv.PYTHONPATH /opt/their/modules\n")
+    code = ("from firehose_bq.config import SparkConfig\nfrom firehose_bq.spark import spark_session\n"
+            "spark = spark_session(SparkConfig(checkpoint_location='unused', master='local[1]'), "
+            "{'spark.ui.enabled': 'false'})\nconf = spark.sparkContext.getConf()\n"
+            "print(conf.get('spark.python.daemon.module'))\nprint(conf.get('spark.executorEnv.PYTHONPATH'))\n"
+            "spark.stop()\n")
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=repo, env={**os.environ, "SPARK_CONF_DIR": str(tmp_path)},
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:2] == ["pyspark.daemon", f"{WORKER_STARTUP}{os.pathsep}/opt/their/modules"]
