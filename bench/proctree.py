@@ -50,6 +50,14 @@ def pss_bytes(pid: int) -> int:
     return 0
 
 
+def cmdline(pid: int) -> str:
+    """The process's command line, its arguments joined by spaces ("" once it has exited)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def processes() -> dict[int, Proc]:
     found = {}
     for entry in Path("/proc").iterdir():

@@ -29,7 +29,7 @@ import pyspark
 import pytest
 from google.cloud import bigquery
 
-from bench.proctree import Proc, kill_tree, processes, tree
+from bench.proctree import Proc, cmdline, kill_tree, processes, tree
 from firehose_bq.config import Config
 from firehose_bq.devstack.stack import free_port
 from firehose_bq.errors import FirehoseError
@@ -190,13 +190,6 @@ def wait_gone(procs: list[Proc], timeout_s: float) -> bool:
             return False
         time.sleep(0.1)
     return True
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 @pytest.fixture

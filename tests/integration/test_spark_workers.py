@@ -125,8 +125,8 @@ def test_start_workers_leaves_an_idle_worker_per_core_for_the_first_batch(spark,
     daemon and an idle worker per core, which the first micro-batch's tasks then reuse (the job calls it
     as soon as its session is made)."""
     import logging
-    import os
 
+    from bench.proctree import cmdline, processes
     from firehose_bq.spark import start_workers
 
     with caplog.at_level(logging.DEBUG, logger="firehose_bq.spark"):
@@ -135,23 +135,12 @@ def test_start_workers_leaves_an_idle_worker_per_core_for_the_first_batch(spark,
     assert not thread.is_alive()
     assert "did not work" not in caplog.text
 
-    def cmdline(pid: int) -> str:
-        try:
-            return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-        except OSError:
-            return ""
-
-    def parent(pid: int) -> int:
-        try:
-            return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            return 0
-
     jvm = spark.sparkContext._gateway.proc.pid
-    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    daemons = [p for p in pids if parent(p) == jvm and "-m firehose_bq.worker_daemon pyspark.worker" in cmdline(p)]
+    procs = processes().values()
+    daemons = [p.pid for p in procs
+               if p.ppid == jvm and "-m firehose_bq.worker_daemon pyspark.worker" in cmdline(p.pid)]
     assert len(daemons) == 1, daemons
-    workers = [p for p in pids if parent(p) == daemons[0]]
+    workers = [p.pid for p in procs if p.ppid == daemons[0]]
     assert len(workers) >= spark.sparkContext.defaultParallelism
 
 

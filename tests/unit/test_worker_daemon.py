@@ -18,11 +18,16 @@ REPO = Path(__file__).resolve().parents[2]
 NOT_FOR_EVERY_WORKER = ("firehose_bq.pipeline", "firehose_bq.spark", "firehose_bq.cli", "kafka", "pyarrow.parquet")
 
 
-def run_python(code: str, env: dict[str, str] | None = None, **kwargs: object) -> subprocess.CompletedProcess:
-    # The environment a daemon gets: without this test's own settings of the variables under test.
+def daemon_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a daemon gets, without this process's own settings of the variables under test,
+    plus `env`."""
     clean = {k: v for k, v in os.environ.items() if k not in worker_daemon.SINGLE_THREADED_ENV}
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**clean, **(env or {})}, capture_output=True,
-                          text=True, timeout=120, check=False, **kwargs)
+    return {**clean, **(env or {})}
+
+
+def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=daemon_env(env), capture_output=True,
+                          text=True, timeout=120, check=False)
 
 
 def test_task_workers_get_the_batch_core_and_the_source_planners_only_the_source() -> None:
@@ -61,9 +66,8 @@ def test_a_failing_import_is_reported_not_raised() -> None:
 def daemon_port(env: dict[str, str] | None = None) -> tuple[int, str]:
     """Start the daemon as Spark does, read the port it announces on stdout, then close its stdin, which
     tells a PySpark daemon to shut down; (port, its stderr)."""
-    clean = {k: v for k, v in os.environ.items() if k not in worker_daemon.SINGLE_THREADED_ENV}
     daemon = subprocess.Popen([sys.executable, "-m", worker_daemon.__name__, PYSPARK_WORKER], cwd=REPO,
-                              env={**clean, **(env or {})}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              env=daemon_env(env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
     try:
         assert daemon.stdout is not None and daemon.stdin is not None and daemon.stderr is not None
