@@ -35,6 +35,7 @@ from firehose_bq.registry.cache import CacheStats
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
 from firehose_bq.source.kafka_client import RangeReader, resolve_client
 from firehose_bq.source.kafka_source import FORMAT_NAME, KafkaDataSource
+from firehose_bq.spark import choose_checkpoint_manager
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ class Pipeline:
             writer = writer.trigger(availableNow=True)
         else:
             writer = writer.trigger(processingTime=f"{self.mode.trigger_interval_ms()} milliseconds")
+        choose_checkpoint_manager(self.spark, self.config.spark.checkpoint_location)
         started = time.monotonic()
         query = writer.queryName(f"firehose-bq-{self.config.bigquery.table}").start()
         logged = -1

@@ -1,0 +1,98 @@
+"""The checkpoint file manager a query starts with (spark.choose_checkpoint_manager): the local one for a
+checkpoint on the local disk, Spark's default elsewhere, the user's own always; and a query restarted
+from a checkpoint it wrote goes on where it stopped."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def manager_conf(spark):  # noqa: ANN001, ANN201
+    """The session's manager setting, restored after the test (the session is shared)."""
+    from firehose_bq.spark import CHECKPOINT_MANAGER_CONF
+
+    before = spark.conf.get(CHECKPOINT_MANAGER_CONF, None)
+    yield CHECKPOINT_MANAGER_CONF
+    if before is None:
+        spark.conf.unset(CHECKPOINT_MANAGER_CONF)
+    else:
+        spark.conf.set(CHECKPOINT_MANAGER_CONF, before)
+
+
+def test_local_checkpoint_gets_the_local_manager_and_a_restart_resumes(spark, manager_conf, tmp_path) -> None:  # noqa: ANN001
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    from firehose_bq.spark import LOCAL_CHECKPOINT_MANAGER, choose_checkpoint_manager
+
+    class Counter(DataSource):
+        """Offsets 0..N: each query reads what is new since its checkpoint."""
+
+        @classmethod
+        def name(cls) -> str:
+            return "checkpoint-counter"
+
+        def schema(self) -> str:
+            return "n INT"
+
+        def streamReader(self, schema):  # noqa: ANN001, ANN202
+            return CounterReader(int(self.options["end"]))
+
+    class CounterReader(DataSourceStreamReader):
+        def __init__(self, end: int) -> None:
+            self.end = end
+
+        def initialOffset(self) -> dict:
+            return {"n": 0}
+
+        def latestOffset(self) -> dict:
+            return {"n": self.end}
+
+        def partitions(self, start: dict, end: dict) -> list:
+            return [InputPartition((start["n"], end["n"]))] if start["n"] < end["n"] else []
+
+        def read(self, partition):  # noqa: ANN001, ANN201
+            start, end = partition.value
+            for n in range(start, end):
+                yield (n,)
+
+        def commit(self, end: dict) -> None:
+            pass
+
+    spark.dataSource.register(Counter)
+    checkpoint = str(tmp_path / "ck")
+
+    def run(end: int) -> list[int]:
+        choose_checkpoint_manager(spark, checkpoint)
+        seen: list[int] = []
+        query = (spark.readStream.format("checkpoint-counter").option("end", str(end)).load().writeStream
+                 .foreachBatch(lambda df, _: seen.extend(r.n for r in df.collect()))
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+        return sorted(seen)
+
+    assert run(3) == [0, 1, 2]
+    assert spark.conf.get(manager_conf) == LOCAL_CHECKPOINT_MANAGER
+    assert (tmp_path / "ck" / "offsets" / "0").exists() and (tmp_path / "ck" / "commits" / "0").exists()
+    assert run(5) == [3, 4]  # the restarted query read the first one's offsets and commits
+    assert run(5) == []
+
+
+def test_other_file_systems_keep_sparks_default(spark, manager_conf) -> None:  # noqa: ANN001
+    from firehose_bq.spark import LOCAL_CHECKPOINT_MANAGER, choose_checkpoint_manager
+
+    spark.conf.set(manager_conf, LOCAL_CHECKPOINT_MANAGER)  # as a previous query with a local checkpoint left it
+    choose_checkpoint_manager(spark, "gs://some-bucket/checkpoints/job")  # no GCS connector here: not local
+    assert spark.conf.get(manager_conf, None) is None
+
+
+def test_a_manager_the_user_chose_is_kept(spark, manager_conf, tmp_path) -> None:  # noqa: ANN001
+    from firehose_bq.spark import choose_checkpoint_manager
+
+    theirs = "org.apache.spark.sql.execution.streaming.checkpointing.FileContextBasedCheckpointFileManager"
+    spark.conf.set(manager_conf, theirs)
+    choose_checkpoint_manager(spark, str(tmp_path / "ck"))
+    assert spark.conf.get(manager_conf) == theirs
