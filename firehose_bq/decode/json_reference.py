@@ -315,7 +315,7 @@ def _from_number(column: Column, text: str, path: str, json_type: JsonType) -> A
         return number
     if kind is Kind.TIMESTAMP:
         micros = _scaled(digits, e + 6)
-        if negative and micros is not None:  # digits dropped: towards the past, as for text
+        if negative and digits and micros is not None:  # digits dropped: towards the past, as for text
             micros = -micros - (1 if e + 6 < 0 else 0)
         if micros is None or not TIMESTAMP_MICROS[0] <= micros <= TIMESTAMP_MICROS[1]:
             raise _Invalid(Problem.TIMESTAMP_RANGE, path, json_type, column)
