@@ -386,6 +386,15 @@ class SparkConfig:
         100_000,
         minimum=-1,
     )
+    driver_java_options: str = setting(
+        "SPARK_DRIVER_JAVA_OPTIONS",
+        "JVM options of the Spark driver the job starts (in local mode it runs the tasks too), as "
+        "spark.driver.defaultJavaOptions: unless Spark's configuration sets that already, and before "
+        "spark.driver.extraJavaOptions, which wins. The default stops the JIT compiler at its first tier: "
+        "Python moves the rows here and the JVM only plans, and on a small machine the optimizing tier's "
+        "compiler threads cost a fresh job seconds of start-up (README: Performance). Empty = the JVM's defaults.",
+        "-XX:TieredStopAtLevel=1",
+    )
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,9 @@ WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1024 * 1024)}
 # with one rename(2), atomic on a local disk. Object stores and HDFS keep Spark's default.
 CHECKPOINT_MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
 LOCAL_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+# Where SPARK_DRIVER_JAVA_OPTIONS goes: Spark puts it before spark.driver.extraJavaOptions on the driver's
+# command line, so a user's own options still win.
+DRIVER_DEFAULT_JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
 START_WORKERS_GROUP = "firehose-bq-start-workers"
 STOP_WAIT_S = 10.0
 
@@ -92,7 +95,11 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None)
     extra = dict(extra_conf or {})
     # What the user configured Spark with (spark-defaults.conf, PYSPARK_SUBMIT_ARGS) reaches SparkConf only
     # once the JVM runs, and whatever the builder sets overrides it: start the JVM first, then keep theirs.
-    SparkContext._ensure_initialized()
+    # Its JVM options, though, must be on its command line (a JVM already running keeps its own).
+    launch = SparkConf(loadDefaults=False)
+    if cfg.driver_java_options and not spark_configures(DRIVER_DEFAULT_JAVA_OPTIONS, os.environ):
+        launch.set(DRIVER_DEFAULT_JAVA_OPTIONS, cfg.driver_java_options)
+    SparkContext._ensure_initialized(conf=launch)
     defaults = SparkConf()
     # A worker PYTHONPATH of theirs goes after ours; a daemon of their own replaces ours.
     given = extra.pop(WORKER_PYTHONPATH_CONF, None) or defaults.get(WORKER_PYTHONPATH_CONF, None)
@@ -130,6 +137,33 @@ def _is_local(spark: SparkSession, location: str) -> bool:
     except Exception as exc:  # noqa: BLE001 - e.g. no file system for the scheme: Spark reports that itself
         log.debug("keeping Spark's checkpoint file manager for %s: %s", location, exc)
         return False
+
+
+def spark_configures(key: str, environ: Mapping[str, str]) -> bool:
+    """Whether the configuration spark-submit will read sets `key`: PYSPARK_SUBMIT_ARGS, a properties
+    file it names, or spark-defaults.conf in SPARK_CONF_DIR (else SPARK_HOME/conf). Read as text: a key
+    merely mentioned counts as set, so a value of the user's is never replaced."""
+    args = environ.get("PYSPARK_SUBMIT_ARGS", "")
+    if key in args:
+        return True
+    words = args.split()
+    files = [Path(words[i + 1]) for i, w in enumerate(words[:-1]) if w == "--properties-file"]
+    conf_dir = environ.get("SPARK_CONF_DIR") or os.path.join(environ.get("SPARK_HOME") or _spark_home(), "conf")
+    files.append(Path(conf_dir) / "spark-defaults.conf")
+    pattern = re.compile(rf"^\s*{re.escape(key)}(\s|=|:|$)", re.M)
+    for file in files:
+        try:
+            if pattern.search(file.read_text(errors="replace")):
+                return True
+        except OSError:
+            continue  # no such file: nothing set there
+    return False
+
+
+def _spark_home() -> str:
+    from pyspark.find_spark_home import _find_spark_home
+
+    return _find_spark_home()
 
 
 def start_workers(spark: SparkSession) -> threading.Thread:

@@ -144,9 +144,19 @@ def test_start_workers_leaves_an_idle_worker_per_core_for_the_first_batch(spark,
     assert len(workers) >= spark.sparkContext.defaultParallelism
 
 
+def test_the_driver_jvm_runs_with_the_configured_java_options(spark) -> None:  # noqa: ANN001
+    """SPARK_DRIVER_JAVA_OPTIONS (its default here) is on the command line of the session's JVM."""
+    from bench.proctree import cmdline
+    from firehose_bq.config import SparkConfig
+
+    jvm = spark.sparkContext._gateway.proc.pid
+    assert SparkConfig(checkpoint_location="x").driver_java_options in cmdline(jvm).split()
+
+
 def test_what_the_user_configured_spark_with_is_kept(tmp_path) -> None:  # noqa: ANN001
     """spark-defaults.conf is read by Spark's JVM, which the builder's settings override: the session
-    keeps a daemon of the user's own, and puts their worker PYTHONPATH after the start-up hook."""
+    keeps a daemon of the user's own, puts their worker PYTHONPATH after the start-up hook, and leaves
+    the driver's default JVM options to them when they set those."""
     import os
     import subprocess
     import sys
@@ -155,14 +165,18 @@ def test_what_the_user_configured_spark_with_is_kept(tmp_path) -> None:  # noqa:
     from firehose_bq.spark import WORKER_STARTUP
 
     (tmp_path / "spark-defaults.conf").write_text("spark.python.daemon.module pyspark.daemon\n"
-                                                  "spark.executorEnv.PYTHONPATH /opt/their/modules\n")
+                                                  "spark.executorEnv.PYTHONPATH /opt/their/modules\n"
+                                                  "spark.driver.defaultJavaOptions -Dtheirs=1\n")
     code = ("from firehose_bq.config import SparkConfig\nfrom firehose_bq.spark import spark_session\n"
+            "from bench.proctree import cmdline\n"
             "spark = spark_session(SparkConfig(checkpoint_location='unused', master='local[1]'), "
             "{'spark.ui.enabled': 'false'})\nconf = spark.sparkContext.getConf()\n"
             "print(conf.get('spark.python.daemon.module'))\nprint(conf.get('spark.executorEnv.PYTHONPATH'))\n"
-            "spark.stop()\n")
+            "print(cmdline(spark.sparkContext._gateway.proc.pid))\nspark.stop()\n")
     repo = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], cwd=repo, env={**os.environ, "SPARK_CONF_DIR": str(tmp_path)},
                           capture_output=True, text=True, timeout=180, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split("\n")[:2] == ["pyspark.daemon", f"{WORKER_STARTUP}{os.pathsep}/opt/their/modules"]
+    daemon, pythonpath, jvm = done.stdout.split("\n")[:3]
+    assert [daemon, pythonpath] == ["pyspark.daemon", f"{WORKER_STARTUP}{os.pathsep}/opt/their/modules"]
+    assert "-Dtheirs=1" in jvm.split() and "-XX:TieredStopAtLevel=1" not in jvm, jvm
