@@ -45,6 +45,8 @@ ATTEMPT_COLUMN = "dlq_attempt"
 # The write path a writer class is, as metrics label it.
 WRITE_PATHS = {"InsertAllWriter": "insertall", "StorageWriteWriter": "storage_write", "StagingWriter": "file_loads"}
 UNKNOWN_FIELDS = "fields that no known descriptor version has (INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE=false)"
+KEY_UNKNOWN_FIELDS = ("key: fields that no known descriptor version has (INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE"
+                      "=false; additional_properties keeps only the value's)")
 
 
 class TaskPlan(Protocol):
@@ -110,8 +112,9 @@ def row_builder(spec: SinkSpec, changelog: bool, proto_class: str = "",
     message_class = spec.descriptors.message_class(proto_class)
     values = make_value_decoder(message_class, 1, spec.options, confluent_framed=spec.confluent_framed,
                                 detect_unknown_fields=True, prefer=spec.decoder)
+    # The key's unknown fields are detected too: a key decoded without them is another key (rows.py).
     key = (make_value_decoder(spec.descriptors.message_class(spec.key_class), 2, spec.options,
-                              confluent_framed=False, detect_unknown_fields=False, prefer=spec.decoder)
+                              confluent_framed=False, detect_unknown_fields=True, prefer=spec.decoder)
            if spec.key_class else None)
     unknown = UnknownFieldsJson(message_class, spec.confluent_framed) if spec.additional_properties else None
     return RowBuilder(values, spec.metadata, key, changelog=changelog, unknown=unknown)
@@ -321,30 +324,40 @@ def _kafka_fields(source: pa.RecordBatch) -> dict[str, object]:
     return fields
 
 
-def _keeps_unknown(rows: Rows, handling: ErrorHandling) -> bool:
-    """Whether rows with unknown fields are written: with those fields in `additional_properties`
-    (SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE, whatever the policy: unexpected fields never fail a
-    message), or without them (INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE)."""
-    return rows.additional is not None or handling.policy.allow_unknown_fields
+def _rejected_unknown(rows: Rows, handling: ErrorHandling) -> list[int]:
+    """The source records whose unknown fields keep them out of the table: none when they are allowed
+    (INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE); else all of them, but for those whose value alone had
+    them and `additional_properties` keeps them (SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE, whatever the
+    policy: unexpected fields in the value never fail a message). That column holds the value's unknown
+    fields only, so a key's unknown fields follow the policy alone. (A changelog's keys never get here:
+    RowBuilder fails them whatever the policy.)"""
+    if handling.policy.allow_unknown_fields:
+        return []
+    return rows.key_unknown_fields if rows.additional is not None else rows.unknown_fields
 
 
 def _without_unknown(rows: Rows, handling: ErrorHandling, stats: BatchStats) -> Rows:
-    """Rows with unknown fields that are kept are written (and counted); otherwise they leave the rows
-    and become UNKNOWN_FIELDS_ERRORs (`_unknown_errors`)."""
+    """Rows with unknown fields that are kept are written (and counted, once per record, whether the
+    value, the key or both had them); the others leave the rows and become UNKNOWN_FIELDS_ERRORs
+    (`_unknown_errors`)."""
     if not rows.unknown_fields:
         return rows
-    if _keeps_unknown(rows, handling):
-        # `unknown_fields` lists source records, rows or not: count those that are written.
-        stats.unknown_fields += int(np.isin(rows.unknown_fields, rows.sources).sum())
-        return rows
-    return rows.take(np.flatnonzero(~np.isin(rows.sources, rows.unknown_fields)))
+    rejected = _rejected_unknown(rows, handling)
+    kept = rows.take(np.flatnonzero(~np.isin(rows.sources, rejected))) if rejected else rows
+    # `unknown_fields` lists source records, rows or not: count those that are written.
+    stats.unknown_fields += int(np.isin(rows.unknown_fields, kept.sources).sum())
+    return kept
 
 
 def _unknown_errors(rows: Rows, handling: ErrorHandling) -> list[RowError]:
-    if _keeps_unknown(rows, handling):
+    """One UNKNOWN_FIELDS_ERROR per rejected record that is a row (one that failed already has its error);
+    the key's message when the key had unknown fields, whatever the value had."""
+    rejected = _rejected_unknown(rows, handling)
+    if not rejected:
         return []
-    written = set(rows.sources.tolist())
-    return [RowError(i, ErrorType.UNKNOWN_FIELDS_ERROR, UNKNOWN_FIELDS) for i in rows.unknown_fields if i in written]
+    written, keyed = set(rows.sources.tolist()), set(rows.key_unknown_fields)
+    return [RowError(i, ErrorType.UNKNOWN_FIELDS_ERROR, KEY_UNKNOWN_FIELDS if i in keyed else UNKNOWN_FIELDS)
+            for i in rejected if i in written]
 
 
 def _count(stats: BatchStats, table: str, messages: int, written: int, retried: int, source: pa.RecordBatch,

@@ -3,7 +3,8 @@
 The value decoder turns the `value` column into one struct slot per record; this module adds what
 the table holds besides the message: the Kafka key as the RECORD `message_key` (decoded the same way)
 and the Kafka metadata columns, all built column-wise in Arrow from the source's own columns; with
-additional_properties on, the unknown fields of the records the decoder flagged (decode/unknown.py). Records
+additional_properties on, the unknown fields of the records the decoder flagged (decode/unknown.py). Both
+decoders flag unknown fields, the key's as the value's: a key cut short is a different key. Records
 that failed are left out of `Rows`; each becomes a `RowError` naming its index in the source batch,
 which is how a row is identified from here to the policy (`Rows.sources`).
 """
@@ -25,6 +26,8 @@ from firehose_bq.schema import ADDITIONAL_PROPERTIES, KEY_COLUMN, METADATA_COLUM
 
 TOMBSTONE = "null value (a tombstone); only an upsert/delete sink can apply it"
 NULL_KEY = "null key; a changelog (upsert/delete) needs a key per record"
+KEY_UNKNOWN = ("key: fields that no known descriptor version has; a changelog (upsert/delete) merges by the whole "
+               "key, so one cut short would merge into another key's row")
 
 # Kafka's TimestampType ids (0 CreateTime, 1 LogAppendTime); anything else is NoTimestampType.
 TIMESTAMP_TYPE_NAMES = pa.array(["CreateTime", "LogAppendTime", "NoTimestampType"])
@@ -89,7 +92,10 @@ class Rows:
     sources: np.ndarray
     load_time_us: int  # when the batch was decoded: its `load_time`
     failures: list[RowError] = field(default_factory=list)
-    unknown_fields: list[int] = field(default_factory=list)  # source indices, rows or not
+    # Source indices, rows or not, of the records whose value or key carried fields the descriptors lack;
+    # `key_unknown_fields` those whose key did (additional_properties keeps only the value's).
+    unknown_fields: list[int] = field(default_factory=list)
+    key_unknown_fields: list[int] = field(default_factory=list)
     deletes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # per row: a tombstone
     additional: pa.Array | None = None
 
@@ -134,6 +140,9 @@ class RowBuilder:
 
     `changelog` (upsert/delete): every record needs a key, and a NULL value is a tombstone row (its
     message columns NULL) marked in `Rows.deletes`; otherwise a NULL value is an INVALID_MESSAGE_ERROR.
+    A changelog's key carrying unknown fields is an UNKNOWN_FIELDS_ERROR whatever the policy says: the
+    MERGE groups by the key's columns, so keys differing only in those fields would collapse into one
+    row. (It is still in `unknown_fields`, so a task holding on them refreshes the descriptors first.)
     `unknown` (additional_properties on): what writes the flagged records' unknown fields into the column
     `Rows.additional`; the others' slots are NULL."""
 
@@ -159,6 +168,7 @@ class RowBuilder:
                 failures.append(RowError(int(i), ErrorType.INVALID_MESSAGE_ERROR, TOMBSTONE))
             failed |= null_values
         key = None
+        key_unknown: list[int] = []
         if self._key is not None:
             keys = self._key.decode(source["key"])
             null_keys = source["key"].is_null().to_numpy(zero_copy_only=False)
@@ -166,7 +176,12 @@ class RowBuilder:
                 if not failed[f.index]:
                     failures.append(RowError(f.index, f.error_type, f"key: {f.message}"))
                     failed[f.index] = True
+            key_unknown = list(keys.unknown_fields)
             if self._changelog:
+                for i in key_unknown:
+                    if not failed[i]:
+                        failures.append(RowError(i, ErrorType.UNKNOWN_FIELDS_ERROR, KEY_UNKNOWN))
+                        failed[i] = True
                 for i in np.flatnonzero(null_keys & ~failed):
                     failures.append(RowError(int(i), ErrorType.INVALID_MESSAGE_ERROR, NULL_KEY))
                 failed |= null_keys
@@ -189,8 +204,9 @@ class RowBuilder:
             additional = additional.take(keep) if additional is not None else None
         else:
             values = decoded.values
+        unknown = sorted({*decoded.unknown_fields, *key_unknown}) if key_unknown else decoded.unknown_fields
         return Rows(values, key, metadata, self._metadata.namespace, sources, load_time_us, failures,
-                    decoded.unknown_fields,
+                    unknown, key_unknown,
                     deletes=null_values[sources] if self._changelog else np.zeros(len(sources), dtype=bool),
                     additional=additional)
 

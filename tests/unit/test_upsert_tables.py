@@ -106,7 +106,7 @@ def test_changelog_rows_become_intermediate_rows(test_descriptors: Descriptors) 
     source = source_batch([inner(label="v").SerializeToString(), None], keys=[key(id="a").SerializeToString()] * 2,
                           offsets=[40, 41], timestamps_ms=[2_000, -1])
     builder = RowBuilder(ReferenceDecoder(inner), MetadataColumns(columns=("message_offset",)),
-                         ReferenceDecoder(key, depth=2, detect_unknown_fields=False), changelog=True)
+                         ReferenceDecoder(key, depth=2), changelog=True)
     rows = builder.build(source, 5_000_000)
     task = ChangelogTask(BigQueryConfig(project_id="p", dataset="d", table="t"), "t_tmp", batch=9, deletes=True)
     pending, refused = task.shape(rows, source, insert_ids(source))
@@ -133,7 +133,7 @@ def test_intermediate_values_carry_additional_properties_as_the_schema_orders_th
     metadata = MetadataColumns(columns=("message_offset",))
     newer = inner(label="v").SerializeToString() + b"\xa0\x06\x01"
     source = source_batch([newer], keys=[key(id="a").SerializeToString()], offsets=[40])
-    builder = RowBuilder(ReferenceDecoder(inner), metadata, ReferenceDecoder(key, depth=2, detect_unknown_fields=False),
+    builder = RowBuilder(ReferenceDecoder(inner), metadata, ReferenceDecoder(key, depth=2),
                          changelog=True, unknown=UnknownFieldsJson(inner))
     task = ChangelogTask(BigQueryConfig(project_id="p", dataset="d", table="t"), "t_tmp", batch=1, deletes=True)
     pending, _ = task.shape(builder.build(source, 5_000_000), source, insert_ids(source))

@@ -10,8 +10,9 @@ import pytest
 
 from firehose_bq.batch import core
 from firehose_bq.batch.core import ATTEMPT_COLUMN, TaskResult, process_batch
-from firehose_bq.batch.rows import Rows, Writable
+from firehose_bq.batch.rows import KEY_UNKNOWN, TOMBSTONE, Rows, Writable
 from firehose_bq.config import Config
+from firehose_bq.decode import native_unavailable
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.errors import ErrorType, RowError, SchemaEvolutionError, SinkError
@@ -157,6 +158,104 @@ def test_additional_properties_keep_unknown_fields_whatever_the_policy(test_desc
         assert result.stats.rows_written == 2 and result.stats.unknown_fields == 1 and not letters
         assert [(r["label"], r["additional_properties"]) for r in plan.writer.written] == [
             ("a", None), ("x", '{"100":[1]}')]
+
+
+NEWER = b"\xa0\x06\x01"  # field 100 = 1: in no version of the test protos
+
+
+def keyed_batch(descriptors: Descriptors) -> pa.RecordBatch:
+    """a: nothing unknown; b: the key has unknown fields; c: key and value; d: the value alone; e: a
+    tombstone whose key has them (an error anywhere: appended it is a NULL value, in a changelog a delete)."""
+    key = descriptors.message_class("testdata.Key")(id="k").SerializeToString()
+    a, b, c, d = values(descriptors, "a", "b", "c", "d")
+    return source_batch([a, b, c + NEWER, d + NEWER, None], keys=[key, key + NEWER, key + NEWER, key, key + NEWER])
+
+
+def keyed(descriptors: Descriptors, decoder: str, **changes: Any) -> SinkSpec:
+    if decoder == "native" and native_unavailable():
+        pytest.skip(native_unavailable())
+    return spec(descriptors, key_class="testdata.Key", decoder=decoder, **changes)
+
+
+def outcome(result: TaskResult, plan: FakePlan, letters: list[DeadLetter]) -> tuple[list[str], list[tuple[int, str]]]:
+    """The labels written, and (offset, message) of each dead letter; every record in exactly one place."""
+    s = result.stats
+    assert s.rows_written + s.dead_lettered + s.failed == s.messages == 5
+    assert len({x.error.offset for x in letters}) == len(letters)
+    return [r["label"] for r in plan.writer.written], sorted((x.error.offset, x.error.message) for x in letters)
+
+
+@pytest.mark.parametrize("decoder", ["native", "python"])
+def test_a_keys_unknown_fields_follow_the_values_rule_when_appended(test_descriptors: Descriptors, decoder: str,
+                                                                    letters: list[DeadLetter]) -> None:
+    batch = keyed_batch(test_descriptors)
+    plan = FakePlan()
+    result = process_batch([batch], keyed(test_descriptors, decoder), plan, handling())
+    # Allowed: written without them, counted once per record (c's key and value: one).
+    assert outcome(result, plan, letters) == (["a", "b", "c", "d"], [(4, TOMBSTONE)])
+    assert result.stats.unknown_fields == 3
+    assert [r["message_key"] for r in plan.writer.written] == [{"id": "k", "day": None}] * 4
+
+    letters.clear()
+    plan = FakePlan()
+    strict = handling(INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE="false")
+    result = process_batch([batch], keyed(test_descriptors, decoder), plan, strict)
+    assert outcome(result, plan, letters) == (["a"], [(1, core.KEY_UNKNOWN_FIELDS), (2, core.KEY_UNKNOWN_FIELDS),
+                                                      (3, core.UNKNOWN_FIELDS), (4, TOMBSTONE)])
+    assert {x.error.error_type for x in letters[:3]} == {ErrorType.UNKNOWN_FIELDS_ERROR}
+    assert result.stats.unknown_fields == 0 and result.stats.errors_by_type["UNKNOWN_FIELDS_ERROR"] == 3
+
+
+@pytest.mark.parametrize("decoder", ["native", "python"])
+def test_additional_properties_keep_only_the_values_unknown_fields(test_descriptors: Descriptors, decoder: str,
+                                                                   letters: list[DeadLetter]) -> None:
+    """The column holds the value's unknown fields: a key's follow INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE."""
+    batch = keyed_batch(test_descriptors)
+    plan = FakePlan()
+    strict = handling(INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE="false")
+    result = process_batch([batch], keyed(test_descriptors, decoder, additional_properties=True), plan, strict)
+    assert outcome(result, plan, letters) == (["a", "d"], [(1, core.KEY_UNKNOWN_FIELDS), (2, core.KEY_UNKNOWN_FIELDS),
+                                                           (4, TOMBSTONE)])
+    assert [r["additional_properties"] for r in plan.writer.written] == [None, '{"100":[1]}']
+    assert result.stats.unknown_fields == 1
+
+    letters.clear()
+    plan = FakePlan()
+    result = process_batch([batch], keyed(test_descriptors, decoder, additional_properties=True), plan, handling())
+    assert outcome(result, plan, letters) == (["a", "b", "c", "d"], [(4, TOMBSTONE)])
+    assert [r["additional_properties"] for r in plan.writer.written] == [None, None, '{"100":[1]}', '{"100":[1]}']
+    assert result.stats.unknown_fields == 3
+
+
+@pytest.mark.parametrize("decoder", ["native", "python"])
+@pytest.mark.parametrize("env", [{}, {"INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE": "false"},
+                                 {"SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE": "true"}], ids=["allowed", "strict", "ap"])
+def test_a_changelogs_key_with_unknown_fields_is_an_error_whatever_the_policy(
+        test_descriptors: Descriptors, decoder: str, env: dict[str, str], letters: list[DeadLetter]) -> None:
+    """Merged by its known fields only, b's and c's rows would overwrite the row of key `k` (a's), and e
+    would delete it: they are dead-lettered, once each; d (the value's unknown fields) follows the policy."""
+    plan = FakePlan(changelog=True)
+    additional = env.get("SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE") == "true"
+    result = process_batch([keyed_batch(test_descriptors)],
+                           keyed(test_descriptors, decoder, additional_properties=additional), plan, handling(**env))
+    d_kept = env.get("INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE") != "false" or additional
+    keys = [(1, KEY_UNKNOWN), (2, KEY_UNKNOWN), (4, KEY_UNKNOWN)]
+    expected = (["a", "d"], keys) if d_kept else (["a"], sorted([*keys, (3, core.UNKNOWN_FIELDS)]))
+    assert outcome(result, plan, letters) == expected
+    assert result.stats.unknown_fields == (1 if d_kept else 0)
+    assert all(x.error.error_type is ErrorType.UNKNOWN_FIELDS_ERROR for x in letters)
+
+
+@pytest.mark.parametrize("changelog", [False, True])
+def test_a_keys_unknown_fields_hold_the_task_for_a_refresh(test_descriptors: Descriptors, changelog: bool,
+                                                           letters: list[DeadLetter]) -> None:
+    """The refresh may bring the key class's new version: nothing of the batch is settled before it."""
+    key = test_descriptors.message_class("testdata.Key")(id="k").SerializeToString()
+    batch = source_batch(values(test_descriptors, "a", "b"), keys=[key, key + NEWER], offsets=[7, 8])
+    plan = FakePlan(changelog=changelog)
+    result = process_batch([batch], keyed(test_descriptors, "python", hold_on_unknown_fields=True), plan, handling())
+    assert result.held == "t/0@8" and result.resume == [("t", 0, 7)]
+    assert not plan.writer.written and not letters and result.stats.messages == 0
 
 
 def test_holding_on_unknown_fields_settles_what_came_before_and_says_where_to_resume(

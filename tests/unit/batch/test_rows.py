@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
-from firehose_bq.batch.rows import METADATA_VALUES, NULL_KEY, TOMBSTONE, RowBuilder, insert_ids
+from firehose_bq.batch.rows import KEY_UNKNOWN, METADATA_VALUES, NULL_KEY, TOMBSTONE, RowBuilder, insert_ids
 from firehose_bq.decode import make_value_decoder, native_unavailable
 from firehose_bq.decode.reference import ReferenceDecoder
 from firehose_bq.decode.unknown import UnknownFieldsJson
@@ -25,9 +25,12 @@ LOAD_US = 1_763_891_000_250_000  # 2025-11-23T09:43:20.25Z
 
 
 def builder(descriptors: Descriptors, message: str, metadata: MetadataColumns = MetadataColumns(), key: str | None = None,
-            changelog: bool = False) -> RowBuilder:
-    values = ReferenceDecoder(descriptors.message_class(message))
-    keys = ReferenceDecoder(descriptors.message_class(key), depth=2, detect_unknown_fields=False) if key else None
+            changelog: bool = False, decoder: str = "python") -> RowBuilder:
+    """Decoders as batch.core.row_builder makes them: unknown fields detected in the value and the key."""
+    if decoder == "native" and native_unavailable():
+        pytest.skip(native_unavailable())
+    values = make_value_decoder(descriptors.message_class(message), prefer=decoder)
+    keys = make_value_decoder(descriptors.message_class(key), 2, prefer=decoder) if key else None
     return RowBuilder(values, metadata, keys, changelog=changelog)
 
 
@@ -209,6 +212,46 @@ def test_unknown_fields_with_a_key_column(test_descriptors: Descriptors) -> None
                                                                                 ("b", {"id": "k", "day": None})]
 
 
+NEWER = b"\xa0\x06\x01"  # field 100 = 1: in no version of the test protos
+
+
+@pytest.mark.parametrize("decoder", ["native", "python"])
+def test_a_keys_unknown_fields_are_reported_by_record(test_descriptors: Descriptors, decoder: str) -> None:
+    """Appended (not a changelog): the key is decoded without them, like a value; the record is listed in
+    `unknown_fields` (for the hold and the policy) and in `key_unknown_fields` (whose they are)."""
+    cls, key_cls = test_descriptors.message_class("testdata.Inner"), test_descriptors.message_class("testdata.Key")
+    key = key_cls(id="k").SerializeToString()
+    source = source_batch([cls(label=x).SerializeToString() for x in "ab"] + [cls(label="c").SerializeToString() + NEWER],
+                          keys=[key, key + NEWER, key + NEWER])
+    rows = builder(test_descriptors, "testdata.Inner", MetadataColumns(enabled=False), key="testdata.Key",
+                   decoder=decoder).build(source, LOAD_US)
+    assert rows.failures == [] and rows.sources.tolist() == [0, 1, 2]
+    assert rows.unknown_fields == [1, 2] and rows.key_unknown_fields == [1, 2]
+    assert [r[KEY_COLUMN] for r in rows.table().to_pylist()] == [{"id": "k", "day": None}] * 3
+
+
+@pytest.mark.parametrize("decoder", ["native", "python"])
+def test_a_changelogs_key_with_unknown_fields_fails_its_record(test_descriptors: Descriptors, decoder: str) -> None:
+    """Merged by a key cut short, two keys would become one row: an UNKNOWN_FIELDS_ERROR naming the key,
+    one per record (whatever else is wrong with it), and still listed for the hold."""
+    cls, key_cls = test_descriptors.message_class("testdata.Inner"), test_descriptors.message_class("testdata.Key")
+    key = key_cls(id="k").SerializeToString()
+    value = cls(label="v").SerializeToString()
+    source = source_batch([value, value, None, value + NEWER, b"\xff", value + NEWER],
+                          keys=[key, key + NEWER, key + NEWER, key + NEWER, key + NEWER, key])
+    rows = builder(test_descriptors, "testdata.Inner", MetadataColumns(enabled=False), key="testdata.Key",
+                   changelog=True, decoder=decoder).build(source, LOAD_US)
+    # 0: fine; 1: the key's; 2: a tombstone of such a key (it would delete another key's row); 3: both
+    # key and value, one error; 4: a value that does not parse keeps its own error; 5: the value's alone
+    # follow the policy later (batch core).
+    assert [(f.index, f.error_type) for f in rows.failures] == [
+        (1, ErrorType.UNKNOWN_FIELDS_ERROR), (2, ErrorType.UNKNOWN_FIELDS_ERROR), (3, ErrorType.UNKNOWN_FIELDS_ERROR),
+        (4, ErrorType.DESERIALIZATION_ERROR)]
+    assert [f.message for f in rows.failures[:3]] == [KEY_UNKNOWN] * 3 and KEY_UNKNOWN.startswith("key: ")
+    assert rows.sources.tolist() == [0, 5] and rows.deletes.tolist() == [False, False]
+    assert rows.unknown_fields == [1, 2, 3, 4, 5] and rows.key_unknown_fields == [1, 2, 3, 4]
+
+
 @pytest.mark.parametrize("options", [SchemaOptions(), SchemaOptions(max_depth=1), SchemaOptions(max_depth=3)])
 def test_rows_are_the_tables_columns(test_descriptors: Descriptors, options: SchemaOptions) -> None:
     """The lock-step between schema.py (the table) and the decoders (the rows), with every extra column."""
@@ -217,7 +260,7 @@ def test_rows_are_the_tables_columns(test_descriptors: Descriptors, options: Sch
     metadata = MetadataColumns(namespace="kafka", columns=tuple(METADATA_COLUMNS))
     for msg in populated_messages(test_descriptors):
         values = ReferenceDecoder(type(msg), options=options)
-        keys = ReferenceDecoder(key_cls, depth=2, options=options, detect_unknown_fields=False)
+        keys = ReferenceDecoder(key_cls, depth=2, options=options)
         source = source_batch([msg.SerializeToString()], keys=[key], headers=[[("h", b"v")]])
         rows = RowBuilder(values, metadata, keys).build(source, LOAD_US)
         assert rows.failures == [], (msg.DESCRIPTOR.full_name, rows.failures)
@@ -249,8 +292,7 @@ def test_additional_properties_hold_the_flagged_rows_unknown_fields(test_descrip
     source = source_batch([frame(v) for v in (plain, newer, broken, newer)], offsets=[1, 2, 3, 4],
                           keys=[b"\x0a\x01k"] * 4)  # Inner{label: "k"}
     values = make_value_decoder(cls, confluent_framed=framed, prefer=decoder)
-    key = make_value_decoder(test_descriptors.message_class("testdata.Inner"), 2, detect_unknown_fields=False,
-                             prefer=decoder)
+    key = make_value_decoder(test_descriptors.message_class("testdata.Inner"), 2, prefer=decoder)
     metadata = MetadataColumns(namespace="kafka")
     rows = RowBuilder(values, metadata, key, unknown=UnknownFieldsJson(cls, framed)).build(source, LOAD_US)
     assert rows.unknown_fields == [1, 3] and rows.sources.tolist() == [0, 1, 3]
