@@ -66,8 +66,7 @@ def run(messages: int = MESSAGES) -> dict[str, float]:
     def decoder(prefer: str) -> ValueDecoder:  # as batch.core.row_builder makes them: unknown-field detection on
         return make_value_decoder(cls, 1, detect_unknown_fields=True, prefer=prefer)
 
-    key_decoder = make_value_decoder(key_class, 2, detect_unknown_fields=False,
-                                     prefer="native")
+    key_decoder = make_value_decoder(key_class, 2, detect_unknown_fields=True, prefer="native")  # as the job's
     builder = RowBuilder(decoder("native"), MetadataColumns(), key_decoder)
 
     def parse_only() -> None:

@@ -56,7 +56,7 @@ def staged_rows(cfg: Config, n: int) -> pa.RecordBatch:
          "timestamp": [1_767_225_600_000_000 + 1000 * j for j in range(n)], "timestamp_type": [0] * n,
          "headers": [[]] * n, "leader_epoch": [0] * n}, schema=ARROW_SCHEMA)
     builder = RowBuilder(make_value_decoder(cls, 1), MetadataColumns(),
-                         make_value_decoder(key_class, 2, detect_unknown_fields=False), changelog=True)
+                         make_value_decoder(key_class, 2), changelog=True)
     rows = builder.build(source, 1_795_392_000_000_000)
     assert not rows.failures, rows.failures[:1]
     return intermediate_rows(rows, source, BATCH)
