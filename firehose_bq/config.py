@@ -235,7 +235,9 @@ class BigQueryConfig:
         "column `additional_properties` (created when missing), so a new column can be backfilled with JSON "
         "functions. JSON input: keys with no column. Protobuf input: fields the descriptor lacks, still unknown "
         "after the registry refresh they trigger, as their raw wire values (README: Decoding); such messages are "
-        "then written, never UNKNOWN_FIELDS_ERROR.",
+        "then written, never UNKNOWN_FIELDS_ERROR. Only the value's: unknown fields in the Kafka key "
+        "(INPUT_SCHEMA_PROTO_KEY_CLASS) follow INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE, and in upsert/delete "
+        "are always UNKNOWN_FIELDS_ERROR.",
         False,
     )
     route_fallback_topic: str = setting(

@@ -107,7 +107,9 @@ class ErrorPolicyConfig:
         "INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE",
         "Write messages with fields no descriptor knows (after a registry refresh found nothing newer) "
         "without those fields; false = they are UNKNOWN_FIELDS_ERROR. SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE "
-        "overrides both: they are written with those fields in `additional_properties`.",
+        "overrides both for the value: it is written with those fields in `additional_properties`. The Kafka key "
+        "(INPUT_SCHEMA_PROTO_KEY_CLASS) follows this setting alone when appended; in upsert/delete a key with "
+        "such fields is always UNKNOWN_FIELDS_ERROR (merged without them, distinct keys would become one row).",
         True,
     )
 
