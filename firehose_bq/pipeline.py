@@ -226,10 +226,12 @@ class Pipeline:
 
     def _unknown_fate(self) -> str:
         """What becomes of fields no descriptor knows, for the log lines about them."""
+        # A changelog never merges on a key cut short (batch/rows.py), whatever the settings below say.
+        keys = "; in a key: UNKNOWN_FIELDS_ERROR (upsert/delete)" if self.config.upsert.enabled else ""
         if self.config.bigquery.additional_properties:
-            return "their values are kept in additional_properties (publish the new proto to the registry)"
+            return f"their values are kept in additional_properties (publish the new proto to the registry){keys}"
         if self._handling.policy.allow_unknown_fields:
-            return "written without them (publish the new proto to the registry, then replay to fill them)"
+            return f"written without them (publish the new proto to the registry, then replay to fill them){keys}"
         return "UNKNOWN_FIELDS_ERROR"
 
 

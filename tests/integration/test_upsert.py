@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import uuid
 from collections.abc import Callable
@@ -119,7 +120,7 @@ def test_random_changelog_ends_as_its_ktable(spark, upsert_config: Config, bq_cl
 
 def test_keys_differing_only_in_a_field_the_key_class_lacks_are_never_merged_into_one_row(
         spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The key class is evo.Detail: v1 has `note`, v2 adds `priority`. Keys written with v2 that differ only
     in `priority` are one key to v1: merged by it, one record would overwrite the other's row. With only v1
     in the registry they are dead-lettered (unknown fields are allowed for values: keys are never merged
@@ -152,6 +153,7 @@ def test_keys_differing_only_in_a_field_the_key_class_lacks_are_never_merged_int
         rows = bq_client.query(f"SELECT * FROM `{cfg.bigquery.table_ref}`").result()
         return {(r[KEY_FIELD]["note"], r[KEY_FIELD].get("priority")): (r["id"], r["amount"]) for r in rows}
 
+    caplog.set_level(logging.INFO, logger="firehose_bq.pipeline")
     cache = DescriptorCache.for_stencil(cfg.input_schema.stencil_urls, cfg.registry).start()
     try:
         send(key_v2(note="n", priority=1).SerializeToString(), "a", 1)
@@ -168,6 +170,8 @@ def test_keys_differing_only_in_a_field_the_key_class_lacks_are_never_merged_int
         assert all(x.error.error_type is ErrorType.UNKNOWN_FIELDS_ERROR and x.error.message.startswith("key: ")
                    for x in letters)
         assert cache.stats().changes == 0  # the refresh they asked for found nothing newer
+        assert "brought nothing new: written without them (publish the new proto to the registry, then replay to " \
+               "fill them); in a key: UNKNOWN_FIELDS_ERROR (upsert/delete)" in caplog.text
 
         fake.routes["/evo.desc"] = blobs["v2"]  # the key class's new version is published
         send(key_v2(note="p", priority=1).SerializeToString(), "d", 4)
