@@ -67,7 +67,7 @@ class SourceConfig:
     client: str = setting(
         "SOURCE_KAFKA_CLIENT",
         "Kafka client the reader tasks use: `auto` = confluent-kafka (librdkafka, much faster) when it is "
-        "installed, else kafka-python. Metadata and consumer-group commits always use kafka-python.",
+        "installed, else kafka-python. The driver's offsets and consumer-group commits always use confluent-kafka.",
         "auto",
         choices=("auto", "kafka-python", "confluent-kafka"),
     )

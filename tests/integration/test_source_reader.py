@@ -120,3 +120,38 @@ def test_a_range_past_the_end_stalls_into_a_clear_error(brokers: str, client: st
                                           rf"planned to read up to {len(RECORDS) + 5}"):
         read(brokers, topic, 0, len(RECORDS) + 5, client, stall_timeout_ms=1500)
     assert time.monotonic() - started < 15
+
+
+def test_the_driver_metadata_client_against_the_broker(brokers: str) -> None:
+    """What the source's driver side asks Kafka (kafka_client.KafkaMetadataClient): partitions, both
+    ends, and the consumer group's offsets, committed so that any Kafka client (here kafka-python, as
+    lag monitors are) sees them."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from firehose_bq.source.kafka_client import KafkaMetadataClient
+
+    topic = new_topic(brokers, partitions=3)
+    produce_records(brokers, topic)  # all to partition 0
+    group = f"g-{topic}"
+    client = KafkaMetadataClient(brokers, group)
+    try:
+        assert client.partitions((topic,)) == [(topic, 0), (topic, 1), (topic, 2)]
+        assert client.end_offsets((topic,)) == {topic: {0: len(RECORDS), 1: 0, 2: 0}}
+        assert client.beginning_offsets([(topic, 0), (topic, 2)]) == {topic: {0: 0, 2: 0}}
+        assert client.committed_offsets((topic,)) == {}
+        client.commit({topic: {0: 7, 1: 0}})
+        assert client.committed_offsets((topic,)) == {topic: {0: 7, 1: 0}}
+        with pytest.raises(SourceError, match="does not exist"):
+            client.partitions((f"{topic}-missing",))
+    finally:
+        client.close()
+    again = KafkaMetadataClient(brokers, group)  # a new query's source process
+    try:
+        assert again.committed_offsets((topic,)) == {topic: {0: 7, 1: 0}}
+    finally:
+        again.close()
+    monitor = KafkaConsumer(bootstrap_servers=brokers, group_id=group, enable_auto_commit=False)
+    try:
+        assert monitor.committed(TopicPartition(topic, 0)) == 7
+    finally:
+        monitor.close()
