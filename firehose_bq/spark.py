@@ -45,8 +45,6 @@ DAEMON_MODULE_CONF = "spark.python.daemon.module"
 # large blocks mmapped (and switches the raising off); setting it goes through the workers' environment,
 # read by glibc when the worker daemon starts. Other C libraries ignore it; a value the user set wins.
 WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1024 * 1024)}
-# The job that starts the workers ahead of the first batch, as stop_session finds it to cancel it, and how
-# long a stop waits for it to end (it takes a few seconds on a cold JVM), then for it to end once cancelled.
 # Spark's default checkpoint file manager goes through Hadoop's FileContext. Without Hadoop's native
 # library (pip's pyspark has none) its local file system forks a `chmod` for every file and directory it
 # creates and a `readlink` for both sides of every rename: ~40 processes per query start and ~20 per
@@ -58,6 +56,8 @@ LOCAL_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointi
 # Where SPARK_DRIVER_JAVA_OPTIONS goes: Spark puts it before spark.driver.extraJavaOptions on the driver's
 # command line, so a user's own options still win.
 DRIVER_DEFAULT_JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
+# The job that starts the workers ahead of the first batch, as stop_session finds it to cancel it, and how
+# long a stop waits for it to end (it takes a few seconds on a cold JVM), then for it to end once cancelled.
 START_WORKERS_GROUP = "firehose-bq-start-workers"
 STOP_WAIT_S = 10.0
 
