@@ -24,7 +24,8 @@ from firehose_bq import descriptors, sample
 from firehose_bq.bigquery.client import make_client
 from firehose_bq.config import Config, read_env_file
 from firehose_bq.batch.rows import RowBuilder
-from firehose_bq.bigquery.storage_write import StorageWriteWriter, make_write_client
+from firehose_bq.bigquery.client import Clients
+from firehose_bq.bigquery.storage_write import StorageWriteWriter
 from firehose_bq.decode import make_value_decoder
 from firehose_bq.devstack.stack import Stack, isolated_env
 from firehose_bq.devstack.stack_config import StackConfig
@@ -90,11 +91,12 @@ def run(rows: int = ROWS) -> dict[str, float]:
                 client.create_table(bigquery.Table(ref.api, schema=schema))
             client.create_table(tables.intermediate_table(inter, schema, KEY_FIELD))
             staging = dataclasses.replace(bq, table=inter.table)
-            writer = StorageWriteWriter(make_client(staging), make_write_client(staging), staging)
-            try:
-                assert not writer.write(staged_rows(cfg, rows), None)
-            finally:
-                writer.close()
+            with Clients() as clients:
+                writer = StorageWriteWriter(clients.bigquery_client(staging), clients.write_client(staging), staging)
+                try:
+                    assert not writer.write(staged_rows(cfg, rows), None)
+                finally:
+                    writer.close()
             key, values = tables.split_key(schema, KEY_FIELD)
             plan = MergePlan(dest, inter, KEY_FIELD, tuple(key.fields), tuple(v.name for v in values), True, True)
 

@@ -17,9 +17,9 @@ from firehose_bq import descriptors, sample
 from firehose_bq.batch.core import row_builder
 from firehose_bq.batch.rows import Writable, insert_ids
 from firehose_bq.bigquery import file_loads
-from firehose_bq.bigquery.client import make_client
+from firehose_bq.bigquery.client import Clients, make_client
 from firehose_bq.bigquery.insert_all import InsertAllWriter
-from firehose_bq.bigquery.storage_write import StorageWriteWriter, make_write_client
+from firehose_bq.bigquery.storage_write import StorageWriteWriter
 from firehose_bq.bigquery.writers import RowWriter
 from firehose_bq.blobstore import LocalBlobStore
 from firehose_bq.config import BigQueryConfig, Config, SparkConfig
@@ -47,19 +47,22 @@ def write_all(writer: RowWriter, batches: list[Writable], what: str) -> None:
 
 def direct_insert_all(cfg: BigQueryConfig, batches: list[Writable]) -> None:
     """tabledata.insertAll of the rows and insertIds the pipeline sends, through its writer."""
-    write_all(InsertAllWriter(make_client(cfg), cfg), batches, "insertAll")
+    with Clients() as clients:
+        write_all(InsertAllWriter(clients.bigquery_client(cfg), cfg), batches, "insertAll")
 
 
 def direct_storage_write(cfg: BigQueryConfig, batches: list[Writable]) -> None:
     """AppendRows of the rows as Arrow record batches into the table's default stream."""
-    write_all(StorageWriteWriter(make_client(cfg), make_write_client(cfg), cfg), batches, "Storage Write")
+    with Clients() as clients:
+        writer = StorageWriteWriter(clients.bigquery_client(cfg), clients.write_client(cfg), cfg)
+        write_all(writer, batches, "Storage Write")
 
 
 def direct_file_load(cfg: BigQueryConfig, batches: list[Writable]) -> None:
     """The rows staged as Parquet by one writer and loaded in one job, as the driver's load runs it."""
-    with tempfile.TemporaryDirectory() as root:
+    with tempfile.TemporaryDirectory() as root, Clients() as clients:
         store = LocalBlobStore(root)
-        writer = file_loads.StagingWriter(make_client(cfg), cfg, store, "batch-0/")
+        writer = file_loads.StagingWriter(clients.bigquery_client(cfg), cfg, store, "batch-0/")
         write_all(writer, batches, "staging")
         with make_client(cfg) as client:
             file_loads.FileLoader(client, cfg, store, "bench-direct").load(0, [writer.staged])

@@ -25,7 +25,7 @@ import pyarrow as pa
 from firehose_bq.batch.core import TaskPlan, TaskResult
 from firehose_bq.batch.rows import Rows, Writable
 from firehose_bq.bigquery import file_loads
-from firehose_bq.bigquery.client import make_client
+from firehose_bq.bigquery.client import Clients, make_client
 from firehose_bq.bigquery.writers import RowWriter
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.dlq.config import KAFKA
@@ -64,14 +64,14 @@ class _DestinationTask:
         return None
 
 
-def _streaming_writer(cfg: BigQueryConfig, method: str) -> RowWriter:
+def _streaming_writer(cfg: BigQueryConfig, method: str, clients: Clients) -> RowWriter:
     if method == INSERT_ALL:
         from firehose_bq.bigquery.insert_all import InsertAllWriter
 
-        return InsertAllWriter(make_client(cfg), cfg)
-    from firehose_bq.bigquery.storage_write import StorageWriteWriter, make_write_client
+        return InsertAllWriter(clients.bigquery_client(cfg), cfg)
+    from firehose_bq.bigquery.storage_write import StorageWriteWriter
 
-    return StorageWriteWriter(make_client(cfg), make_write_client(cfg), cfg)
+    return StorageWriteWriter(clients.bigquery_client(cfg), clients.write_client(cfg), cfg)
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,8 @@ class StreamingTask(_DestinationTask):
     bigquery: BigQueryConfig
     method: str
 
-    def open_writer(self, destination: Destination | None) -> RowWriter:
-        return _streaming_writer(destination_config(self.bigquery, destination), self.method)
+    def open_writer(self, destination: Destination | None, clients: Clients) -> RowWriter:
+        return _streaming_writer(destination_config(self.bigquery, destination), self.method, clients)
 
 
 @dataclass(frozen=True)
@@ -93,11 +93,11 @@ class StagingTask(_DestinationTask):
     staging: file_loads.StagingArea
     prefix: str  # the batch's
 
-    def open_writer(self, destination: Destination | None) -> RowWriter:
+    def open_writer(self, destination: Destination | None, clients: Clients) -> RowWriter:
         table = destination_config(self.bigquery, destination)
         prefix = self.prefix + (f"{table.dataset}.{table.table}/" if destination is not None else "")
         # The client reads the live table: staged rows are fitted to it (rows it cannot take fail here).
-        return file_loads.StagingWriter(make_client(table), table, self.staging.store(), prefix)
+        return file_loads.StagingWriter(clients.bigquery_client(table), table, self.staging.store(), prefix)
 
     def report(self, destination: Destination | None, writer: RowWriter) -> str | None:
         staged = file_loads.staged_json(writer)  # None for a mixed task's streaming writers
@@ -110,10 +110,10 @@ class StagingTask(_DestinationTask):
 class MixedTask(StagingTask):
     """`mixed`: the destinations marked streaming go by Storage Write, the others are staged."""
 
-    def open_writer(self, destination: Destination | None) -> RowWriter:
+    def open_writer(self, destination: Destination | None, clients: Clients) -> RowWriter:
         if destination is not None and destination.streaming:
-            return _streaming_writer(destination_config(self.bigquery, destination), STORAGE_WRITE)
-        return super().open_writer(destination)
+            return _streaming_writer(destination_config(self.bigquery, destination), STORAGE_WRITE, clients)
+        return super().open_writer(destination, clients)
 
 
 class WriteMode:

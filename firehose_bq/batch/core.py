@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from firehose_bq.batch.rows import RowBuilder, Rows, Writable, insert_ids
+from firehose_bq.bigquery.client import Clients
 from firehose_bq.bigquery.writers import RowWriter
 from firehose_bq.decode import make_value_decoder
 from firehose_bq.decode.unknown import UnknownFieldsJson
@@ -56,8 +57,8 @@ class TaskPlan(Protocol):
     def changelog(self) -> bool:
         """Records are a changelog: a NULL value is a delete of its key, and every record needs a key."""
 
-    def open_writer(self, destination: Destination | None) -> RowWriter:
-        """A writer into `destination`'s table (None: the job's one configured table)."""
+    def open_writer(self, destination: Destination | None, clients: Clients) -> RowWriter:
+        """A writer into `destination`'s table (None: the job's one configured table), on `clients`'."""
 
     def shape(self, rows: Rows, source: pa.RecordBatch, ids: pa.Array) -> tuple[Writable, list[RowError]]:
         """The rows as this mode writes them, and the records it refuses (by source index)."""
@@ -124,9 +125,10 @@ class _Task:
     """One task's state across its source batches: a row builder per message class, a writer per
     destination (each table ensured once), the dead letters and fallback records to store at the end."""
 
-    def __init__(self, spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling) -> None:
-        self.spec, self.plan, self.handling = spec, plan, handling
+    def __init__(self, spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, clients: Clients) -> None:
+        self.spec, self.plan, self.handling, self.clients = spec, plan, handling, clients
         self.result = TaskResult()
+        self.request_failed = False  # a write request failed as a whole: the clients are not trusted after
         # Per message class (protobuf) or per destination (JSON: each table is its own schema).
         self.builders: dict[object, RowBuilder] = {}
         self.ready: set[Destination] = set()  # routed destinations whose table this task has ensured
@@ -215,7 +217,7 @@ class _Task:
 
     def _writer(self, destination: Destination | None) -> RowWriter:
         if destination not in self.writers:
-            self.writers[destination] = self.plan.open_writer(destination)
+            self.writers[destination] = self.plan.open_writer(destination, self.clients)
         return self.writers[destination]
 
     def _refuse(self, destination: Destination, part: pa.RecordBatch) -> None:
@@ -241,8 +243,8 @@ class _Task:
         # already, as project.dataset.table (the driver's process fields, shipped with the task).
         routed = self.spec.router is not None and not self.spec.router.is_static
         with log_context(**({"table": table} if routed else {})):
-            done = write_with_policy(handling, pending, failures,
-                                     (lambda: _Timed(self._writer(destination), stats)) if self.spec.write else None)
+            writer = (lambda: _Timed(self._writer(destination), stats, self)) if self.spec.write else None
+            done = write_with_policy(handling, pending, failures, writer)
         _count(stats, table, part.num_rows, done.written, done.retried, part, done.dead, done.failed)
         self.letters.extend(_letter(part, f, table) for f in done.dead)
 
@@ -274,19 +276,25 @@ class _Task:
                 report = self.plan.report(destination, writer)
                 if report is not None:
                     self.result.reports.append(report)
+        if self.request_failed:
+            self.clients.reset()
 
 
 class _Timed:
-    """A writer whose write calls are timed into the task's stats (the BigQuery latency histogram)."""
+    """A writer whose write calls are timed into the task's stats (the BigQuery latency histogram), and
+    whose calls that fail as a whole are noted on the task (`request_failed`)."""
 
-    def __init__(self, writer: RowWriter, stats: BatchStats) -> None:
-        self._writer, self._stats = writer, stats
+    def __init__(self, writer: RowWriter, stats: BatchStats, task: _Task) -> None:
+        self._writer, self._stats, self._task = writer, stats, task
         self._path = WRITE_PATHS.get(type(writer).__name__, type(writer).__name__)
 
     def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
         started = time.perf_counter()
         try:
             return self._writer.write(rows, insert_ids)
+        except Exception:
+            self._task.request_failed = True
+            raise
         finally:
             self._stats.add_write_seconds(self._path, time.perf_counter() - started)
 
@@ -295,9 +303,11 @@ class _Timed:
 
 
 def process_batch(sources: Iterable[pa.RecordBatch], spec: SinkSpec, plan: TaskPlan,
-                  handling: ErrorHandling) -> TaskResult:
-    """Decode, route, write and settle every record of `sources` (one task's share of a batch)."""
-    task = _Task(spec, plan, handling)
+                  handling: ErrorHandling, clients: Clients | None = None) -> TaskResult:
+    """Decode, route, write and settle every record of `sources` (one task's share of a batch). The
+    writers borrow `clients` (the caller's to keep and close), or clients made for this call alone."""
+    own = clients is None
+    task = _Task(spec, plan, handling, clients if clients is not None else Clients())
     try:
         for source in sources:
             if not task.process(source):
@@ -308,7 +318,11 @@ def process_batch(sources: Iterable[pa.RecordBatch], spec: SinkSpec, plan: TaskP
     except (SinkError, DeadLetterError, TooManyDestinationsError) as exc:
         task.result.fatal = str(exc)
     finally:
-        task.close()
+        try:
+            task.close()
+        finally:
+            if own:
+                task.clients.close()
     return task.result
 
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from firehose_bq import logs
 from firehose_bq.batch.core import TaskPlan, process_batch
+from firehose_bq.bigquery.client import Clients
 from firehose_bq.policy import ErrorHandling
 from firehose_bq.sink_schema import SinkSpec
 from firehose_bq.source.kafka_client import RANGE_COLUMNS, RangeReader
@@ -24,6 +25,10 @@ from firehose_bq.source.kafka_client import RANGE_COLUMNS, RangeReader
 RESULT_SCHEMA = "result STRING"
 # Where a rerun of a batch starts reading each (topic, partition): the first offset its first run left.
 Resume = dict[tuple[str, int], int]
+# The one thing a Python worker keeps from one task to the next: Spark reuses its workers, and gives a
+# task nothing that outlives it, so the BigQuery clients every micro-batch's writers borrow are kept at
+# the module the tasks run from (Clients says why; it starts empty in each forked worker).
+WORKER_CLIENTS = Clients()
 
 
 def run_task(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, worker_logging: logs.WorkerLogging | None,
@@ -33,7 +38,7 @@ def run_task(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, worker_log
     a Python worker, which logs as the driver does (`worker_logging`: format, masking, batch id)."""
     logs.apply_in_worker(worker_logging)
     with logs.log_context(**(worker_logging.fields if worker_logging is not None else {})):
-        result = process_batch(_records(reader, ranges, resume), spec, plan, handling)
+        result = process_batch(_records(reader, ranges, resume), spec, plan, handling, WORKER_CLIENTS)
     yield pa.RecordBatch.from_pydict({"result": [result.to_json()]})
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
+from typing import TYPE_CHECKING
+
 from google.api_core.client_options import ClientOptions
 from google.api_core.exceptions import GoogleAPIError
 from google.auth import exceptions as auth_exceptions
@@ -12,7 +16,14 @@ from requests import exceptions as http_exceptions
 from firehose_bq.config import BigQueryConfig
 from firehose_bq.gcp_auth import service_account_credentials
 
+log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:
+    from google.cloud.bigquery_storage_v1 import BigQueryWriteClient
+
 SCOPES = ("https://www.googleapis.com/auth/bigquery",)
+# What both clients ask Application Default Credentials for when they resolve them themselves.
+ADC_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 # What a BigQuery call raises when it fails as a whole and the client did not retry it: an API error, the
 # HTTP library's own (refused, reset, timed out), or a token refresh that could not reach Google.
 REQUEST_ERRORS = (GoogleAPIError, http_exceptions.RequestException, ConnectionError, TimeoutError,
@@ -33,9 +44,104 @@ def attempt_options(cfg: BigQueryConfig) -> dict[str, object]:
     return {"retry": None, "timeout": cfg.client_timeout_ms / 1000}
 
 
-def make_client(cfg: BigQueryConfig) -> bigquery.Client:
+def make_client(cfg: BigQueryConfig, creds: Credentials | None = None) -> bigquery.Client:
+    """A BigQuery (REST) client; `creds` None = cfg's credentials (`credentials`)."""
     options = ClientOptions(api_endpoint=cfg.api_endpoint) if cfg.api_endpoint else None
-    return bigquery.Client(project=cfg.project_id, credentials=credentials(cfg), client_options=options)
+    return bigquery.Client(project=cfg.project_id, credentials=creds if creds is not None else credentials(cfg),
+                           client_options=options)
+
+
+def make_write_client(cfg: BigQueryConfig, creds: Credentials | None = None) -> BigQueryWriteClient:
+    """A Storage Write (gRPC) client; `creds` None = cfg's credentials (`credentials`)."""
+    from google.cloud.bigquery_storage_v1 import BigQueryWriteClient
+
+    if cfg.storage_api_endpoint and cfg.api_endpoint:
+        # The local emulator: plaintext gRPC, no credentials.
+        import grpc
+        from google.cloud.bigquery_storage_v1.services.big_query_write.transports import BigQueryWriteGrpcTransport
+
+        channel = grpc.insecure_channel(cfg.storage_api_endpoint)
+        return BigQueryWriteClient(transport=BigQueryWriteGrpcTransport(channel=channel))
+    options = ClientOptions(api_endpoint=cfg.storage_api_endpoint) if cfg.storage_api_endpoint else None
+    return BigQueryWriteClient(credentials=creds if creds is not None else credentials(cfg), client_options=options)
+
+
+# What a client is made from: a destination's dataset and table are not part of it.
+_Endpoint = tuple[str, str | None, str | None, str | None]
+
+
+class Clients:
+    """The BigQuery clients of one process, made once per endpoint and kept: every writer a task opens,
+    in every micro-batch, borrows them instead of making its own.
+
+    A fresh client per writer cost each task, per batch and table, a token for each of its two clients
+    (a key file's: a signed request to Google's OAuth endpoint; ADC's: the metadata server), a TLS
+    handshake for each, and a new gRPC channel for Storage Write, whose guidance is to keep connections
+    rather than open one per append. Kept here, the process pays them once and its credentials refresh
+    their token when it expires.
+
+    After a task saw a request fail as a whole, `reset` drops every client, so that the next task (or the
+    batch's rerun) starts on new ones: a gRPC channel that lost its connection waits out a reconnect
+    backoff of its own (growing to minutes) before it tries again, which a fresh channel does not.
+    Clients found in a forked child are the parent's and are forgotten: a gRPC channel must not cross a
+    fork (Spark's worker daemon imports the module holding the workers' pool before it forks them)."""
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._credentials: dict[_Endpoint, Credentials] = {}
+        self._rest: dict[_Endpoint, bigquery.Client] = {}
+        self._grpc: dict[_Endpoint, BigQueryWriteClient] = {}
+
+    def bigquery_client(self, cfg: BigQueryConfig) -> bigquery.Client:
+        key = self._key(cfg)
+        if key not in self._rest:
+            self._rest[key] = make_client(cfg, self._creds(key, cfg))
+        return self._rest[key]
+
+    def write_client(self, cfg: BigQueryConfig) -> BigQueryWriteClient:
+        key = self._key(cfg)
+        if key not in self._grpc:
+            self._grpc[key] = make_write_client(cfg, self._creds(key, cfg))
+        return self._grpc[key]
+
+    def reset(self) -> None:
+        """Close every client; the next writer gets new ones (credentials and their token are kept)."""
+        rest, grpc_clients = list(self._rest.values()), list(self._grpc.values())
+        self._rest.clear()
+        self._grpc.clear()
+        for client in rest:
+            client.close()
+        for write_client in grpc_clients:
+            write_client.transport.close()
+
+    def close(self) -> None:
+        self.reset()
+        self._credentials.clear()
+
+    def __enter__(self) -> Clients:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _key(self, cfg: BigQueryConfig) -> _Endpoint:
+        if os.getpid() != self._pid:  # inherited through a fork: the parent's channels are not ours
+            self._pid = os.getpid()
+            self._credentials, self._rest, self._grpc = {}, {}, {}
+        return cfg.project_id, cfg.api_endpoint, cfg.storage_api_endpoint, cfg.credential_path
+
+    def _creds(self, key: _Endpoint, cfg: BigQueryConfig) -> Credentials:
+        """One credentials object per endpoint, shared by its two clients: one token between them."""
+        if key not in self._credentials:
+            log.debug("BigQuery credentials for project %s looked up in process %d, kept for its clients",
+                      cfg.project_id, self._pid)
+            creds = credentials(cfg)
+            if creds is None:
+                import google.auth
+
+                creds, _ = google.auth.default(scopes=ADC_SCOPES)
+            self._credentials[key] = creds
+        return self._credentials[key]
 
 
 def credentials(cfg: BigQueryConfig) -> Credentials | None:

@@ -162,7 +162,8 @@ def _scratch_parent() -> str | None:
 
 class StagingWriter:
     """A task's RowWriter for file loads: appends the rows that fit the table to Parquet on local disk and,
-    on close, puts the file(s) into the staging area under `prefix`. Rows the table cannot take fail here
+    on close, puts the file(s) into the staging area under `prefix`. The client (borrowed: its maker
+    closes it) reads the live table. Rows the table cannot take fail here
     (RowErrors), never in the driver's load job; a file that cannot be stored raises SinkError on close.
 
     `insert_ids` are required: they are the rows' Kafka coordinates (`topic_partition_offset`), from
@@ -235,7 +236,6 @@ class StagingWriter:
         finally:
             if self._scratch is not None:
                 shutil.rmtree(self._scratch, ignore_errors=True)
-            self._client.close()
         self.staged.ranges = [OffsetRange(t, p, first, last, rows)
                               for (t, p), (first, last, rows) in sorted(self._ranges.items())]
 

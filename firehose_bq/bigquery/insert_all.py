@@ -54,7 +54,7 @@ class InsertAllWriter:
         self._call = attempt_options(cfg)
 
     def close(self) -> None:
-        self._client.close()
+        pass  # the client is borrowed: whoever made it closes it (`client.Clients`)
 
     def write(self, rows: pa.RecordBatch, insert_ids: pa.StringArray | None) -> list[RowError]:
         """Write every row of `rows`; return those that failed, ordered by position."""

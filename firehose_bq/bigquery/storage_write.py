@@ -25,12 +25,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 from google.api_core import exceptions as api_exceptions
-from google.api_core.client_options import ClientOptions
 from google.cloud import bigquery
 from google.cloud.bigquery_storage_v1 import BigQueryWriteClient, types
 
 from firehose_bq.bigquery.classify import classify_exception
-from firehose_bq.bigquery.client import attempt_options, credentials
+from firehose_bq.bigquery.client import attempt_options
 from firehose_bq.bigquery.conform import LiveTable
 from firehose_bq.config import BigQueryConfig
 from firehose_bq.errors import ErrorType, PartialWriteError, RowError
@@ -67,20 +66,9 @@ class Outcome:
         return not self.row_errors and self.failure is None
 
 
-def make_write_client(cfg: BigQueryConfig) -> BigQueryWriteClient:
-    if cfg.storage_api_endpoint and cfg.api_endpoint:
-        # The local emulator: plaintext gRPC, no credentials.
-        import grpc
-        from google.cloud.bigquery_storage_v1.services.big_query_write.transports import BigQueryWriteGrpcTransport
-
-        channel = grpc.insecure_channel(cfg.storage_api_endpoint)
-        return BigQueryWriteClient(transport=BigQueryWriteGrpcTransport(channel=channel))
-    options = ClientOptions(api_endpoint=cfg.storage_api_endpoint) if cfg.storage_api_endpoint else None
-    return BigQueryWriteClient(credentials=credentials(cfg), client_options=options)
-
-
 class StorageWriteWriter:
-    """RowWriter into the table's default stream; one per Spark task, closed when the task ends."""
+    """RowWriter into the table's default stream; one per Spark task, closed when the task ends. The
+    clients are borrowed: whoever made them closes them (`client.Clients`)."""
 
     def __init__(self, client: bigquery.Client, write_client: BigQueryWriteClient, cfg: BigQueryConfig) -> None:
         self._client = client
@@ -91,10 +79,7 @@ class StorageWriteWriter:
         self._live = LiveTable(client, cfg.table_ref, attempt_options(cfg))
 
     def close(self) -> None:
-        try:
-            self._write_client.transport.close()
-        finally:
-            self._client.close()
+        pass  # nothing of its own: each append's stream ends with its request
 
     def write(self, rows: pa.RecordBatch, insert_ids: pa.StringArray | None) -> list[RowError]:
         """Write every row of `rows`; return those that failed, ordered by position. The default stream

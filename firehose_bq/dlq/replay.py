@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from firehose_bq import logs
 from firehose_bq.batch.core import ATTEMPT_COLUMN, TaskResult, process_batch
+from firehose_bq.bigquery.client import Clients
 from firehose_bq.bigquery.file_loads import discard, staging_area
 from firehose_bq.blobstore import BlobStore
 from firehose_bq.config import Config
@@ -231,6 +232,7 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
     pending = PendingBatch(staging.store(), staging.prefix) if isinstance(mode, FileLoadsMode) else None
     handling = handling_of(cfg)
     summary = ReplaySummary()
+    clients = Clients()  # every batch's writers borrow them, as a Spark worker's tasks do
     try:
         spec = mode.schema.current()  # fresh descriptors; the table evolved to them
         first = 0
@@ -245,7 +247,7 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
                 if len(letters) < len(read):
                     log.info("%d duplicate dead letter(s) in this batch replayed once", len(read) - len(letters))
                 with logs.log_context(batch_id=number):
-                    results = [process_batch([letters_batch(letters)], spec, mode.task(number), handling)]
+                    results = [process_batch([letters_batch(letters)], spec, mode.task(number), handling, clients)]
                     stats = batch_stats(results)
                     summary.stats.merge(stats)
                     if telemetry is not None:
@@ -260,6 +262,7 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
         finally:
             bar.close()
     finally:
+        clients.close()
         mode.close()
         if pending is not None:
             if pending.held:  # its load may have run: the next replay finishes it from its staged files

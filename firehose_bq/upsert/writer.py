@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from firehose_bq.arrow_schema import TIMESTAMP
 from firehose_bq.batch.rows import Rows, Writable
-from firehose_bq.bigquery.client import make_client
+from firehose_bq.bigquery.client import Clients
 from firehose_bq.bigquery.insert_all import InsertAllWriter
 from firehose_bq.config import BigQueryConfig
 from firehose_bq.errors import ErrorType, RowError
@@ -42,12 +42,12 @@ class ChangelogTask:
     deletes: bool
     changelog: bool = True
 
-    def open_writer(self, destination: Destination | None) -> InsertAllWriter:
+    def open_writer(self, destination: Destination | None, clients: Clients) -> InsertAllWriter:
         # One destination (Config refuses templates and class routes with upsert): always None here.
         # Always insertAll, whatever SINK_BIGQUERY_WRITE_METHOD says: rows must be queryable by the
         # MERGE right after the task ends.
         target = dataclasses.replace(self.bigquery, table=self.intermediate_table)
-        return InsertAllWriter(make_client(target), target)
+        return InsertAllWriter(clients.bigquery_client(target), target)
 
     def shape(self, rows: Rows, source: pa.RecordBatch, ids: pa.Array) -> tuple[Writable, list[RowError]]:
         """The rows as intermediate-table rows; tombstones without deletes enabled are refused."""

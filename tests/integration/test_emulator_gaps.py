@@ -851,8 +851,8 @@ def test_queries_run_while_rows_are_appended(bq_client: bigquery.Client, bq_data
 
     import pyarrow as pa
 
-    from firehose_bq.bigquery.client import make_client
-    from firehose_bq.bigquery.storage_write import StorageWriteWriter, make_write_client
+    from firehose_bq.bigquery.client import Clients
+    from firehose_bq.bigquery.storage_write import StorageWriteWriter
     from firehose_bq.config import BigQueryConfig
 
     table_id = make_table(bq_client, bq_dataset, "busy", [SchemaField("id", "INTEGER"), SchemaField("pad", "STRING")])
@@ -862,7 +862,8 @@ def test_queries_run_while_rows_are_appended(bq_client: bigquery.Client, bq_data
     appends, rows_each, errors = 30, 2000, []
 
     def append() -> None:
-        writer = StorageWriteWriter(make_client(cfg), make_write_client(cfg), cfg)
+        clients = Clients()  # one per thread: as in a task, each writer has clients of its own here
+        writer = StorageWriteWriter(clients.bigquery_client(cfg), clients.write_client(cfg), cfg)
         try:
             for n in range(appends):
                 batch = pa.RecordBatch.from_pydict({"id": pa.array(range(n * rows_each, (n + 1) * rows_each),
@@ -872,6 +873,7 @@ def test_queries_run_while_rows_are_appended(bq_client: bigquery.Client, bq_data
             errors.append(exc)
         finally:
             writer.close()
+            clients.close()
 
     writer_thread = threading.Thread(target=append)
     writer_thread.start()

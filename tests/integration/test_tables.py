@@ -45,12 +45,9 @@ def write(cfg: Config, values: list[dict]) -> None:
     rows = row_builder(spec_of(cfg, loaded, plan.message_name), changelog=False, proto_class=plan.message_name).build(
         source, LOAD_TIME_US)
     assert not rows.failures
-    writer = InsertAllWriter(make_client(cfg.bigquery), cfg.bigquery)
-    try:
+    with make_client(cfg.bigquery) as client:
         # No insertIds: each call's records start at offset 0, and BigQuery would drop the second as a replay.
-        assert writer.write(rows.table(), None) == []
-    finally:
-        writer.close()
+        assert InsertAllWriter(client, cfg.bigquery).write(rows.table(), None) == []
 
 
 def test_table_is_created_with_partitioning_clustering_labels(job_env, versions, bq_client) -> None:

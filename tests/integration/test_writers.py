@@ -22,10 +22,10 @@ from google.cloud.bigquery import SchemaField as F
 
 from firehose_bq.arrow_schema import TIMESTAMP, arrow_schema
 from firehose_bq.bigquery import storage_write
-from firehose_bq.bigquery.client import make_client
+from firehose_bq.bigquery.client import Clients, make_client
 from firehose_bq.bigquery.file_loads import FileLoader, StagingWriter
 from firehose_bq.bigquery.insert_all import InsertAllWriter
-from firehose_bq.bigquery.storage_write import StorageWriteWriter, make_write_client
+from firehose_bq.bigquery.storage_write import StorageWriteWriter
 from firehose_bq.blobstore import BlobStore, GcsOptions, LocalBlobStore, open_blob_store
 from firehose_bq.config import BigQueryConfig
 from firehose_bq.errors import ErrorType, RowError
@@ -127,16 +127,17 @@ def target(request: pytest.FixtureRequest, stack_env: dict[str, str], bq_client:
 
 def writer_of(method: str, cfg: BigQueryConfig, root: Path) -> Write:
     def write(rows: pa.RecordBatch, insert_ids: pa.StringArray) -> list[RowError]:
-        if method == "insertall":
-            writer: Any = InsertAllWriter(make_client(cfg), cfg)
-        elif method == "storage_write":
-            writer = StorageWriteWriter(make_client(cfg), make_write_client(cfg), cfg)
-        else:
-            writer = StagingWriter(make_client(cfg), cfg, LocalBlobStore(root), "batch-0/")
-        try:
-            failures = writer.write(rows, insert_ids)
-        finally:
-            writer.close()
+        with Clients() as clients:
+            if method == "insertall":
+                writer: Any = InsertAllWriter(clients.bigquery_client(cfg), cfg)
+            elif method == "storage_write":
+                writer = StorageWriteWriter(clients.bigquery_client(cfg), clients.write_client(cfg), cfg)
+            else:
+                writer = StagingWriter(clients.bigquery_client(cfg), cfg, LocalBlobStore(root), "batch-0/")
+            try:
+                failures = writer.write(rows, insert_ids)
+            finally:
+                writer.close()
         if method == "file_loads":
             with make_client(cfg) as client:
                 FileLoader(client, cfg, LocalBlobStore(root), "checkpoint").load(0, [writer.staged])
@@ -219,12 +220,12 @@ def test_a_load_of_files_staged_before_and_after_the_table_grew(stack_env, bq_cl
     table = bq_client.create_table(bigquery.Table(cfg.table_ref, schema=TABLE))
     good = good_rows()
     store = staging_store
-    before = StagingWriter(make_client(cfg), cfg, store, "batch-7/")
+    before = StagingWriter(bq_client, cfg, store, "batch-7/")
     assert before.write(batch(good[:2]), insert_ids(2)) == []
     before.close()
     table.schema = [*TABLE, F("coupon", "STRING")]
     bq_client.update_table(table, ["schema"])
-    after = StagingWriter(make_client(cfg), cfg, store, "batch-7/")
+    after = StagingWriter(bq_client, cfg, store, "batch-7/")
     assert after.write(batch(good[2:], {"coupon": pa.array(["FREE", None])}),
                        pa.array(["topic_1_0", "topic_1_1"])) == []
     after.close()

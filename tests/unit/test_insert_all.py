@@ -172,7 +172,7 @@ def test_requests_respect_the_row_limit_and_carry_insert_ids() -> None:
     assert ids_sent(client, 0) == ["t_1_100", "t_1_101"]
     assert [r["id"] for r in client.stored] == ["a", "b", "c", "d", "e"]
     w.close()
-    assert client.closed
+    assert not client.closed, "the client is borrowed: its maker closes it"
 
 
 def test_insert_ids_can_be_turned_off_or_be_absent() -> None:

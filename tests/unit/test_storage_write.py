@@ -179,7 +179,7 @@ def test_rows_go_out_as_arrow_in_the_tables_spelling_and_only_the_first_request_
     assert client.metadata[0] == (("x-goog-request-params", f"write_stream={STREAM}"),)
     assert bq.reads == 1
     writer.close()
-    assert client.transport.closed and bq.closed
+    assert not client.transport.closed and not bq.closed, "the clients are borrowed: their maker closes them"
 
 
 def test_the_writer_schema_is_the_schema_message_alone() -> None:

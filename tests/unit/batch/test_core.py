@@ -11,6 +11,7 @@ import pytest
 from firehose_bq.batch import core
 from firehose_bq.batch.core import ATTEMPT_COLUMN, TaskResult, process_batch
 from firehose_bq.batch.rows import KEY_UNKNOWN, TOMBSTONE, Rows, Writable
+from firehose_bq.bigquery.client import Clients
 from firehose_bq.config import Config
 from firehose_bq.decode import native_unavailable
 from firehose_bq.descriptors import Descriptors
@@ -60,7 +61,7 @@ class FakePlan:
     opened: int = 0
     destinations: list[Destination | None] = field(default_factory=list)
 
-    def open_writer(self, destination: Destination | None) -> FakeWriter:
+    def open_writer(self, destination: Destination | None, clients: Clients) -> FakeWriter:
         self.opened += 1
         self.destinations.append(destination)
         return self.writer
@@ -281,6 +282,64 @@ def test_a_sink_failure_is_fatal_and_the_writer_is_closed(test_descriptors: Desc
     assert result.fatal == "SINK_4XX_ERROR: Not found: Table p:d.t" and plan.writer.closed and not letters
 
 
+class CountingClients(Clients):
+    """A process's clients as a task sees them: how often they were reset and closed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.resets = self.closes = 0
+
+    def reset(self) -> None:
+        self.resets += 1
+        super().reset()
+
+    def close(self) -> None:
+        self.closes += 1
+        super().close()
+
+
+@dataclass
+class BorrowingPlan(FakePlan):
+    """A plan whose writers are opened on the clients the task lends."""
+
+    lent: list[Clients] = field(default_factory=list)
+
+    def open_writer(self, destination: Destination | None, clients: Clients) -> FakeWriter:
+        self.lent.append(clients)
+        return super().open_writer(destination, clients)
+
+
+def test_the_callers_clients_are_lent_to_the_writers_and_kept(test_descriptors: Descriptors,
+                                                               letters: list[DeadLetter]) -> None:
+    clients = CountingClients()
+    for _ in range(2):  # two tasks of one worker
+        plan = BorrowingPlan()
+        result = process_batch([source_batch(values(test_descriptors, "a"))], spec(test_descriptors), plan,
+                               handling(), clients)
+        assert result.stats.rows_written == 1 and plan.lent == [clients] and plan.writer.closed
+    assert (clients.resets, clients.closes) == (0, 0), "kept for the next task"
+
+
+def test_a_request_that_fails_as_a_whole_drops_the_clients(test_descriptors: Descriptors,
+                                                           letters: list[DeadLetter]) -> None:
+    clients = CountingClients()
+    plan = BorrowingPlan(FakeWriter(error=SinkError(ErrorType.SINK_4XX_ERROR, "Not found: Table p:d.t")))
+    result = process_batch([source_batch(values(test_descriptors, "a"))], spec(test_descriptors), plan,
+                           handling(), clients)
+    assert result.fatal is not None and plan.writer.closed
+    assert (clients.resets, clients.closes) == (1, 0), "the next task makes new ones"
+
+
+def test_without_clients_a_task_makes_its_own_and_closes_them(test_descriptors: Descriptors,
+                                                              letters: list[DeadLetter],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[CountingClients] = []
+    monkeypatch.setattr(core, "Clients", lambda: made.append(CountingClients()) or made[-1])
+    plan = BorrowingPlan()
+    process_batch([source_batch(values(test_descriptors, "a"))], spec(test_descriptors), plan, handling())
+    assert plan.lent == made and made[0].closes == 1
+
+
 def test_a_writer_that_cannot_finish_on_close_is_fatal(test_descriptors: Descriptors,
                                                        letters: list[DeadLetter]) -> None:
     """File loads store their staged file when the writer closes: failing there stops the batch cleanly."""
@@ -323,7 +382,7 @@ class RoutingPlan(FakePlan):
 
     by_table: dict[str, FakeWriter] = field(default_factory=dict)
 
-    def open_writer(self, destination: Destination | None) -> FakeWriter:
+    def open_writer(self, destination: Destination | None, clients: Clients) -> FakeWriter:
         assert destination is not None
         self.destinations.append(destination)
         return self.by_table.setdefault(destination.name, FakeWriter())
