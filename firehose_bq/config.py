@@ -60,7 +60,9 @@ class SourceConfig:
     )
     auto_offset_reset: str = setting(
         "SOURCE_KAFKA_CONSUMER_CONFIG_AUTO_OFFSET_RESET",
-        "Where a partition with no checkpoint and no committed group offset starts.",
+        "Where a partition with no checkpoint and no committed group offset starts, and where a fresh "
+        "checkpoint starts a partition whose committed offset the broker no longer has (deleted by "
+        "retention: a warning names the gap).",
         "earliest",
         choices=("earliest", "latest"),
     )

@@ -225,8 +225,11 @@ class _Progress:
         return self.position >= self.end
 
     def deleted(self, start: int, detail: object) -> SourceError:
-        return SourceError(f"{self.where}: offsets from {start} are no longer on the broker "
-                           f"(deleted by retention?): {detail}")
+        # The batch is planned in the checkpoint, so every restart asks for the same offsets again.
+        return SourceError(f"{self.where}: offsets from {start} are no longer on the broker (deleted by retention "
+                           f"before they were read?): {detail}. Restarting reads the same planned offsets; to "
+                           "go on without these records, start a new checkpoint (SPARK_CHECKPOINT_LOCATION): it "
+                           "starts where SOURCE_KAFKA_CONSUMER_CONFIG_AUTO_OFFSET_RESET points")
 
 
 def _polls_kafka_python(brokers: str, topic: str, partition: int, start: int, end: int,

@@ -98,11 +98,28 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # --- driver side -----------------------------------------------------------------------------------
 
     def initialOffset(self) -> dict[str, Any]:
+        """Where a fresh checkpoint starts: the group's committed offset, else `starting_offsets`. A
+        committed offset the broker no longer has (retention deleted its records, or the topic was
+        recreated) is treated as Kafka consumers treat it: `starting_offsets` applies, with a warning
+        naming the gap. Starting there again would stop the job on its first batch, as the checkpoint
+        it replaces did, with nothing the user could do but reset the group by hand."""
         kafka = self._kafka()
         committed = kafka.committed_offsets(self.topics)
-        reset = (kafka.beginning_offsets(kafka.partitions(self.topics)) if self.starting == "earliest"
-                 else kafka.end_offsets(self.topics))
-        start = {t: {p: committed.get(t, {}).get(p, o) for p, o in parts.items()} for t, parts in reset.items()}
+        low = kafka.beginning_offsets(kafka.partitions(self.topics))
+        high = kafka.end_offsets(self.topics)
+        reset = low if self.starting == "earliest" else high
+        start: Offsets = {}
+        for t, parts in reset.items():
+            for p, fallback in parts.items():
+                at = committed.get(t, {}).get(p)
+                if at is not None and not low[t][p] <= at <= high[t][p]:
+                    log.warning("%s/%d: group %s committed offset %d, which is no longer on the broker (it holds "
+                                "%d to %d: deleted by retention, or the topic was recreated); the fresh checkpoint "
+                                "starts at %d (SOURCE_KAFKA_CONSUMER_CONFIG_AUTO_OFFSET_RESET=%s): the records "
+                                "between were never read", t, p, self.group_id, at, low[t][p], high[t][p], fallback,
+                                self.starting)
+                    at = None
+                start.setdefault(t, {})[p] = fallback if at is None else at
         log.info("starting a fresh checkpoint at %s (group %s committed %s)", start, self.group_id, committed)
         return _to_json(start)
 

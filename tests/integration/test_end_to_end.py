@@ -12,7 +12,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from firehose_bq import descriptors, sample
 from firehose_bq.config import WRITE_METHODS, Config
-from firehose_bq.errors import BatchFailedError
+from firehose_bq.errors import BatchFailedError, FirehoseError
 from firehose_bq.pipeline import Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.both_decoders]
@@ -94,6 +94,44 @@ def test_second_run_resumes_from_checkpoint(spark, job_config: Config, bq_client
 
     assert again.totals.messages == 50
     assert len(read_table(bq_client, job_config)) == 150
+
+
+def delete_records(brokers: str, topic: str, partition: int, before: int) -> None:
+    """What retention does: the partition's records below `before` are gone from the broker."""
+    from confluent_kafka import TopicPartition as Partition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": brokers})  # kept while its futures are awaited
+    for future in admin.delete_records([Partition(topic, partition, before)]).values():
+        future.result(30)
+
+
+def test_records_deleted_before_the_job_read_them_stop_it_and_a_new_checkpoint_goes_on(
+        spark, job_env: dict[str, str], job_config: Config, bq_client: bigquery.Client, tmp_path) -> None:  # noqa: ANN001
+    brokers, topic = job_config.source.brokers, job_config.source.topics[0]
+    produce_bookings(job_config, 30)
+    Pipeline(job_config, spark).run(available_now=True)  # the checkpoint and the group are at the end now
+    read_up_to = end_offsets(brokers, topic)
+    produce_bookings(job_config, 30, start=30)
+    new = {p: o - read_up_to[p] for p, o in end_offsets(brokers, topic).items()}
+    partition = max(new, key=new.__getitem__)
+    lost = min(3, new[partition])
+    delete_records(brokers, topic, partition, read_up_to[partition] + lost)
+
+    # The checkpoint plans from where it is: those offsets are gone, which stops the job (on every restart).
+    with pytest.raises(FirehoseError) as stopped:
+        Pipeline(job_config, spark).run(available_now=True)
+    assert f"{topic}/{partition}: offsets from {read_up_to[partition]} are no longer on the broker" in str(stopped.value)
+    assert "start a new checkpoint" in str(stopped.value)
+
+    # The way out the error names: a new checkpoint starts at the group's offsets where the broker still has
+    # them, and where SOURCE_KAFKA_CONSUMER_CONFIG_AUTO_OFFSET_RESET points where it does not.
+    fresh = Config.from_env({**job_env, "SPARK_CHECKPOINT_LOCATION": str(tmp_path / "new-checkpoint")})
+    summary = Pipeline(fresh, spark).run(available_now=True)
+    assert (summary.totals.messages, summary.totals.failed) == (30 - lost, 0)
+    # Every record still on the broker landed (the stopped batch's other partitions may have landed twice:
+    # Storage Write is at-least-once for a batch that fails), and only the deleted ones are missing.
+    assert len({row["order_number"] for row in read_table(bq_client, job_config)}) == 60 - lost
 
 
 def test_max_offsets_per_trigger_splits_batches(spark, job_env: dict[str, str], bq_client) -> None:

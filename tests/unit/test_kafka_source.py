@@ -144,3 +144,45 @@ def test_confluent_reader_never_asks_for_more_than_the_range_holds(monkeypatch) 
     read = list(RangeReader("b", CONFLUENT_KAFKA, 1000, 4).read("t", 0, 0, 7))
     assert [b.num_rows for b in read] == [4, 3]
     assert asked == [4, 3]
+
+
+class RetainedKafka:
+    """The driver's metadata client over one partition whose records `low` to `high` are on the broker."""
+
+    def __init__(self, low: int, high: int, committed: int | None) -> None:
+        self.low, self.high, self.committed = low, high, committed
+
+    def partitions(self, topics):  # noqa: ANN001, ANN201
+        return [("t", 0)]
+
+    def committed_offsets(self, topics):  # noqa: ANN001, ANN201
+        return {} if self.committed is None else {"t": {0: self.committed}}
+
+    def beginning_offsets(self, parts):  # noqa: ANN001, ANN201
+        return {"t": {p: self.low for _, p in parts}}
+
+    def end_offsets(self, topics):  # noqa: ANN001, ANN201
+        return {"t": {0: self.high}}
+
+
+def fresh_start(kafka: RetainedKafka, starting: str = "earliest") -> int:
+    reader = KafkaStreamReader({"brokers": "b:1", "topics": "t", "group_id": "g", "starting_offsets": starting})
+    reader._client = kafka  # type: ignore[assignment]
+    return reader.initialOffset()["t"]["0"]
+
+
+def test_a_fresh_checkpoint_starts_at_the_groups_committed_offset_or_where_it_is_told() -> None:
+    assert fresh_start(RetainedKafka(100, 2000, committed=400)) == 400
+    assert fresh_start(RetainedKafka(100, 2000, committed=2000)) == 2000, "caught up: nothing to read"
+    assert fresh_start(RetainedKafka(100, 2000, committed=None)) == 100
+    assert fresh_start(RetainedKafka(100, 2000, committed=None), "latest") == 2000
+
+
+def test_a_committed_offset_the_broker_no_longer_has_starts_where_auto_offset_reset_points(caplog) -> None:  # noqa: ANN001
+    """The way out of a job stopped by retention (its planned offsets are gone): a new checkpoint. It must
+    not start at the same deleted offset again, and the gap is said, never skipped quietly."""
+    assert fresh_start(RetainedKafka(1000, 2000, committed=400)) == 1000
+    assert "t/0: group g committed offset 400, which is no longer on the broker (it holds 1000 to 2000" in caplog.text
+    assert "the records between were never read" in caplog.text
+    assert fresh_start(RetainedKafka(1000, 2000, committed=400), "latest") == 2000
+    assert fresh_start(RetainedKafka(0, 50, committed=400)) == 0, "topic recreated: past its end"
