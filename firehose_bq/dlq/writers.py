@@ -66,9 +66,12 @@ class KafkaDlqWriter:
         current = letters[0]  # the letter being sent, or whose delivery is being awaited
         try:
             for current in letters:
+                # No timestamp of the record's own: the letter's is when it was written, so the topic's
+                # retention counts from then. With the original one, letters of a backlog older than the
+                # topic's retention.ms would be deleted as soon as their segment rolled, before any replay
+                # (their offsets committed already). The original is kept in -source-timestamp-ms.
                 sent.append((current, self._producer.send(self._topic, key=current.key, value=current.value,
-                                                          headers=current.kafka_headers(),
-                                                          timestamp_ms=current.timestamp_ms)))
+                                                          headers=current.kafka_headers())))
             self._producer.flush(max(0.0, deadline - time.monotonic()))
             for current, future in sent:
                 future.get(timeout=max(0.001, deadline - time.monotonic()))  # raises the send's own error

@@ -39,3 +39,31 @@ def test_a_letter_too_large_for_the_dlq_is_named_and_not_retried(stack_env: dict
     with pytest.raises(DeadLetterTooLargeError, match=r"orders/1@8 \(16,777,\d{3} bytes .*max.message.bytes"):
         dead_letter(cfg, letters, opener=opener)
     assert len(opened) == 1  # no retry can make it fit
+
+
+def test_a_letter_is_kept_by_the_dlq_topic_from_when_it_was_written(stack_env: dict[str, str]) -> None:
+    """A backlog older than the DLQ topic's retention must not be deleted as soon as it is dead-lettered:
+    the letter's Kafka timestamp is its write time, the original travels in a header (for the replay)."""
+    import time
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    brokers = stack_env["SOURCE_KAFKA_BROKERS"]
+    topic = f"dlq-time-{uuid.uuid4().hex[:8]}"
+    sample.ensure_topic(brokers, topic, 1)
+    cfg = dataclasses.replace(DlqConfig(enabled=True), kafka_brokers=brokers, kafka_topic=topic)
+    month_ago_ms = int(time.time() * 1000) - 30 * 86_400_000
+    before_ms = int(time.time() * 1000)
+    dead_letter(cfg, [dataclasses.replace(letter(7, b"old"), timestamp_ms=month_ago_ms)])
+
+    consumer = Consumer({"bootstrap.servers": brokers, "group.id": f"g-{topic}", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        record = consumer.poll(30)
+        assert record is not None and record.error() is None
+        _, stamp = record.timestamp()
+        assert stamp >= before_ms, f"letter timestamped {stamp}, before it was written ({before_ms})"
+        read = DeadLetter.from_kafka(record.key(), record.value(), list(record.headers() or []))
+        assert read.timestamp_ms == month_ago_ms and read.value == b"old"
+    finally:
+        consumer.close()
