@@ -3,14 +3,22 @@
 Every `*.jsonl` object under the root is one batch, in name order (`<topic>/<day>/<uuid>.jsonl`: by topic,
 then day). Handling a batch renames its object to `*.jsonl.replayed`: that rename is the batch's commit,
 so a replay run again skips what an earlier run finished, and an object is replayed whole or not at all.
+
+On Cloud Storage a rename is a copy and then a delete. Once the `.replayed` copy exists the batch is
+committed, even if the delete never happened (a crash, a failed request): the next replay finishes the
+rename instead of replaying the object, and committing a batch whose rename finished already (a replay
+that died before it cleared its pending batch) is a no-op, not an error.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 from firehose_bq.blobstore import BlobStore
 from firehose_bq.dlq.letters import DeadLetter, Position
+
+log = logging.getLogger(__name__)
 
 LETTERS_SUFFIX = ".jsonl"
 REPLAYED_SUFFIX = ".replayed"  # appended to an object whose letters were all handled
@@ -20,7 +28,10 @@ class BlobDlqSource:
     def __init__(self, store: BlobStore, max_messages: int | None) -> None:
         self._store = store
         self._limit = max_messages
-        self._names = [n for n in store.names() if n.endswith(LETTERS_SUFFIX)]
+        names = store.names()
+        replayed = {n.removesuffix(REPLAYED_SUFFIX) for n in names if n.endswith(LETTERS_SUFFIX + REPLAYED_SUFFIX)}
+        self._names = [n for n in names if n.endswith(LETTERS_SUFFIX) and n not in replayed]
+        self._half_renamed = sorted(replayed & set(names))  # committed: the copy exists, the delete did not happen
         # Read once: total() needs every line count before the first batch, and an object costs a request.
         self._texts: dict[str, str] = {}
 
@@ -33,6 +44,11 @@ class BlobDlqSource:
         return lines if self._limit is None else min(lines, self._limit)
 
     def batches(self) -> Iterator[tuple[list[DeadLetter], Position]]:
+        for name in self._half_renamed:
+            log.info("%s was replayed already (its %s copy exists): finishing its rename instead of replaying it",
+                     self._store.uri(name), REPLAYED_SUFFIX)
+            self._store.rename(name, name + REPLAYED_SUFFIX)
+        self._half_renamed = []
         left = self._limit
         for name in list(self._names):
             if name not in self._names:
@@ -47,7 +63,11 @@ class BlobDlqSource:
 
     def commit(self, position: Position) -> None:
         name = position["object"]
-        self._store.rename(name, name + REPLAYED_SUFFIX)
+        there = self._store.names(name)
+        if name not in there and name + REPLAYED_SUFFIX in there:
+            log.info("%s was committed already", self._store.uri(name))
+        else:
+            self._store.rename(name, name + REPLAYED_SUFFIX)
         if name in self._names:
             self._names.remove(name)
             self._texts.pop(name, None)

@@ -199,3 +199,28 @@ def test_a_committed_blob_position_is_skipped_by_the_batches_still_to_come(tmp_p
     source = BlobDlqSource(store, max_messages=None)
     source.commit(position)
     assert [letters for letters, _ in source.batches()] == [left] and done != left
+
+
+def test_committing_a_blob_batch_whose_rename_finished_is_a_no_op(tmp_path: Path) -> None:
+    """A replay that died after its commit (the rename) and before it cleared its pending batch: the next
+    replay commits that position again first, which must not fail on the object already renamed."""
+    store = LocalBlobStore(tmp_path)
+    BlobDlqWriter(store).write([LETTER])
+    ((_, position),) = list(BlobDlqSource(store, max_messages=None).batches())
+    BlobDlqSource(store, max_messages=None).commit(position)
+    again = BlobDlqSource(store, max_messages=None)
+    again.commit(position)
+    assert [n.endswith(".jsonl.replayed") for n in store.names()] == [True]
+    assert list(again.batches()) == []
+
+
+def test_a_half_renamed_blob_batch_is_committed_not_replayed_again(tmp_path: Path) -> None:
+    """On GCS a rename is a copy and a delete: a crash between them leaves both objects. The copy is the
+    commit, so the next replay finishes the rename instead of writing those letters twice."""
+    store = LocalBlobStore(tmp_path)
+    BlobDlqWriter(store).write([LETTER])
+    (name,) = store.names()
+    store.put(name + ".replayed", store.get(name))  # the copy, without the delete
+    source = BlobDlqSource(store, max_messages=None)
+    assert source.total() == 0 and list(source.batches()) == []
+    assert store.names() == [name + ".replayed"]
