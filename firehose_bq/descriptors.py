@@ -6,6 +6,7 @@ loads it once and Spark ships it to the Python workers, which build their own de
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import urllib.parse
 import urllib.request
@@ -46,10 +47,9 @@ class Descriptors:
         try:
             return self.pool().FindMessageTypeByName(full_name.removeprefix("."))
         except KeyError:
-            known = ", ".join(sorted(self.message_names())[:20])
             raise SchemaError(
                 f"message {full_name!r} is not in the descriptors from {', '.join(map(redact.url, self.sources))}; "
-                f"known messages include: {known}"
+                f"{_known_messages(full_name, self.message_names())}"
             ) from None
 
     def message_class(self, full_name: str) -> type[message.Message]:
@@ -101,6 +101,16 @@ def _fetch(url: str) -> bytes:
     except Exception as exc:  # protobuf raises DecodeError or RuntimeWarning-ish errors by backend
         raise SchemaError(f"{redact.url(url)} is not a serialized FileDescriptorSet: {exc}") from exc
     return data
+
+
+def _known_messages(wanted: str, names: list[str], shown: int = 20) -> str:
+    """The part of a "message not found" error that helps: the nearest names first, then the set's own
+    messages before the imported well-known types, which sort first and would otherwise fill the list."""
+    near = difflib.get_close_matches(wanted.removeprefix("."), names, n=2, cutoff=0.8)
+    ordered = sorted(set(names), key=lambda name: (name.startswith("google.protobuf."), name))
+    more = f" (and {len(ordered) - shown} more)" if len(ordered) > shown else ""
+    hint = f"did you mean {' or '.join(near)}? " if near else ""
+    return f"{hint}known messages: {', '.join(ordered[:shown])}{more}"
 
 
 def _build_pool(sets: tuple[bytes, ...]) -> descriptor_pool.DescriptorPool:

@@ -36,7 +36,9 @@ enum { K_SCALAR = 1, K_RECORD, K_TIMESTAMP, K_DURATION, K_DATE, K_WRAPPER, K_STR
        K_MSG };
 enum { S_SINGULAR = 1, S_REPEATED, S_MAP };
 enum { F_UTF8 = 1, F_CLOSED = 2, F_REQUIRED = 4, F_AUX_UTF8 = 8 };
-enum { C_STRUCT = 1, C_LIST, C_BOOL, C_I32, C_I64, C_F64, C_DEC, C_VAR, C_ENUM, C_CUT };
+/* C_U64TXT: a uint64/fixed64 in a STRING column, kept as the number and written as its decimal text at
+ * export, so that an absent value (a zeroed slot) reads "0" as in the reference, not "". */
+enum { C_STRUCT = 1, C_LIST, C_BOOL, C_I32, C_I64, C_F64, C_DEC, C_VAR, C_ENUM, C_CUT, C_U64TXT };
 enum { FAIL_DESERIALIZATION = 1, FAIL_INVALID = 2 };
 enum { CUT_MESSAGE = 0, CUT_ENTRY = 1 };
 
@@ -625,13 +627,11 @@ static int store_scalar(Ctx *c, const char *name, int vt, int32_t col, int64_t s
     case C_ENUM:
         ((int32_t *)b->slots)[slot] = (int32_t)(uint32_t)v->u ^ cp->enum_default;
         return OK;
+    case C_U64TXT:
+        ((uint64_t *)b->slots)[slot] = v->u;
+        return OK;
     case C_VAR:
-        if (vt == VT_STRING || vt == VT_BYTES) return var_set(c, col, slot, v->p, v->n);
-        {
-            char text[24];
-            int n = snprintf(text, sizeof text, "%llu", (unsigned long long)v->u);
-            return var_set(c, col, slot, text, (size_t)n);
-        }
+        return var_set(c, col, slot, v->p, v->n);
     case C_DEC: {
         /* NUMERIC (scale 9) of an unsigned 64-bit value: value * 10^9 fits 128 bits */
         unsigned __int128 x = (unsigned __int128)v->u * 1000000000u;
@@ -1635,7 +1635,7 @@ static int export_col(Ctx *c, int32_t col, struct ArrowArray *a, PyObject *texts
         a->n_buffers = 3;
         break;
     }
-    case C_ENUM: case C_CUT: {
+    case C_ENUM: case C_CUT: case C_U64TXT: {
         int32_t *off = calloc((size_t)n + 1, 4);
         if (!off) return E_NOMEM;
         pv->bufs[1] = off;
@@ -1646,10 +1646,13 @@ static int export_col(Ctx *c, int32_t col, struct ArrowArray *a, PyObject *texts
         for (int64_t i = 0; i < n; i++) {
             const char *s = NULL;
             uint32_t sl = 0;
-            char tmp[16];
+            char tmp[24];
             if (!cp->nullable || b->valid[i]) {
                 if (ep) {
                     s = enum_name(ep, ((int32_t *)b->slots)[i] ^ cp->enum_default, tmp, &sl);
+                } else if (cp->kind == C_U64TXT) {
+                    sl = (uint32_t)snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)((uint64_t *)b->slots)[i]);
+                    s = tmp;
                 } else {
                     uint32_t idx = ((uint32_t *)b->slots)[i];
                     PyObject *t = idx && texts ? PyList_GET_ITEM(texts, idx - 1) : Py_None;
@@ -1887,7 +1890,7 @@ static int parse_columns(PlanObject *pl, PyObject *columns) {
         if (!PyArg_ParseTuple(PyList_GET_ITEM(columns, k), "iiO!ii", &kind, &nullable, &PyTuple_Type, &children,
                               &enum_id, &enum_default))
             return -1;
-        if (kind < C_STRUCT || kind > C_CUT) return bad_plan("column kind");
+        if (kind < C_STRUCT || kind > C_U64TXT) return bad_plan("column kind");
         cp->kind = (uint8_t)kind;
         cp->nullable = (uint8_t)(nullable != 0);
         cp->enum_id = enum_id;
@@ -1910,7 +1913,7 @@ static int parse_columns(PlanObject *pl, PyObject *columns) {
         case C_LIST: case C_VAR: cp->esize = 4; cp->offsets = 1; break;
         case C_BOOL: cp->esize = 1; break;
         case C_I32: case C_ENUM: case C_CUT: cp->esize = 4; break;
-        case C_I64: case C_F64: cp->esize = 8; break;
+        case C_I64: case C_F64: case C_U64TXT: cp->esize = 8; break;
         case C_DEC: cp->esize = 16; break;
         }
         if (kind == C_VAR) cp->var_idx = pl->nvar++;
@@ -2124,7 +2127,7 @@ static PyObject *Plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
             case K_SCALAR: case K_WRAPPER:
                 good = vt == VT_ENUM ? ck == C_ENUM : vt == VT_BOOL ? ck == C_BOOL
                      : (vt == VT_FLOAT || vt == VT_DOUBLE) ? ck == C_F64 : (vt == VT_STRING || vt == VT_BYTES) ? ck == C_VAR
-                     : is_unsigned64(vt) ? (ck == C_I64 || ck == C_DEC || ck == C_VAR) : ck == C_I64;
+                     : is_unsigned64(vt) ? (ck == C_I64 || ck == C_DEC || ck == C_U64TXT) : ck == C_I64;
                 break;
             case K_RECORD: good = ck == C_STRUCT; break;
             case K_TIMESTAMP: good = ck == C_I64; break;
@@ -2239,7 +2242,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     CONST(S_SINGULAR); CONST(S_REPEATED); CONST(S_MAP);
     CONST(F_UTF8); CONST(F_CLOSED); CONST(F_REQUIRED); CONST(F_AUX_UTF8);
     CONST(C_STRUCT); CONST(C_LIST); CONST(C_BOOL); CONST(C_I32); CONST(C_I64); CONST(C_F64); CONST(C_DEC);
-    CONST(C_VAR); CONST(C_ENUM); CONST(C_CUT);
+    CONST(C_VAR); CONST(C_ENUM); CONST(C_CUT); CONST(C_U64TXT);
     CONST(FAIL_DESERIALIZATION); CONST(FAIL_INVALID); CONST(CUT_MESSAGE); CONST(CUT_ENTRY); CONST(MAX_LEVEL);
 #undef CONST
     return m;

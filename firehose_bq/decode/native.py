@@ -132,6 +132,8 @@ class _PlanBuilder:
             return self.column("C_BOOL", nullable)
         if pa.types.is_floating(arrow):
             return self.column("C_F64", nullable)
+        if pa.types.is_string(arrow) and fd.type in (FD.TYPE_UINT64, FD.TYPE_FIXED64):
+            return self.column("C_U64TXT", nullable)
         if pa.types.is_string(arrow) or pa.types.is_binary(arrow):
             return self.column("C_VAR", nullable)
         if pa.types.is_decimal(arrow):

@@ -7,6 +7,7 @@ import ast
 import importlib
 import pkgutil
 import re
+from decimal import Decimal
 from pathlib import Path
 
 from firehose_bq.devstack import bqemulator_patches
@@ -39,3 +40,20 @@ def test_the_launcher_applies_every_patch_and_each_has_an_apply() -> None:
     for name in patch_modules():
         assert callable(importlib.import_module(f"{bqemulator_patches.__name__}.{name}").apply)
         assert f"{name}.apply" in launcher, f"the launcher does not apply {name}"
+
+
+def test_insert_all_accepts_numerics_wider_than_decimals_default_precision() -> None:
+    """NUMERIC holds 29 integer digits at scale 9 (38 in all): 2^64-1 (a uint64 column as NUMERIC) is one."""
+    from types import SimpleNamespace
+
+    from firehose_bq.devstack.bqemulator_patches.row_values import validate_row
+
+    # bqemulator's TableFieldSchema, as the module takes it
+    fields = [SimpleNamespace(name=n, type=t, mode="NULLABLE", fields=[]) for n, t in (("n", "NUMERIC"), ("b", "BIGNUMERIC"))]
+    biggest = "9" * 29 + "." + "9" * 9
+    row, error = validate_row({"n": 2**64 - 1, "b": "1" * 38 + "." + "1" * 38}, fields, ignore_unknown=False)
+    assert error is None and row is not None and row["n"] == Decimal(2**64 - 1)
+    row, error = validate_row({"n": biggest}, fields, ignore_unknown=False)
+    assert error is None and row is not None and str(row["n"]) == biggest
+    row, error = validate_row({"n": "1" + "0" * 29}, fields, ignore_unknown=False)  # 30 integer digits
+    assert row is None and error is not None and "Invalid NUMERIC value" in error.message

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as dt_time
-from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation, localcontext
 from typing import Any
 
 from ._bq_types import canonical_type, mode
@@ -139,12 +139,16 @@ def _coerce_numeric(value: Any, loc: str, bq_type: str) -> Decimal:
     if isinstance(value, str) and not _NUMBER_RE.match(value):
         raise bad
     try:
-        number = Decimal(str(value).strip())
-        # BigQuery rounds extra fractional digits rather than rejecting them.
-        number = number.quantize(Decimal(1).scaleb(-scale), rounding=ROUND_HALF_EVEN)
+        # Wide enough for every value of the type at its scale (BIGNUMERIC: 38 + 38 digits): the default
+        # context's 28 digits made quantize refuse valid NUMERICs such as 2^64-1 (29 digits at scale 9).
+        with localcontext(prec=max_int_digits + scale + 2):
+            number = Decimal(str(value).strip())
+            # BigQuery rounds extra fractional digits rather than rejecting them.
+            number = number.quantize(Decimal(1).scaleb(-scale), rounding=ROUND_HALF_EVEN)
+            too_big = not number.is_finite() or abs(number) >= Decimal(10) ** max_int_digits
     except InvalidOperation:
         raise bad from None
-    if not number.is_finite() or abs(number) >= Decimal(10) ** max_int_digits:
+    if too_big:
         raise bad
     return number
 

@@ -32,10 +32,12 @@ pytestmark = pytest.mark.skipif(bool(native_unavailable()), reason="the native d
 
 SETTINGS = settings(max_examples=15, deadline=None, database=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
-# Every combination a column plan depends on: the top level, the key's level, cut fields, sanitized names.
+# Every combination a column plan depends on: the top level, the key's level, cut fields, sanitized names,
+# uint64/fixed64 columns of each type.
 OPTIONS = [(1, SchemaOptions(), False), (2, SchemaOptions(), False), (1, SchemaOptions(max_depth=3), False),
            (2, SchemaOptions(max_depth=2, sanitize_names=True), False), (1, SchemaOptions(max_depth=1), False),
-           (1, SchemaOptions(max_depth=5), True)]
+           (1, SchemaOptions(max_depth=5), True), (1, SchemaOptions(uint64_type="STRING"), False),
+           (2, SchemaOptions(max_depth=3, uint64_type="NUMERIC"), False)]
 
 
 def _all_messages() -> list[tuple[str, str]]:
@@ -53,7 +55,8 @@ def binary(values: list[bytes | None]) -> pa.Array:
 
 @pytest.mark.parametrize("tree,name", ALL_MESSAGES, ids=[f"{t}:{n}" for t, n in ALL_MESSAGES])
 @pytest.mark.parametrize("depth,options,framed", OPTIONS,
-                         ids=["top", "key", "cut3", "key-cut2-sanitized", "cut1", "framed-cut5"])
+                         ids=["top", "key", "cut3", "key-cut2-sanitized", "cut1", "framed-cut5", "u64-string",
+                              "key-cut3-u64-numeric"])
 def test_random_messages_agree(trees: dict[str, Descriptors], tree: str, name: str, depth: int,
                                options: SchemaOptions, framed: bool) -> None:
     """Batches of valid messages, messages with unknown fields and invalid UTF-8, NULLs and noise."""
@@ -296,6 +299,9 @@ def test_uint64_opt_in_keeps_every_value(trees: dict[str, Descriptors], uint64_t
         assert row["f_fixed64"] == decimal.Decimal(2**64 - 1) and row["f_uint64"] == decimal.Decimal(2**63)
     else:
         assert row["f_fixed64"] == expected and row["f_uint64"] == str(2**63)
+    absent, _ = _one(trees, "testdata.AllTypes", b"", options)  # proto3 leaves a 0 off the wire: it reads 0
+    zero = decimal.Decimal(0) if uint64_type == "NUMERIC" else "0"
+    assert absent.values[0].as_py()["f_fixed64"] == zero and absent.values[0].as_py()["f_uint64"] == zero
     edge, _ = _one(trees, "testdata.Edge3", length_delimited(14, varint(2**64 - 1) + varint(1))
                    + length_delimited(5, tag(1, VARINT) + varint(2**64 - 1) + length_delimited(2, tag(1, VARINT) + varint(2**63))),
                    options)

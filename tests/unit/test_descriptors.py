@@ -1,0 +1,38 @@
+"""Descriptors: what a user sees when INPUT_SCHEMA_PROTO_CLASS names no message of the set."""
+
+from __future__ import annotations
+
+import pytest
+from google.protobuf import descriptor_pb2, timestamp_pb2
+
+from firehose_bq.descriptors import Descriptors
+from firehose_bq.errors import SchemaError
+
+
+def _set_with_imports() -> Descriptors:
+    """A user's file plus what `--include_imports` brings: descriptor.proto alone has 30-odd messages,
+    all sorting before the user's package."""
+    fds = descriptor_pb2.FileDescriptorSet()
+    for module in (descriptor_pb2, timestamp_pb2):
+        module.DESCRIPTOR.CopyToProto(fds.file.add())
+    user = fds.file.add(name="shop/orders.proto", package="shop.v1", syntax="proto3")
+    for name in ("Order", "OrderKey", "Refund"):
+        user.message_type.add(name=name)
+    return Descriptors((fds.SerializeToString(),), ("orders.desc",))
+
+
+def test_a_misspelled_class_is_answered_with_the_nearest_names_and_the_sets_own_messages() -> None:
+    with pytest.raises(SchemaError) as caught:
+        _set_with_imports().find_message("shop.v1.Ordr")
+    text = str(caught.value)
+    assert "'shop.v1.Ordr' is not in the descriptors from orders.desc" in text
+    assert "did you mean shop.v1.Order" in text
+    listed = text.split("known messages: ", 1)[1]
+    assert listed.startswith("shop.v1.Order, shop.v1.OrderKey, shop.v1.Refund, google.protobuf.")
+    assert listed.endswith("more)")
+
+
+def test_a_name_like_none_lists_the_messages_without_a_guess() -> None:
+    with pytest.raises(SchemaError) as caught:
+        _set_with_imports().find_message("zzz.Nothing")
+    assert "did you mean" not in str(caught.value) and "known messages: shop.v1.Order" in str(caught.value)
