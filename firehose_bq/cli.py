@@ -186,8 +186,9 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from firehose_bq.spark import spark_session, start_workers, stop_session
     from firehose_bq.telemetry import Telemetry
 
-    # Descriptors before Spark: an unreachable registry fails in seconds, not after the JVM starts.
-    # (JSON input has none: the table is its schema.)
+    # The source and the descriptors before Spark: an unreachable broker or registry fails in seconds,
+    # not after the JVM starts. (JSON input has no descriptors: the table is its schema.)
+    _check_source(cfg)
     cache = descriptor_cache(cfg).start() if cfg.input_schema.data_type == "PROTOBUF" else None
     telemetry = Telemetry(cfg.metrics, cfg.spark.app_name).start()
     spark, workers = None, None
@@ -223,6 +224,18 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         if spark is not None:
             stop_session(spark, workers)
         telemetry.close()
+
+
+def _check_source(cfg: Config) -> None:
+    """The brokers answer and every topic exists, before Spark starts: otherwise the first to find out is
+    the query's source process, after the JVM's start, and Spark reports it under pages of its own traces."""
+    from firehose_bq.source.kafka_client import KafkaMetadataClient
+
+    client = KafkaMetadataClient(cfg.source.brokers, cfg.source.consumer_group_id)
+    try:
+        client.partitions(cfg.source.topics)
+    finally:
+        client.close()
 
 
 def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

@@ -110,3 +110,11 @@ def test_lines_logged_in_spark_tasks_are_json_with_the_tasks_context(job_env: di
         assert line["logger"].startswith("firehose_bq.") and isinstance(line["batch_id"], int)
         assert (line["topic"], line["partition"], line["table"], line["error_type"]) == (
             topic, 1, job_config.bigquery.table_ref, "DESERIALIZATION_ERROR")
+
+
+def test_a_missing_topic_stops_the_run_before_spark_starts(job_env: dict[str, str]) -> None:
+    """The source is checked before the JVM starts: a clear line in seconds, not Spark's traces after it."""
+    done = firehose("run", "--available-now", env=job_env, timeout=60)  # job_env's topic was never created
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"topic {job_env['SOURCE_KAFKA_TOPIC']!r} does not exist" in done.stderr
+    assert "org.apache.spark" not in done.stdout + done.stderr and "SparkContext" not in done.stderr
