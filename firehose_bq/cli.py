@@ -186,13 +186,13 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from firehose_bq.spark import spark_session, start_workers, stop_session
     from firehose_bq.telemetry import Telemetry
 
-    # The source and the descriptors before Spark: an unreachable broker or registry fails in seconds,
+    # The descriptors and the source before Spark: an unreachable registry or broker fails in seconds,
     # not after the JVM starts. (JSON input has no descriptors: the table is its schema.)
-    _check_source(cfg)
     cache = descriptor_cache(cfg).start() if cfg.input_schema.data_type == "PROTOBUF" else None
     telemetry = Telemetry(cfg.metrics, cfg.spark.app_name).start()
     spark, workers = None, None
     try:
+        _check_source(cfg)
         spark = spark_session(cfg.spark)
         workers = start_workers(spark)
         if cache is None:

@@ -416,4 +416,5 @@ def _letter(source: pa.RecordBatch, failure: RowError, route: str) -> DeadLetter
     return DeadLetter(message_error(source, failure), source["key"][i].as_py(), source["value"][i].as_py(),
                       tuple((h["key"], h["value"]) for h in headers),
                       micros // 1000 if micros is not None and micros >= 0 else None, attempt,
-                      int(time.time() * 1000), route=route, exception_class=cause_of(failure))
+                      int(time.time() * 1000), route=route, exception_class=cause_of(failure),
+                      timestamp_type=source["timestamp_type"][i].as_py(), leader_epoch=source["leader_epoch"][i].as_py())

@@ -22,6 +22,8 @@ H_TOPIC = HEADER_PREFIX + "source-topic"
 H_PARTITION = HEADER_PREFIX + "source-partition"
 H_OFFSET = HEADER_PREFIX + "source-offset"
 H_TIMESTAMP = HEADER_PREFIX + "source-timestamp-ms"
+H_TIMESTAMP_TYPE = HEADER_PREFIX + "source-timestamp-type"  # Kafka's id: 0 CreateTime, 1 LogAppendTime
+H_LEADER_EPOCH = HEADER_PREFIX + "source-leader-epoch"
 H_FAILED_AT = HEADER_PREFIX + "failed-at-ms"
 H_ATTEMPT = HEADER_PREFIX + "attempt-count"
 H_ROUTE = HEADER_PREFIX + "route"  # the destination table the record had (empty: unrouted)
@@ -47,14 +49,20 @@ class DeadLetter:
     failed_at_ms: int
     route: str = ""  # `dataset.table` the record was routed to; empty when it had none
     exception_class: str = ""
+    # The record's metadata columns besides its coordinates and time, for the replay's rows (None: unknown,
+    # as in letters written before they were kept).
+    timestamp_type: int | None = None
+    leader_epoch: int | None = None
 
     def kafka_headers(self) -> list[tuple[str, bytes]]:
         e = self.error
         extra = {H_TYPE: e.error_type.value, H_MESSAGE: e.message[:MAX_MESSAGE_CHARS], H_TOPIC: e.topic,
                  H_PARTITION: str(e.partition), H_OFFSET: str(e.offset), H_FAILED_AT: str(self.failed_at_ms),
                  H_ATTEMPT: str(self.attempt), H_ROUTE: self.route, H_EXCEPTION: self.exception_class}
-        if self.timestamp_ms is not None:
-            extra[H_TIMESTAMP] = str(self.timestamp_ms)
+        for header, number in ((H_TIMESTAMP, self.timestamp_ms), (H_TIMESTAMP_TYPE, self.timestamp_type),
+                               (H_LEADER_EPOCH, self.leader_epoch)):
+            if number is not None:
+                extra[header] = str(number)
         own = [(k, v if v is not None else b"") for k, v in self.headers]
         return own + [(k, v.encode()) for k, v in extra.items()]
 
@@ -66,9 +74,10 @@ class DeadLetter:
         try:
             error = MessageError(ErrorType(ours[H_TYPE]), ours[H_TOPIC], int(ours[H_PARTITION]),
                                  int(ours[H_OFFSET]), ours.get(H_MESSAGE, ""))
-            stamp = int(ours[H_TIMESTAMP]) if H_TIMESTAMP in ours else None
+            stamp, kind, epoch = (int(ours[h]) if h in ours else None
+                                  for h in (H_TIMESTAMP, H_TIMESTAMP_TYPE, H_LEADER_EPOCH))
             return cls(error, key, value, tuple(own), stamp, int(ours.get(H_ATTEMPT, "1")),
-                       int(ours.get(H_FAILED_AT, "0")), ours.get(H_ROUTE, ""), ours.get(H_EXCEPTION, ""))
+                       int(ours.get(H_FAILED_AT, "0")), ours.get(H_ROUTE, ""), ours.get(H_EXCEPTION, ""), kind, epoch)
         except (KeyError, ValueError) as exc:
             raise ValueError(f"not a firehose-bq dead letter (missing or bad header {exc})") from None
 
@@ -78,7 +87,8 @@ class DeadLetter:
             "error_type": e.error_type.value, "error_message": e.message, "topic": e.topic,
             "partition": e.partition, "offset": e.offset, "timestamp_ms": self.timestamp_ms,
             "failed_at_ms": self.failed_at_ms, "attempt": self.attempt, "route": self.route,
-            "exception_class": self.exception_class, "key": _b64(self.key),
+            "exception_class": self.exception_class, "timestamp_type": self.timestamp_type,
+            "leader_epoch": self.leader_epoch, "key": _b64(self.key),
             "value": _b64(self.value), "headers": [[k, _b64(v)] for k, v in self.headers],
         }, separators=(",", ":"))
 
@@ -87,7 +97,8 @@ class DeadLetter:
         d = json.loads(line)
         error = MessageError(ErrorType(d["error_type"]), d["topic"], d["partition"], d["offset"], d["error_message"])
         return cls(error, _unb64(d["key"]), _unb64(d["value"]), tuple((k, _unb64(v)) for k, v in d["headers"]),
-                   d["timestamp_ms"], d["attempt"], d["failed_at_ms"], d.get("route", ""), d.get("exception_class", ""))
+                   d["timestamp_ms"], d["attempt"], d["failed_at_ms"], d.get("route", ""), d.get("exception_class", ""),
+                   d.get("timestamp_type"), d.get("leader_epoch"))
 
 
 def _b64(data: bytes | None) -> str | None:

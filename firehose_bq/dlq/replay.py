@@ -178,9 +178,9 @@ def letters_batch(letters: list[DeadLetter]) -> pa.RecordBatch:
         "topic": [x.error.topic for x in letters], "partition": [x.error.partition for x in letters],
         "offset": [x.error.offset for x in letters],
         "timestamp": [x.timestamp_ms * 1000 if x.timestamp_ms is not None else None for x in letters],
-        "timestamp_type": [None] * len(letters),
+        "timestamp_type": [x.timestamp_type for x in letters],
         "headers": [[{"key": k, "value": v} for k, v in x.headers] for x in letters],
-        "leader_epoch": [None] * len(letters),
+        "leader_epoch": [x.leader_epoch for x in letters],
     }
     arrays = [pa.array(columns[f.name], type=f.type) for f in ARROW_SCHEMA]
     arrays.append(pa.array([x.attempt for x in letters], pa.int32()))

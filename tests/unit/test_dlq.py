@@ -103,6 +103,22 @@ def test_replayed_records_keep_their_original_coordinates() -> None:
     assert insert_ids(batch).to_pylist() == ["orders_2_41"]
     assert (row["key"], row["value"], row["dlq_attempt"]) == (b"key", b"\x00\xffvalue", LETTER.attempt)
     assert row["timestamp"].timestamp() == 1_700_000_000
+    assert (row["timestamp_type"], row["leader_epoch"]) == (None, None), "unknown for an older letter"
+
+
+def test_a_letter_keeps_the_records_timestamp_type_and_leader_epoch_for_the_replay() -> None:
+    """So that a replayed row's metadata columns are what the stream would have written."""
+    from firehose_bq.dlq.replay import letters_batch
+
+    letter = dataclasses.replace(LETTER, timestamp_type=1, leader_epoch=7)
+    assert DeadLetter.from_kafka(letter.key, letter.value, letter.kafka_headers()).leader_epoch == 7
+    assert DeadLetter.from_kafka(letter.key, letter.value, letter.kafka_headers()).timestamp_type == 1
+    assert DeadLetter.from_json(letter.to_json()) == letter
+    row = letters_batch([letter]).to_pylist()[0]
+    assert (row["timestamp_type"], row["leader_epoch"]) == (1, 7)
+    # Letters written before these were kept read back as unknown.
+    old = {k: v for k, v in json.loads(letter.to_json()).items() if k not in ("timestamp_type", "leader_epoch")}
+    assert DeadLetter.from_json(json.dumps(old)).timestamp_type is None
 
 
 def test_blob_letters_read_back_one_object_per_batch_and_the_rename_commits(tmp_path: Path) -> None:

@@ -102,7 +102,8 @@ def test_every_record_is_written_dead_lettered_or_failed_once(test_descriptors: 
                                                               letters: list[DeadLetter]) -> None:
     plan = FakePlan(FakeWriter(bad={"bad"}))
     first = source_batch(values(test_descriptors, "a", "bad", None), offsets=[10, 11, 12],
-                         keys=[b"k0", b"k1", b"k2"], headers=[[("h", b"1")]] * 3)
+                         keys=[b"k0", b"k1", b"k2"], headers=[[("h", b"1")]] * 3, timestamp_types=[0, 1, 0],
+                         leader_epochs=[4, 5, 6])
     second = source_batch([*values(test_descriptors, "c"), b"\xff"], offsets=[13, 14])
     result = process_batch([first, second], spec(test_descriptors), plan, handling())
     s = result.stats
@@ -113,6 +114,7 @@ def test_every_record_is_written_dead_lettered_or_failed_once(test_descriptors: 
     by_offset = {x.error.offset: x for x in letters}
     assert sorted(by_offset) == [11, 12, 14]
     assert by_offset[11].key == b"k1" and by_offset[11].headers == (("h", b"1"),) and by_offset[11].attempt == 1
+    assert (by_offset[11].timestamp_type, by_offset[11].leader_epoch) == (1, 5)
     assert by_offset[12].value is None and by_offset[11].timestamp_ms == 1000
     # What failed each: the exception raised for it, or the component that refused it (seed 004).
     assert by_offset[14].exception_class == "google.protobuf.message.DecodeError"
