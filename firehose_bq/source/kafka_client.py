@@ -236,7 +236,12 @@ class _Progress:
     def _why(self) -> str:
         """What the consumer last heard of the partition's end, when it explains the stall: a range planned
         past the LSO (under read_uncommitted, e.g. by an earlier run) waits there for the transaction."""
-        high = self._high_watermark() if self._isolation_level == READ_COMMITTED else None
+        if self._isolation_level != READ_COMMITTED:
+            return ""
+        try:
+            high = self._high_watermark()
+        except Exception:  # noqa: BLE001 - a hint only: the stall error itself must go out whatever it meets
+            return ""
         if high is None or high <= self.position:
             return ""
         return (f" (the broker holds records up to {high}: a transaction still open at {self.position} keeps "

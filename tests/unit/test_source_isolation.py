@@ -262,3 +262,19 @@ def test_the_planners_end_is_the_last_stable_offset_under_read_committed(monkeyp
     # available-now keeps the end it froze at start; the transaction's records are the next run's.
     assert source.latestOffset({"t": {"0": 0}}, ReadAllAvailable()) == {"t": {"0": 4}}
     assert source.reportLatestOffset() == {"t": {"0": 7}}
+
+
+def test_the_stall_error_goes_out_when_its_hint_cannot_be_had(monkeypatch: pytest.MonkeyPatch) -> None:
+    import confluent_kafka as ck
+
+    partition = Partition()
+    partition.add(None, 3)
+    partition.add(OPEN, 3)
+    fake_librdkafka(monkeypatch, partition)
+
+    def broken(self: object, tp: object, timeout: float = 0, cached: bool = False) -> tuple:
+        raise ck.KafkaException(ck.KafkaError(ck.KafkaError._STATE))
+
+    monkeypatch.setattr(ck.Consumer, "get_watermark_offsets", broken)
+    with pytest.raises(SourceError, match=r"^t/0: no progress for 300 ms at offset 3, planned to read up to 6$"):
+        list(RangeReader("b:1", CONFLUENT_KAFKA, stall_timeout_ms=300).read("t", 0, 0, 6))
