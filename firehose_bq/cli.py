@@ -259,7 +259,7 @@ def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         brokers = cfg.source.brokers if topic == cfg.bigquery.route_fallback_topic else dlq.kafka_brokers
         group = args.group or (f"{cfg.source.consumer_group_id}-replay-{topic}" if args.topic
                                else f"{cfg.source.consumer_group_id}-dlq-replay")
-        source = KafkaDlqSource(brokers, topic, group, args.max_messages)
+        source = KafkaDlqSource(brokers, topic, group, args.max_messages, cfg.source.isolation_level)
     from firehose_bq.telemetry import Telemetry
 
     telemetry = Telemetry(cfg.metrics, f"{cfg.spark.app_name}-dlq-replay").start()

@@ -27,6 +27,7 @@ from firehose_bq.schema import UINT64_COLUMN_TYPES, parse_metadata_columns
 from firehose_bq.settings import SettingDoc, load_section, read_env_file, setting
 from firehose_bq.settings import reference as _reference
 from firehose_bq.settings import reference_markdown as _reference_markdown
+from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED
 from firehose_bq.telemetry import MetricsConfig
 from firehose_bq.upsert.config import UpsertConfig
 
@@ -79,6 +80,16 @@ class SourceConfig:
         "error naming the partition (a broker that lost data must not hang the job).",
         120_000,
         minimum=1000,
+    )
+    isolation_level: str = setting(
+        "SOURCE_KAFKA_ISOLATION_LEVEL",
+        "Which records of transactional producers are read. `read_committed`: only those of committed "
+        "transactions (aborted ones never reach the table), and each batch ends at the last stable offset, "
+        "so records of a transaction still open are read in a later batch, once it commits. "
+        "`read_uncommitted`: every record, aborted ones included, up to the high watermark. The batch "
+        "planner, the reader tasks (either SOURCE_KAFKA_CLIENT) and `replay-dlq` all use it.",
+        READ_COMMITTED,
+        choices=ISOLATION_LEVELS,
     )
 
 

@@ -42,6 +42,7 @@ from firehose_bq.errors import FirehoseError
 from firehose_bq.metrics import BatchStats
 from firehose_bq.modes import FileLoadsMode, WriteMode, batch_stats, handling_of, reaches_driver_step, settle, write_mode
 from firehose_bq.source.batches import ARROW_SCHEMA
+from firehose_bq.source.kafka_client import READ_COMMITTED
 from firehose_bq.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -73,14 +74,19 @@ class DlqSource(Protocol):
 
 
 class KafkaDlqSource:
-    """The DLQ topic from the group's committed offsets (or the beginning) up to its end at start."""
+    """The DLQ topic from the group's committed offsets (or the beginning) up to its end at start.
 
-    def __init__(self, brokers: str, topic: str, group_id: str, max_messages: int | None) -> None:
+    At the source's isolation level: the job's own letters are never transactional (both levels read
+    them alike), but a topic replayed with `--topic` may be written by anyone. One consumer answers both
+    the end and the reads, so they agree: under read_committed the end is the last stable offset."""
+
+    def __init__(self, brokers: str, topic: str, group_id: str, max_messages: int | None,
+                 isolation_level: str = READ_COMMITTED) -> None:
         from kafka import KafkaConsumer, TopicPartition
 
         self._consumer = KafkaConsumer(bootstrap_servers=brokers, group_id=group_id, enable_auto_commit=False,
                                        auto_offset_reset="earliest", max_partition_fetch_bytes=MAX_FETCH_BYTES,
-                                       fetch_max_bytes=MAX_FETCH_BYTES)
+                                       fetch_max_bytes=MAX_FETCH_BYTES, isolation_level=isolation_level)
         found = self._consumer.partitions_for_topic(topic)
         if not found:
             self._consumer.close()

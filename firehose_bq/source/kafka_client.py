@@ -1,8 +1,12 @@
 """The few Kafka operations the source needs: offsets over kafka-python, reading over either client.
 
 Offsets are plain dicts `{topic: {partition: offset}}` (partition as int here; the Spark-facing
-offset JSON uses string keys, see `kafka_source.py`). "End" offsets are exclusive: the offset of the
-next record to be written, i.e. the high watermark.
+offset JSON uses string keys, see `kafka_source.py`). "End" offsets are exclusive: the first offset a
+reader at the job's isolation level cannot read yet. Under read_committed (the default) that is the last
+stable offset (LSO: the first record of the oldest transaction still open, else the high watermark), under
+read_uncommitted the high watermark. Planner and readers must use the same level: a read_committed reader
+asked to read past the LSO waits there until the transaction ends, and a read_uncommitted one writes the
+records of aborted transactions.
 
 kafka-python is imported where it is used: Spark's source and task workers import this module, and with
 the default confluent-kafka reader most of them (tasks reading ranges, planning workers) never touch
@@ -35,21 +39,26 @@ Offsets = dict[str, dict[int, int]]
 REQUEST_TIMEOUT_MS = 30_000
 # Largest fetch per partition (kafka-python's default is 1 MiB; bigger fetches cut round trips).
 MAX_PARTITION_FETCH_BYTES = 8 * 1024 * 1024
+# Kafka's isolation levels (`isolation.level`), by their names in every client.
+READ_COMMITTED = "read_committed"
+READ_UNCOMMITTED = "read_uncommitted"
+ISOLATION_LEVELS = (READ_COMMITTED, READ_UNCOMMITTED)
 # Rows per Arrow batch a range is read in: large enough to amortize per-batch costs, small enough that a
 # task holds a few MB, not a whole partition's backlog.
 READ_BATCH_ROWS = 10_000
 
 
 class KafkaMetadataClient:
-    """Driver-side view of topics, watermarks and the consumer group's committed offsets.
+    """Driver-side view of topics, end offsets and the consumer group's committed offsets.
 
     On librdkafka (confluent-kafka), whichever client the readers use: Spark starts a new source process
     for every streaming query, and this client is on its critical path. Made and used once there, it
-    costs ≈ 40 ms against kafka-python's ≈ 175 ms (its import alone is 140 ms), for the same answers:
-    end offsets are the high watermarks (isolation read_uncommitted, as kafka-python's default is), and
-    commits go to the group without joining it."""
+    costs ≈ 40 ms against kafka-python's ≈ 175 ms (its import alone is 140 ms), for the same answers.
+    End offsets are those a reader at `isolation_level` can reach: librdkafka's watermark query honours
+    `isolation.level` since 1.8 (librdkafka#3423), so under read_committed its "high" is the LSO. Commits
+    go to the group without joining it."""
 
-    def __init__(self, brokers: str, group_id: str) -> None:
+    def __init__(self, brokers: str, group_id: str, isolation_level: str = READ_COMMITTED) -> None:
         import confluent_kafka as ck
 
         self._ck = ck
@@ -60,7 +69,7 @@ class KafkaMetadataClient:
             "group.id": group_id,
             "client.id": f"firehose-bq-{group_id}",
             "enable.auto.commit": False,
-            "isolation.level": "read_uncommitted",
+            "isolation.level": isolation_level,
             "socket.timeout.ms": REQUEST_TIMEOUT_MS,
         })
 
@@ -150,18 +159,20 @@ class RangeReader:
     client: str  # KAFKA_PYTHON or CONFLUENT_KAFKA (`resolve_client` has settled `auto`)
     stall_timeout_ms: int
     batch_rows: int = READ_BATCH_ROWS
+    isolation_level: str = READ_COMMITTED  # the one the ranges were planned with (KafkaMetadataClient)
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
         """Records of one partition in [start, end), as Arrow batches (batches.ARROW_SCHEMA) of at most
         `batch_rows` rows.
 
-        Offsets may have gaps (compaction, transaction markers), so the loop ends when the consumer's
-        position reaches `end`, not after a fixed count. A start offset that retention already deleted
+        Offsets may have gaps (compaction, transaction markers, under read_committed the records of
+        aborted transactions), so the loop ends when the consumer's position reaches `end`, not after a
+        fixed count. A start offset that retention already deleted
         is an error, not a silent skip: those messages never reached the table.
         """
         confluent = self.client == CONFLUENT_KAFKA
         polls = (_polls_confluent if confluent else _polls_kafka_python)(
-            self.brokers, topic, partition, start, end, self.stall_timeout_ms, self.batch_rows)
+            self.brokers, topic, partition, start, end, self.stall_timeout_ms, self.batch_rows, self.isolation_level)
         build = batches.from_confluent if confluent else batches.from_kafka_python
         for messages in _rebatch(polls, self.batch_rows):
             yield _uncollected(build, messages, topic, partition)
@@ -207,9 +218,11 @@ def _rebatch(polls: Iterator[list[Any]], size: int) -> Iterator[list[Any]]:
 class _Progress:
     """Tracks a partition read: where it is, and whether it has stalled."""
 
-    def __init__(self, topic: str, partition: int, start: int, end: int, stall_timeout_ms: int) -> None:
+    def __init__(self, topic: str, partition: int, start: int, end: int, stall_timeout_ms: int,
+                 isolation_level: str, high_watermark: Callable[[], int | None]) -> None:
         self.where = f"{topic}/{partition}"
         self.position, self.end, self.stall_timeout_ms = start, end, stall_timeout_ms
+        self._isolation_level, self._high_watermark = isolation_level, high_watermark
         self._last = time.monotonic()
 
     def advance(self, position: int | None) -> None:
@@ -218,7 +231,21 @@ class _Progress:
             self._last = time.monotonic()
         elif (time.monotonic() - self._last) * 1000 > self.stall_timeout_ms:
             raise SourceError(f"{self.where}: no progress for {self.stall_timeout_ms} ms at offset "
-                              f"{self.position}, planned to read up to {self.end}")
+                              f"{self.position}, planned to read up to {self.end}{self._why()}")
+
+    def _why(self) -> str:
+        """What the consumer last heard of the partition's end, when it explains the stall: a range planned
+        past the LSO (under read_uncommitted, e.g. by an earlier run) waits there for the transaction."""
+        if self._isolation_level != READ_COMMITTED:
+            return ""
+        try:
+            high = self._high_watermark()
+        except Exception:  # noqa: BLE001 - a hint only: the stall error itself must go out whatever it meets
+            return ""
+        if high is None or high <= self.position:
+            return ""
+        return (f" (the broker holds records up to {high}: a transaction still open at {self.position} keeps "
+                f"read_committed reads there until it commits or aborts)")
 
     @property
     def done(self) -> bool:
@@ -233,7 +260,7 @@ class _Progress:
 
 
 def _polls_kafka_python(brokers: str, topic: str, partition: int, start: int, end: int,
-                        stall_timeout_ms: int, batch_rows: int) -> Iterator[list[Any]]:
+                        stall_timeout_ms: int, batch_rows: int, isolation_level: str) -> Iterator[list[Any]]:
     """kafka-python's ConsumerRecords below `end`, one list per poll."""
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import OffsetOutOfRangeError
@@ -243,12 +270,14 @@ def _polls_kafka_python(brokers: str, topic: str, partition: int, start: int, en
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="none",
+        isolation_level=isolation_level,
         max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES,
         fetch_max_bytes=4 * MAX_PARTITION_FETCH_BYTES,
         request_timeout_ms=REQUEST_TIMEOUT_MS,
     )
     tp = TopicPartition(topic, partition)
-    progress = _Progress(topic, partition, start, end, stall_timeout_ms)
+    progress = _Progress(topic, partition, start, end, stall_timeout_ms, isolation_level,
+                         lambda: consumer.highwater(tp))
     try:
         consumer.assign([tp])
         consumer.seek(tp, start)
@@ -263,10 +292,12 @@ def _polls_kafka_python(brokers: str, topic: str, partition: int, start: int, en
         consumer.close(autocommit=False)
 
 
-def confluent_config(brokers: str, batch_rows: int) -> dict[str, Any]:
+def confluent_config(brokers: str, batch_rows: int, isolation_level: str = READ_COMMITTED) -> dict[str, Any]:
     """librdkafka settings of a range reader."""
     return {
         "bootstrap.servers": brokers,
+        # Always explicit: librdkafka's default (read_committed) is not kafka-python's (read_uncommitted).
+        "isolation.level": isolation_level,
         "group.id": "firehose-bq-reader",  # required by librdkafka; nothing is ever committed with it
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -287,14 +318,16 @@ def confluent_config(brokers: str, batch_rows: int) -> dict[str, Any]:
 
 
 def _polls_confluent(brokers: str, topic: str, partition: int, start: int, end: int,
-                     stall_timeout_ms: int, batch_rows: int) -> Iterator[list[Any]]:
+                     stall_timeout_ms: int, batch_rows: int, isolation_level: str) -> Iterator[list[Any]]:
     """The same over librdkafka, which fetches and decodes in C, tens of times faster here: its
     Messages below `end`, error events taken out, one list per poll."""
     import confluent_kafka as ck
 
-    consumer = ck.Consumer(confluent_config(brokers, batch_rows))
+    consumer = ck.Consumer(confluent_config(brokers, batch_rows, isolation_level))
     offset = ck.Message.offset
-    progress = _Progress(topic, partition, start, end, stall_timeout_ms)
+    tp = ck.TopicPartition(topic, partition)
+    progress = _Progress(topic, partition, start, end, stall_timeout_ms, isolation_level,
+                         lambda: _cached_high_watermark(consumer, tp))
     try:
         consumer.assign([ck.TopicPartition(topic, partition, start)])
         while not progress.done:
@@ -306,11 +339,17 @@ def _polls_confluent(brokers: str, topic: str, partition: int, start: int, end: 
                 polled = [m for m in polled
                           if m.error() is None or not _skippable(ck, m.error(), m, topic, partition, start, progress)]
             # Gaps (compaction, transaction markers) leave no message to see: ask for the position too.
-            position = consumer.position([ck.TopicPartition(topic, partition)])[0].offset
+            position = consumer.position([tp])[0].offset
             progress.advance(max(position, offset(polled[-1]) + 1) if polled else position)
             yield _below(polled, end, offset)
     finally:
         consumer.close()
+
+
+def _cached_high_watermark(consumer: Any, tp: Any) -> int | None:
+    """The high watermark of the consumer's last fetch (no request); None before the first."""
+    watermarks = consumer.get_watermark_offsets(tp, cached=True)
+    return watermarks[1] if watermarks is not None and watermarks[1] >= 0 else None
 
 
 def _skippable(ck: Any, error: Any, message: Any, topic: str, partition: int, start: int,

@@ -5,6 +5,9 @@ Spark's built-in Kafka source needs jars this deployment cannot fetch, so this i
 - each micro-batch is one Spark partition per Kafka partition with new records;
 - `maxOffsetsPerTrigger` caps a batch, shared across partitions in proportion to their backlog;
 - `Trigger.AvailableNow` reads up to the end offsets seen when the query starts, then stops;
+- end offsets are those of the `isolation_level` the tasks read with (kafka_client.KafkaMetadataClient):
+  under read_committed the last stable offset, so a batch never ends inside a transaction still open,
+  whose records a later batch reads once it has committed;
 - a fresh checkpoint starts at the consumer group's committed offsets, else at `startingOffsets`;
 - after Spark commits a batch, its end offsets are committed to the consumer group, only so that lag
   monitoring works: the checkpoint, not the group, is what a restart resumes from.
@@ -35,7 +38,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from firehose_bq.errors import SourceError
-from firehose_bq.source.kafka_client import KafkaMetadataClient, Offsets
+from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED, KafkaMetadataClient, Offsets
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +59,8 @@ class KafkaRange(InputPartition):
 
 class KafkaDataSource(DataSource):
     """Options: brokers, topics (comma-separated), group_id, starting_offsets [earliest|latest],
-    max_offsets_per_trigger (-1 = no limit). Spark lower-cases option names."""
+    max_offsets_per_trigger (-1 = no limit), isolation_level [read_committed|read_uncommitted] (the
+    tasks' RangeReader must use the same). Spark lower-cases option names."""
 
     @classmethod
     def name(cls) -> str:
@@ -81,6 +85,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.starting not in ("earliest", "latest"):
             raise SourceError(f"starting_offsets must be earliest or latest, got {self.starting!r}")
         self.max_offsets = int(options.get("max_offsets_per_trigger", "-1"))
+        self.isolation_level = options.get("isolation_level", READ_COMMITTED)
+        if self.isolation_level not in ISOLATION_LEVELS:
+            raise SourceError(f"isolation_level must be one of {', '.join(ISOLATION_LEVELS)}, "
+                              f"got {self.isolation_level!r}")
         self._target: Offsets | None = None  # end offsets frozen by Trigger.AvailableNow
         self._client: KafkaMetadataClient | None = None
 
@@ -92,7 +100,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _kafka(self) -> KafkaMetadataClient:
         if self._client is None:
-            self._client = KafkaMetadataClient(self.brokers, self.group_id)
+            self._client = KafkaMetadataClient(self.brokers, self.group_id, self.isolation_level)
         return self._client
 
     # --- driver side -----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The source's range reader against the real broker, over both clients: the same Arrow batch from
 each, exact [start, end) ranges, records the Arrow rules must keep (tombstones, NULL keys, headers
-with NULL values, timestamps), transaction markers, and a stall that ends in a clear error."""
+with NULL values, timestamps), transaction markers, aborted and open transactions as the source plans and
+reads them, and a stall that ends in a clear error."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ from kafka.admin import KafkaAdminClient, NewTopic
 
 from firehose_bq.errors import SourceError
 from firehose_bq.source.batches import ARROW_SCHEMA
-from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, KAFKA_PYTHON, RangeReader
+from firehose_bq.source.kafka_client import (
+    CONFLUENT_KAFKA,
+    KAFKA_PYTHON,
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
+    RangeReader,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -109,6 +116,100 @@ def test_transaction_markers_leave_gaps_that_end_the_range(brokers: str, client:
     table = read(brokers, topic, 0, end, client)
     assert table.column("value").to_pylist() == [b"v0", b"v1", b"v2"] * 2
     assert end > table.num_rows  # the markers' offsets were there, and passed over
+
+
+def transactional_producer(brokers: str, topic: str):  # noqa: ANN201 - confluent_kafka.Producer
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": brokers, "transactional.id": f"tx-{topic}-{uuid.uuid4().hex[:6]}"})
+    producer.init_transactions(30)
+    return producer
+
+
+def produce_plain(brokers: str, topic: str, values: list[bytes]) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": brokers, "acks": "all"})
+    for value in values:
+        producer.produce(topic, value=value, partition=0)
+    assert producer.flush(30) == 0
+
+
+def plan_and_read(brokers: str, topic: str, client: str, start: dict[str, dict[str, int]], isolation_level: str,
+                  stall_timeout_ms: int = 20_000) -> tuple[dict[str, dict[str, int]], pa.Table, float]:
+    """One `--available-now` query as the job runs it, without Spark: the source freezes its end at start
+    and plans the range from `start`, the task reads it at the same isolation level. Returns the end, what
+    was read, and how long reading took."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from firehose_bq.source.kafka_source import KafkaStreamReader
+
+    source = KafkaStreamReader({"brokers": brokers, "topics": topic, "group_id": f"g-{topic}",
+                                "isolation_level": isolation_level})
+    try:
+        source.prepareForTriggerAvailableNow()
+        end = source.latestOffset(start, ReadAllAvailable())
+        ranges = source.partitions(start, end)
+    finally:
+        source.stop()
+    reader = RangeReader(brokers, client, stall_timeout_ms, 7, isolation_level)
+    started = time.monotonic()
+    batches = [b for r in ranges for b in reader.read(r.topic, r.partition, r.start, r.end)]
+    return end, pa.Table.from_batches(batches, schema=ARROW_SCHEMA), time.monotonic() - started
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_an_aborted_transaction_never_reaches_a_read_committed_reader(brokers: str, client: str) -> None:
+    topic = new_topic(brokers)
+    produce_plain(brokers, topic, [b"before0", b"before1"])
+    producer = transactional_producer(brokers, topic)
+    producer.begin_transaction()
+    for i in range(3):
+        producer.produce(topic, value=b"aborted%d" % i, partition=0)
+    producer.flush(30)
+    producer.abort_transaction(30)
+    produce_plain(brokers, topic, [b"after0"])
+    start = {topic: {"0": 0}}
+
+    end, table, _ = plan_and_read(brokers, topic, client, start, READ_COMMITTED)
+    assert table.column("value").to_pylist() == [b"before0", b"before1", b"after0"]
+    assert end == {topic: {"0": 7}}  # 2 + 3 aborted + the abort marker + 1: all passed over, none stalls
+
+    # The other choice reads them, up to the same end (no transaction is open): both clients alike.
+    _, everything, _ = plan_and_read(brokers, topic, client, start, READ_UNCOMMITTED)
+    assert everything.column("value").to_pylist() == [b"before0", b"before1", b"aborted0", b"aborted1",
+                                                      b"aborted2", b"after0"]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_an_open_transaction_ends_the_batch_before_it_and_is_read_once_committed(brokers: str, client: str) -> None:
+    """A producer mid-transaction must neither stall the batch (planned past the LSO, a read_committed
+    reader waits there for the stall timeout, then fails) nor let its records in before it commits."""
+    topic = new_topic(brokers)
+    produce_plain(brokers, topic, [b"before0", b"before1", b"before2"])
+    producer = transactional_producer(brokers, topic)
+    producer.begin_transaction()
+    for i in range(3):
+        producer.produce(topic, value=b"open%d" % i, partition=0)
+    producer.flush(30)  # on the broker, transaction still open
+    produce_plain(brokers, topic, [b"after0", b"after1"])  # not transactional, but behind the open ones
+
+    end, table, seconds = plan_and_read(brokers, topic, client, {topic: {"0": 0}}, READ_COMMITTED)
+    assert end == {topic: {"0": 3}}  # the LSO, not the high watermark (8)
+    assert table.column("value").to_pylist() == [b"before0", b"before1", b"before2"]
+    assert seconds < 5, f"read of what precedes the open transaction took {seconds:.1f} s"
+    assert plan_and_read(brokers, topic, client, end, READ_COMMITTED)[0] == end  # still open: nothing new
+    # What the old planner did (to the high watermark): the read_committed reader cannot get there.
+    with pytest.raises(SourceError, match=rf"{topic}/0: no progress for 1500 ms at offset 3, planned to read up "
+                                          rf"to 8 \(the broker holds records up to 8: a transaction still open at 3"):
+        read(brokers, topic, 0, 8, client, stall_timeout_ms=1500)
+
+    producer.commit_transaction(30)
+    later, table, seconds = plan_and_read(brokers, topic, client, end, READ_COMMITTED)
+    assert later == {topic: {"0": 9}}  # the commit marker took offset 8
+    assert table.column("value").to_pylist() == [b"open0", b"open1", b"open2", b"after0", b"after1"]
+    assert table.column("offset").to_pylist() == [3, 4, 5, 6, 7]
+    assert seconds < 5
 
 
 @pytest.mark.parametrize("client", CLIENTS)
