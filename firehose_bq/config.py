@@ -309,12 +309,15 @@ class BigQueryConfig:
         "(anonymous credentials; `firehose-bq stack status --env` prints it); unset = real Cloud Storage.",
         None,
     )
-    file_loads_job_timeout_ms: int = setting(
-        "SINK_BIGQUERY_FILE_LOADS_JOB_TIMEOUT_MS",
-        "With `file_loads`: how long the driver waits for a batch's load job; past it the batch fails "
-        "(offsets not committed) and the replay finds the same job again instead of loading twice.",
+    job_timeout_ms: int = setting(
+        "SINK_BIGQUERY_JOB_TIMEOUT_MS",
+        "How long the driver waits for a batch's BigQuery job (the load job of `file_loads`, the MERGE of "
+        "upsert/delete), polling it; past it the batch fails (offsets not committed) and its retry or replay "
+        "finds the same job by its id instead of writing twice. Not SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS, "
+        "which bounds each request.",
         600_000,
         minimum=1000,
+        formerly=("SINK_BIGQUERY_FILE_LOADS_JOB_TIMEOUT_MS",),
     )
     insert_all_batch_size: int = setting(
         "SINK_BIGQUERY_INSERT_ALL_BATCH_SIZE",
@@ -627,5 +630,5 @@ def reference_markdown(sections: tuple[type, ...] | None = None) -> str:
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """Set variables under this sink's prefixes that no setting reads (probably typos)."""
-    known = {d.env for d in reference()}
+    known = {name for d in reference() for name in (d.env, *d.formerly)}
     return sorted(k for k in environ if k.startswith(OWNED_PREFIXES) and k not in known)

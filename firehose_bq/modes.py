@@ -26,6 +26,7 @@ from firehose_bq.batch.core import TaskPlan, TaskResult
 from firehose_bq.batch.rows import Rows, Writable
 from firehose_bq.bigquery import file_loads
 from firehose_bq.bigquery.client import Clients, make_client
+from firehose_bq.bigquery.jobs import checkpoint_identity
 from firehose_bq.bigquery.writers import RowWriter
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.dlq.config import KAFKA
@@ -206,10 +207,11 @@ class UpsertMode(WriteMode):
 
     name = UPSERT
 
-    def __init__(self, config: Config, descriptor_source: DescriptorSource | None) -> None:
+    def __init__(self, config: Config, descriptor_source: DescriptorSource | None,
+                 identity: Callable[[], str]) -> None:
         from firehose_bq.upsert.flush import UpsertSession
 
-        self.session = UpsertSession(config, descriptor_source, handling_of(config))
+        self.session = UpsertSession(config, descriptor_source, handling_of(config), identity)
         super().__init__(config, self.session.schema)
 
     def trigger_interval_ms(self) -> int:
@@ -222,7 +224,7 @@ class UpsertMode(WriteMode):
         return self.session.task(batch)
 
     def finish(self, batch: int, results: Sequence[TaskResult]) -> None:
-        self.session.flush(batch)
+        self.session.flush(batch, [report for result in results for report in result.reports])
 
     def close(self) -> None:
         self.session.close()  # drops this run's intermediate table
@@ -230,17 +232,18 @@ class UpsertMode(WriteMode):
 
 def write_mode(config: Config, descriptor_source: DescriptorSource | None = None, *,
                staging: file_loads.StagingArea | None = None, identity: Callable[[], str] | None = None) -> WriteMode:
-    """The configured mode. `staging` and `identity` (file loads) default to the streaming job's: the
-    configured staging area and the checkpoint's query id."""
+    """The configured mode. `staging` (file loads) and `identity` (what batch ids count in: part of the
+    load and MERGE job ids) default to the streaming job's: the configured staging area and the
+    checkpoint's query id."""
+    checkpoint = config.spark.checkpoint_location
+    identity = identity or (lambda: checkpoint_identity(checkpoint))
     if config.upsert.enabled:  # whatever the write method: upserts go through their intermediate table
-        return UpsertMode(config, descriptor_source)
+        return UpsertMode(config, descriptor_source, identity)
     schema = SinkSchema(config, descriptor_source)
     method = config.bigquery.effective_write_method
     if method in (FILE_LOADS, MIXED):
-        checkpoint = config.spark.checkpoint_location
         kind = MixedMode if method == MIXED else FileLoadsMode
-        return kind(config, schema, staging or file_loads.staging_area(config),
-                    identity or (lambda: file_loads.checkpoint_identity(checkpoint)))
+        return kind(config, schema, staging or file_loads.staging_area(config), identity)
     return StorageWriteMode(config, schema) if method == STORAGE_WRITE else WriteMode(config, schema)
 
 

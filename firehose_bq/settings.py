@@ -27,9 +27,12 @@ def setting(
     choices: tuple[str, ...] = (),
     minimum: int | None = None,
     maximum: int | None = None,
+    formerly: tuple[str, ...] = (),
 ) -> Any:
-    """Declare a config field read from `env`; no default means the variable is required."""
-    meta = {"env": env, "doc": doc, "choices": choices, "minimum": minimum, "maximum": maximum}
+    """Declare a config field read from `env`; no default means the variable is required. `formerly`:
+    earlier names of the variable, still read when `env` is not set (deployments keep working)."""
+    meta = {"env": env, "doc": doc, "choices": choices, "minimum": minimum, "maximum": maximum,
+            "formerly": formerly}
     if default is dataclasses.MISSING:
         return field(metadata=meta)
     if isinstance(default, dict):
@@ -43,6 +46,7 @@ class SettingDoc:
     default: str
     doc: str
     required: bool
+    formerly: tuple[str, ...] = ()
 
 
 def reference(sections: tuple[type, ...]) -> list[SettingDoc]:
@@ -53,7 +57,7 @@ def reference(sections: tuple[type, ...]) -> list[SettingDoc]:
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             required = default is dataclasses.MISSING
             docs.append(SettingDoc(f.metadata["env"], "" if required else _format_default(default),
-                                   _doc_with_choices(f), required))
+                                   _doc_with_choices(f), required, f.metadata.get("formerly", ())))
     return docs
 
 
@@ -90,7 +94,7 @@ def load_section(cls: type, environ: Mapping[str, str], problems: list[str]) -> 
     before = len(problems)
     values = {}
     for f in dataclasses.fields(cls):
-        env = f.metadata["env"]
+        env = _set_name(f.metadata, environ, problems)
         raw = (environ.get(env) or "").strip()
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         # An empty optional string is a value (e.g. metadata at the root); anything else empty is unset.
@@ -109,6 +113,15 @@ def load_section(cls: type, environ: Mapping[str, str], problems: list[str]) -> 
     except ConfigError as exc:  # a section's own cross-checks (__post_init__)
         problems.extend(exc.problems)
         return None
+
+
+def _set_name(meta: Mapping[str, Any], environ: Mapping[str, str], problems: list[str]) -> str:
+    """The name a setting is read under: its own, else the first of its former names that is set."""
+    env = meta["env"]
+    names = [n for n in (env, *meta.get("formerly", ())) if (environ.get(n) or "").strip()]
+    if len({environ[n].strip() for n in names}) > 1:
+        problems.append(f"{env}: set differently under its former name(s) too ({', '.join(names[1:])}); set one")
+    return names[0] if names else env
 
 
 def _parse(raw: str, annotation: Any, meta: Mapping[str, Any]) -> Any:
@@ -163,4 +176,6 @@ def _doc_with_choices(f: dataclasses.Field[Any]) -> str:
     doc = f.metadata["doc"]
     if f.metadata["choices"]:
         doc += f" One of: {', '.join(f.metadata['choices'])}."
+    if f.metadata.get("formerly"):
+        doc += f" Formerly {', '.join(f'`{n}`' for n in f.metadata['formerly'])} (still read)."
     return doc

@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 # A source batch may carry this column: how often each record was dead-lettered before (replay-dlq).
 ATTEMPT_COLUMN = "dlq_attempt"
 # The write path a writer class is, as metrics label it.
-WRITE_PATHS = {"InsertAllWriter": "insertall", "StorageWriteWriter": "storage_write", "StagingWriter": "file_loads"}
+WRITE_PATHS = {"InsertAllWriter": "insertall", "ChangelogWriter": "insertall", "StorageWriteWriter": "storage_write",
+               "StagingWriter": "file_loads"}
 UNKNOWN_FIELDS = "fields that no known descriptor version has (INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE=false)"
 KEY_UNKNOWN_FIELDS = ("key: fields that no known descriptor version has (INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE"
                       "=false; additional_properties keeps only the value's)")

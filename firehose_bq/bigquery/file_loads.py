@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import posixpath
-import re
 import shutil
 import tempfile
 import time
@@ -45,14 +44,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from google.api_core import exceptions as api_exceptions
 from google.auth import exceptions as auth_exceptions
 from google.cloud import bigquery
 
-from firehose_bq.bigquery.classify import REASON_TYPES, classify_exception, classify_row_errors, describe_row_errors
+from firehose_bq.bigquery.classify import classify_exception
 from firehose_bq.bigquery.client import REQUEST_ERRORS, attempt_options, call_options
 from firehose_bq.bigquery.conform import LiveTable
+from firehose_bq.bigquery.jobs import BatchJobs, OffsetCover, OffsetRange, batch_job_id
 from firehose_bq.blobstore import GCS_SCHEME, BlobStore, GcsOptions, open_blob_store
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.errors import ErrorType, RowError, SinkError
@@ -65,35 +63,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STAGED_SUFFIX = ".parquet"
-# BigQuery job ids: letters, digits, `_` and `-`, at most 1,024 characters.
-_JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
-# A job id that exists but failed cannot be reused; the retry of such a batch takes the next suffix.
-# Each attempt is a load job against the daily quota, so a batch that keeps failing stops here.
-MAX_JOB_ATTEMPTS = 20
-# Load-job errors kept in the SinkError's text; BigQuery returns up to ~100 per job.
-ERRORS_SHOWN = 5
-# Polling a running load job: soon at first (small loads take about a second), then less often.
-FIRST_POLL_S, MAX_POLL_S = 0.2, 5.0
 DEFAULT_STAGING_DIR = "staging"
 # A load job takes at most 10,000 source URIs; a batch stages one object per task and table (more only
 # when the table changes during the task).
 MAX_SOURCE_URIS = 10_000
 # What failing to reach the staging area raises: Cloud Storage (API, HTTP, credentials) or a local disk.
 STORE_ERRORS = (*REQUEST_ERRORS, auth_exceptions.GoogleAuthError, OSError)
-# insertId = topic_partition_offset (a topic name may hold `_`, the numbers cannot).
-_COORDINATES = r"^(?P<topic>.*)_(?P<partition>-?[0-9]+)_(?P<offset>-?[0-9]+)$"
-
-
-@dataclass(frozen=True)
-class OffsetRange:
-    """The Kafka records one staged file holds from one partition: first and last offset, row count."""
-
-    topic: str
-    partition: int
-    first: int
-    last: int
-    rows: int
-
 
 @dataclass
 class StagedFile:
@@ -178,7 +153,7 @@ class StagingWriter:
         self._scratch: Path | None = None
         self._files: list[tuple[Path, str]] = []  # local Parquet files, each with its schema digest
         self._file: pq.ParquetWriter | None = None
-        self._ranges: dict[tuple[str, int], list[int]] = {}  # (topic, partition) → [first, last, rows]
+        self._cover = OffsetCover()
         self._closed = False
 
     def write(self, rows: pa.RecordBatch, insert_ids: pa.StringArray | None) -> list[RowError]:
@@ -189,7 +164,7 @@ class StagingWriter:
         fitted = self._live.fit(rows)
         if fitted.rows.num_rows:
             self._stage(fitted.rows)
-            self._cover(insert_ids.take(pa.array(fitted.positions)))
+            self._cover.add(insert_ids.take(pa.array(fitted.positions)))
             self.staged.rows += fitted.rows.num_rows
         return fitted.failures
 
@@ -209,21 +184,6 @@ class StagingWriter:
             self._files.append((path, _schema_digest(rows.schema)))
         self._file.write_batch(rows)
 
-    def _cover(self, insert_ids: pa.StringArray) -> None:
-        """Add the rows' Kafka coordinates to the offset ranges the staged files hold."""
-        parts = pc.extract_regex(insert_ids, _COORDINATES)
-        if parts.null_count:
-            bad = insert_ids.filter(parts.is_null())[0]
-            raise ValueError(f"insert id {bad} is not topic_partition_offset")
-        coordinates = pa.table({"topic": parts.field("topic"), "partition": parts.field("partition").cast(pa.int64()),
-                                "offset": parts.field("offset").cast(pa.int64())})
-        spans = coordinates.group_by(["topic", "partition"]).aggregate(
-            [("offset", "min"), ("offset", "max"), ("offset", "count")])
-        for span in spans.to_pylist():
-            first, last, count = span["offset_min"], span["offset_max"], span["offset_count"]
-            known = self._ranges.setdefault((span["topic"], span["partition"]), [first, last, 0])
-            known[0], known[1], known[2] = min(known[0], first), max(known[1], last), known[2] + count
-
     def close(self) -> None:
         if self._closed:
             return
@@ -236,8 +196,7 @@ class StagingWriter:
         finally:
             if self._scratch is not None:
                 shutil.rmtree(self._scratch, ignore_errors=True)
-        self.staged.ranges = [OffsetRange(t, p, first, last, rows)
-                              for (t, p), (first, last, rows) in sorted(self._ranges.items())]
+        self.staged.ranges = self._cover.ranges()
 
     def _put_files(self) -> None:
         for path, digest in self._files:
@@ -259,26 +218,8 @@ def staged_json(writer: object) -> str | None:
 
 def load_job_id(table_ref: str, checkpoint: str, batch_id: int, staged: Sequence[StagedFile]) -> str:
     """Deterministic over replays of one batch: the same table, checkpoint, batch and Kafka records."""
-    ranges = sorted((r.topic, r.partition, r.first, r.last, r.rows) for f in staged for r in f.ranges)
-    digest = hashlib.sha256(json.dumps([table_ref, checkpoint, batch_id, ranges]).encode()).hexdigest()[:24]
-    table = _JOB_ID_UNSAFE.sub("_", table_ref.split(".", 1)[-1])[:200]
-    return f"firehose_bq_{table}_b{batch_id}_{digest}"
-
-
-def attempt_job_id(base: str, attempt: int) -> str:
-    return base if attempt == 0 else f"{base}_retry{attempt}"
-
-
-def checkpoint_identity(checkpoint_location: str) -> str:
-    """The streaming query's persistent id from the checkpoint's `metadata` file, else the location.
-
-    The id is new for a new checkpoint, so a fresh checkpoint on the same path never mistakes an old
-    run's jobs for its own."""
-    path = Path(checkpoint_location.removeprefix("file://")) / "metadata"
-    try:
-        return str(json.loads(path.read_text().splitlines()[0])["id"])
-    except (OSError, ValueError, KeyError, IndexError):
-        return checkpoint_location
+    ranges = [(r.topic, r.partition, r.first, r.last, r.rows) for f in staged for r in f.ranges]
+    return batch_job_id("firehose_bq_", table_ref, checkpoint, batch_id, ranges)
 
 
 def combine(paths: Sequence[Path], target: Path) -> Path:
@@ -374,6 +315,7 @@ class FileLoader:
         self._handling = handling or ErrorHandling(retry_deadline_ms=cfg.retry_deadline_ms)
         self._call = attempt_options(cfg)
         self._sleep, self._clock = sleep, clock
+        self._jobs = BatchJobs(client, "load job", cfg.table_ref, self._call, cfg.job_timeout_ms / 1000, sleep, clock)
 
     def load(self, batch_id: int, staged: Sequence[StagedFile]) -> LoadOutcome | None:
         """Load the batch's files into the table, or find that an earlier attempt did; raise SinkError on
@@ -383,47 +325,23 @@ class FileLoader:
             return None
         return retry_call(lambda: self._load(batch_id, staged), self._handling.write_backoff(),
                           retry_on=self._handling.retries, give_up=gave_up,
-                          what=f"batch {batch_id}: load into {self._cfg.table_ref}", sleep=self._sleep, clock=self._clock)
+                          what=f"batch {batch_id}: load into {self._cfg.table_ref}", sleep=self._sleep,
+                          clock=self._clock)
 
     def _load(self, batch_id: int, staged: Sequence[StagedFile]) -> LoadOutcome:
         rows = sum(f.rows for f in staged)
-        base = load_job_id(self._cfg.table_ref, self._checkpoint, batch_id, staged)
         started = self._clock()
-        for attempt in range(MAX_JOB_ATTEMPTS):
-            job_id = attempt_job_id(base, attempt)
-            job = self._existing(job_id)
-            already = job is not None
-            if job is None:
-                job = self._start(batch_id, job_id, staged)
-            if job is None:  # 409: created by an earlier attempt between our lookup and our request
-                job, already = self._existing(job_id), True
-                if job is None:
-                    raise SinkError(ErrorType.SINK_UNKNOWN_ERROR, f"load job {job_id} exists (409) but cannot be read")
-            self._wait(job)
-            if job.error_result:
-                if already:
-                    log.info("batch %d: earlier load job %s failed; trying a new one", batch_id, job_id)
-                    continue
-                raise self._failure(job)
-            if already:
-                log.info("batch %d: load job %s already loaded these rows (a replay): not loading again",
-                         batch_id, job_id)
-            else:
-                log.info("batch %d: load job %s loaded %d rows from %d file(s) into %s in %.2f s", batch_id, job_id,
-                         rows, len(staged), self._cfg.table_ref, self._clock() - started)
-            return LoadOutcome(job_id, rows, already)
-        raise SinkError(ErrorType.SINK_UNKNOWN_ERROR,
-                        f"batch {batch_id}: {MAX_JOB_ATTEMPTS} load jobs for it failed ({base}...); stopping")
+        run = self._jobs.run(load_job_id(self._cfg.table_ref, self._checkpoint, batch_id, staged),
+                             lambda job_id: self._start(batch_id, job_id, staged))
+        if run.already:
+            log.info("batch %d: load job %s already loaded these rows (a replay): not loading again",
+                     batch_id, run.job_id)
+        else:
+            log.info("batch %d: load job %s loaded %d rows from %d file(s) into %s in %.2f s", batch_id, run.job_id,
+                     rows, len(staged), self._cfg.table_ref, self._clock() - started)
+        return LoadOutcome(run.job_id, rows, run.already)
 
-    def _existing(self, job_id: str) -> bigquery.LoadJob | None:
-        try:
-            return self._client.get_job(job_id, **self._call)  # type: ignore[return-value]
-        except api_exceptions.NotFound:
-            return None
-        except REQUEST_ERRORS as exc:
-            raise SinkError(classify_exception(exc), f"looking up load job {job_id} failed: {exc}") from exc
-
-    def _start(self, batch_id: int, job_id: str, staged: Sequence[StagedFile]) -> bigquery.LoadJob | None:
+    def _start(self, batch_id: int, job_id: str, staged: Sequence[StagedFile]) -> bigquery.LoadJob:
         names = [name for f in staged for name in f.objects]
         unseen = self._unseen(names)
         if unseen is not None:
@@ -437,8 +355,8 @@ class FileLoader:
                 and len(uris) <= MAX_SOURCE_URIS):
             log.info("batch %d: load job %s: %d rows from %d staged object(s) under %s", batch_id, job_id, rows,
                      len(uris), self._store.uri())
-            return self._begin(job_id, lambda: self._client.load_table_from_uri(
-                uris, self._cfg.table_ref, job_id=job_id, job_config=load_job_config(), **self._call))
+            return self._client.load_table_from_uri(uris, self._cfg.table_ref, job_id=job_id,
+                                                    job_config=load_job_config(), **self._call)
         return self._upload(batch_id, job_id, names, uris, rows)
 
     def _unseen(self, names: Sequence[str]) -> str | None:
@@ -453,7 +371,7 @@ class FileLoader:
         return next((name for name in names if name not in present), None)
 
     def _upload(self, batch_id: int, job_id: str, names: Sequence[str], uris: Sequence[str],
-                rows: int) -> bigquery.LoadJob | None:
+                rows: int) -> bigquery.LoadJob:
         """The staged objects combined into one file that the driver uploads with the load job: always from a
         directory; from Cloud Storage when their columns differ (or they are too many for one job)."""
         local = not uris[0].startswith(GCS_SCHEME)
@@ -468,9 +386,9 @@ class FileLoader:
                 # No `size`: the client then always takes the resumable upload, which the emulator and
                 # BigQuery both accept (a multipart upload under 5 MB fails on the emulator). No retries
                 # of the upload's own (num_retries=0): a failed upload is a failed attempt of the load.
-                return self._begin(job_id, lambda: self._client.load_table_from_file(
-                    data, self._cfg.table_ref, job_id=job_id, job_config=load_job_config(), num_retries=0,
-                    timeout=self._call["timeout"]))
+                return self._client.load_table_from_file(data, self._cfg.table_ref, job_id=job_id,
+                                                         job_config=load_job_config(), num_retries=0,
+                                                         timeout=self._call["timeout"])
 
     def _download(self, names: Sequence[str], scratch: Path) -> list[Path]:
         paths = []
@@ -483,46 +401,6 @@ class FileLoader:
                                 f"failed: {exc}") from exc
             paths.append(path)
         return paths
-
-    def _begin(self, job_id: str, start: Callable[[], bigquery.LoadJob]) -> bigquery.LoadJob | None:
-        """Create the load job; None when its id is taken (409: an earlier attempt created it)."""
-        try:
-            return start()
-        except api_exceptions.Conflict:
-            return None
-        except REQUEST_ERRORS as exc:
-            raise SinkError(classify_exception(exc), f"load job {job_id} into {self._cfg.table_ref} could not "
-                            f"be started: {exc}") from exc
-
-    def _wait(self, job: bigquery.LoadJob) -> None:
-        """Poll until the job is done (its outcome is then in `error_result`), each poll one request
-        with the read timeout: not `job.result()`, whose polls wait up to 128 s each whatever the
-        settings say. A poll that fails leaves the job's outcome unknown: SinkError, and the retry (or
-        the batch's replay) looks the same job id up again instead of loading the rows a second time."""
-        timeout = self._cfg.file_loads_job_timeout_ms / 1000
-        deadline = self._clock() + timeout
-        interval = FIRST_POLL_S
-        while True:
-            try:
-                if job.done(retry=None, timeout=self._call["timeout"]):
-                    return
-            except REQUEST_ERRORS as exc:
-                raise SinkError(classify_exception(exc), f"waiting for load job {job.job_id} failed: {exc}") from exc
-            if self._clock() >= deadline:
-                raise SinkError(ErrorType.SINK_RETRYABLE_ERROR, f"load job {job.job_id} did not finish within "
-                                f"{timeout:.0f} s")
-            self._sleep(min(interval, max(0.0, deadline - self._clock())))
-            interval = min(interval * 1.5, MAX_POLL_S)
-
-    def _failure(self, job: bigquery.LoadJob) -> SinkError:
-        result = job.error_result or {}
-        errors = [e for e in (job.errors or []) if isinstance(e, dict)] or [result]
-        kind = (REASON_TYPES.get(str(result.get("reason", "")))
-                or classify_row_errors(errors))
-        shown = describe_row_errors(errors[:ERRORS_SHOWN])
-        more = f" (and {len(errors) - ERRORS_SHOWN} more)" if len(errors) > ERRORS_SHOWN else ""
-        # A load job's errors name a file position, not a Kafka record: they are reported for the job.
-        return SinkError(kind, f"load job {job.job_id} into {self._cfg.table_ref} failed: {shown}{more}")
 
 
 def parse_staged(values: Iterable[str | None]) -> list[StagedFile]:

@@ -16,22 +16,27 @@ How seed 000's design maps onto Spark Structured Streaming:
 - Recovery: a crash before a batch's MERGE leaves its offsets uncommitted; the restarted job writes
   the replayed records into its own new intermediate table and merges them then. The old table's
   rows are never needed (their offsets were never committed): it is an orphan for `upsert cleanup`.
-  A crash after the MERGE but before Spark's commit replays the same offsets as the same batch;
-  merging the same rows again gives the same state (the latest value per key is set again, a
-  deleted key is deleted again), and no later batch was merged in between.
+- A batch is merged once (`bigquery/jobs.py`): its MERGE job id is derived from the destination, the
+  checkpoint's query id, the batch id and the Kafka offsets its tasks staged (never from the
+  intermediate table, whose name is new in every run). A crash after the MERGE but before Spark's
+  commit replays the same offsets as the same batch: the replay stages them again, finds the MERGE
+  job done by its id and only clears the rows. A MERGE still running then, or slower than a request
+  timeout, is waited for, never submitted a second time. This matters for delete-only, whose values
+  are appended: merging them twice would append them twice (upsert-only and upsert+delete would set
+  the same state again).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from google.api_core.exceptions import GoogleAPIError
 from google.cloud import bigquery
 
-from firehose_bq.bigquery.classify import classify_exception
 from firehose_bq.bigquery.client import REQUEST_ERRORS, attempt_options, call_options, make_client
+from firehose_bq.bigquery.jobs import BatchJobs, batch_job_id, checkpoint_identity
 from firehose_bq.bigquery.tables import ensure_dataset, ensure_table
 from firehose_bq.config import Config
 from firehose_bq.descriptors import Descriptors
@@ -41,7 +46,7 @@ from firehose_bq.retrying import retry_call
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec, plan_table, spec_of
 from firehose_bq.upsert import tables
 from firehose_bq.upsert.sql import MergePlan, TableRef, key_leaves
-from firehose_bq.upsert.writer import ChangelogTask
+from firehose_bq.upsert.writer import ChangelogTask, staged_spans
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +116,15 @@ class UpsertSinkSchema(SinkSchema):
 
 class UpsertSession:
     """One run's upsert/delete state on the driver. `handling`: whose retry types and schedule a failed
-    MERGE follows (default: the job's policy within SINK_BIGQUERY_RETRY_DEADLINE_MS)."""
+    MERGE follows (default: the job's policy within SINK_BIGQUERY_RETRY_DEADLINE_MS). `identity`: what
+    the batch ids count in (the checkpoint's query id; a DLQ replay's own), part of the MERGE job ids."""
 
     def __init__(self, config: Config, descriptor_source: DescriptorSource | None = None,
-                 handling: ErrorHandling | None = None) -> None:
+                 handling: ErrorHandling | None = None, identity: Callable[[], str] | None = None,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        self._sleep, self._clock = sleep, clock
+        self._identity = identity or (lambda: checkpoint_identity(config.spark.checkpoint_location))
         self._handling = handling or ErrorHandling(config.errors, retry_deadline_ms=config.bigquery.retry_deadline_ms)
         self.schema = UpsertSinkSchema(config, descriptor_source)
         self.merges = 0
@@ -136,36 +145,46 @@ class UpsertSession:
         return ChangelogTask(self.config.bigquery, self.schema.intermediate.table, batch_id,
                              self.config.upsert.delete_enabled)
 
-    def flush(self, batch_id: int) -> None:
+    def flush(self, batch_id: int, reports: Sequence[str]) -> None:
         """Merge the batch's rows into the destination, then clear them from the intermediate table.
+        `reports`: the tasks' ChangelogTask reports (the Kafka offsets they staged).
 
-        A MERGE that fails is retried like a write (merging the same rows again gives the same state);
-        the client's own retries, and its job retries of up to 40 minutes, are off inside it."""
+        The MERGE runs as one job per batch (found again by its id rather than run twice); a failed one,
+        or one whose outcome is unknown, is retried like a write; the client's own retries, and its job
+        retries of up to 40 minutes, are off inside it."""
         plan = self.schema.merge_plan
         assert plan is not None, "the schema is planned before the first batch"
-        started = time.monotonic()
-        call = attempt_options(self.config.bigquery)
-        with make_client(self.config.bigquery) as client:
-            def merge() -> Any:
-                try:
-                    job = client.query(plan.merge(batch_id), job_retry=None, **call)
-                    job.result(job_retry=None, **call)
-                except REQUEST_ERRORS as exc:
-                    raise SinkError(classify_exception(exc), str(exc)) from exc
-                return job
-
+        spans = staged_spans(reports)
+        if not spans:
+            log.info("batch %d: no rows staged, nothing to merge", batch_id)
+            return
+        bq = self.config.bigquery
+        base = batch_job_id("firehose_bq_merge_", plan.destination.api, self._identity(), batch_id, spans)
+        started = self._clock()
+        call = attempt_options(bq)
+        sql = plan.merge(batch_id)
+        with make_client(bq) as client:
+            jobs = BatchJobs(client, "MERGE job", plan.destination.api, call, bq.job_timeout_ms / 1000, self._sleep,
+                             self._clock)
             try:
-                job = retry_call(merge, self._handling.write_backoff(), retry_on=self._handling.retries,
-                                 give_up=gave_up, what=f"batch {batch_id}: merge into {plan.destination.api}")
+                run = retry_call(lambda: jobs.run(base, lambda job_id: client.query(sql, job_id=job_id, job_retry=None,
+                                                                                    **call)),
+                                 self._handling.write_backoff(), retry_on=self._handling.retries, give_up=gave_up,
+                                 what=f"batch {batch_id}: merge into {plan.destination.api}", sleep=self._sleep,
+                                 clock=self._clock)
             except SinkError as exc:
                 raise MergeFlushError(f"merge flush of batch {batch_id} into {plan.destination.api} failed: "
                                       f"{exc}") from exc
-            merged = time.monotonic() - started
+            merged = self._clock() - started
             self._cleanup(client, plan, batch_id)
         self.merges += 1
         self.merge_seconds += merged
-        log.info("batch %d: merged into %s in %.2f s (%s rows affected)", batch_id, plan.destination.api, merged,
-                 getattr(job, "num_dml_affected_rows", None))
+        if run.already:
+            log.info("batch %d: already merged into %s by MERGE job %s (a replay of the batch): not merged again",
+                     batch_id, plan.destination.api, run.job_id)
+        else:
+            log.info("batch %d: merged into %s in %.2f s (%s rows affected, job %s)", batch_id, plan.destination.api,
+                     merged, getattr(run.job, "num_dml_affected_rows", None), run.job_id)
 
     def _cleanup(self, client: bigquery.Client, plan: MergePlan, batch_id: int) -> None:
         # Best effort (seed step 8): the rows are merged already, and the table is dropped at shutdown; so

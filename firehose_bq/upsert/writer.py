@@ -9,23 +9,31 @@ one key live in one partition (the changelog contract, seed 002), where offsets 
 growing across micro-batches; a MERGE compares only rows of one batch, so within it the highest
 offset of a key is its latest record, whatever task wrote it. (Two partitions carrying one key break
 the changelog contract: Kafka gives no order between them, and neither can the sink.)
+
+Each task reports the Kafka offset ranges of the rows it staged: the driver derives the batch's MERGE
+job id from them (`upsert/flush.py`), so that a replay of the batch finds its MERGE instead of running it
+again, and a batch of other records (a DLQ replay counts its batches from 0 every time) never does.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from google.cloud import bigquery
 
 from firehose_bq.arrow_schema import TIMESTAMP
 from firehose_bq.batch.rows import Rows, Writable
 from firehose_bq.bigquery.client import Clients
 from firehose_bq.bigquery.insert_all import InsertAllWriter
+from firehose_bq.bigquery.jobs import OffsetCover
 from firehose_bq.config import BigQueryConfig
-from firehose_bq.errors import ErrorType, RowError
+from firehose_bq.errors import ErrorType, PartialWriteError, RowError
 from firehose_bq.routing import Destination
 from firehose_bq.upsert.sql import BATCH, KEY, ORDER, PARTITION_TIME, VALUE
 
@@ -42,12 +50,12 @@ class ChangelogTask:
     deletes: bool
     changelog: bool = True
 
-    def open_writer(self, destination: Destination | None, clients: Clients) -> InsertAllWriter:
+    def open_writer(self, destination: Destination | None, clients: Clients) -> ChangelogWriter:
         # One destination (Config refuses templates and class routes with upsert): always None here.
         # Always insertAll, whatever SINK_BIGQUERY_WRITE_METHOD says: rows must be queryable by the
         # MERGE right after the task ends.
         target = dataclasses.replace(self.bigquery, table=self.intermediate_table)
-        return InsertAllWriter(clients.bigquery_client(target), target)
+        return ChangelogWriter(clients.bigquery_client(target), target)
 
     def shape(self, rows: Rows, source: pa.RecordBatch, ids: pa.Array) -> tuple[Writable, list[RowError]]:
         """The rows as intermediate-table rows; tombstones without deletes enabled are refused."""
@@ -59,7 +67,51 @@ class ChangelogTask:
                         rows.sources), refused
 
     def report(self, destination: Destination | None, writer: object) -> str | None:
-        return None
+        return writer.report() if isinstance(writer, ChangelogWriter) else None
+
+
+class ChangelogWriter(InsertAllWriter):
+    """insertAll into the intermediate table, noting the Kafka offsets of the rows it wrote (not those that
+    failed: a record dead-lettered here and replayed later must not look merged already)."""
+
+    def __init__(self, client: bigquery.Client, cfg: BigQueryConfig) -> None:
+        super().__init__(client, cfg)
+        self._cover = OffsetCover()
+
+    def write(self, rows: pa.RecordBatch, insert_ids: pa.StringArray | None) -> list[RowError]:
+        if insert_ids is None:
+            raise ValueError("upsert staging needs the rows' insert ids (their Kafka coordinates): the batch's "
+                             "MERGE job id is derived from them")
+        try:
+            failures = super().write(rows, insert_ids)
+        except PartialWriteError as exc:
+            self._written(insert_ids, [*exc.unsent, *(f.index for f in exc.failures)])
+            raise
+        self._written(insert_ids, [f.index for f in failures])
+        return failures
+
+    def _written(self, insert_ids: pa.StringArray, not_written: list[int]) -> None:
+        keep = np.ones(len(insert_ids), dtype=bool)
+        keep[not_written] = False
+        if keep.any():
+            self._cover.add(insert_ids.filter(pa.array(keep)))
+
+    def report(self) -> str | None:
+        spans = [[r.topic, r.partition, r.first, r.last, r.rows] for r in self._cover.ranges()]
+        return json.dumps(spans) if spans else None
+
+
+def staged_spans(reports: Iterable[str]) -> list[tuple[str, int, int, int, int]]:
+    """(topic, partition, first, last, rows) of what the tasks staged, one per partition: pieces of one
+    partition (a task run in two parts around a descriptor refresh) are joined, so the spans, and the
+    job id derived from them, do not depend on where a run paused."""
+    joined: dict[tuple[str, int], list[int]] = {}
+    for report in reports:
+        for topic, partition, first, last, rows in json.loads(report):
+            span = joined.setdefault((topic, int(partition)), [int(first), int(last), 0])
+            span[0], span[1], span[2] = min(span[0], int(first)), max(span[1], int(last)), span[2] + int(rows)
+    return [(t, p, *span) for (t, p), span in sorted(joined.items())]
+
 
 
 def intermediate_rows(rows: Rows, source: pa.RecordBatch, batch: int) -> pa.RecordBatch:

@@ -322,17 +322,6 @@ def test_anything_else_gives_another_job_id(change: dict[str, Any]) -> None:
     assert file_loads.load_job_id(**base) != file_loads.load_job_id(**{**base, **change})
 
 
-def test_attempt_ids() -> None:
-    assert file_loads.attempt_job_id("j", 0) == "j"
-    assert file_loads.attempt_job_id("j", 2) == "j_retry2"
-
-
-def test_checkpoint_identity_is_the_query_id_when_the_checkpoint_has_one(tmp_path: Path) -> None:
-    assert file_loads.checkpoint_identity(str(tmp_path)) == str(tmp_path)
-    (tmp_path / "metadata").write_text('{"id":"6f2c0b7e-1"}\n')
-    assert file_loads.checkpoint_identity(f"file://{tmp_path}") == "6f2c0b7e-1"
-
-
 # -- the driver's load ----------------------------------------------------------------------------------
 
 

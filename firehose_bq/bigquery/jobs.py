@@ -1,0 +1,201 @@
+"""A micro-batch's driver-side BigQuery job, run at most once however often the batch is tried.
+
+The load job of file loads and the MERGE of upsert/delete share this: the job id is derived from what
+the job writes (the table, the checkpoint's query id, the batch id and the Kafka offsets of its rows),
+never from the attempt. Each attempt looks that id up before creating it: a job that is running is
+waited for, one that is done is not run again (a batch replayed after a crash between "job done" and
+"offsets committed"), and a 409 on creation means an earlier attempt created it between the lookup and
+the request. A job id that exists but failed cannot be reused, so the next job takes `<id>_retryN`.
+
+Waiting is polling, each poll one request with the read timeout, up to the job timeout: never
+`job.result()`, whose polls wait up to 128 s each whatever the settings say, and whose timeout (a
+`TimeoutError` the retry layer takes for a failed request) used to make the caller submit a second job
+while the first still ran.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from google.api_core import exceptions as api_exceptions
+
+from firehose_bq.bigquery.classify import REASON_TYPES, classify_exception, classify_row_errors, describe_row_errors
+from firehose_bq.bigquery.client import REQUEST_ERRORS
+from firehose_bq.errors import ErrorType, SinkError
+
+log = logging.getLogger(__name__)
+
+# BigQuery job ids: letters, digits, `_` and `-`, at most 1,024 characters.
+_JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+# A job id that exists but failed cannot be reused; the retry of such a batch takes the next suffix.
+# Each attempt counts against the table's daily job quotas, so a batch that keeps failing stops here.
+MAX_JOB_ATTEMPTS = 20
+# Job errors kept in the SinkError's text; BigQuery returns up to ~100 per job.
+ERRORS_SHOWN = 5
+# Polling a running job: soon at first (small jobs take about a second), then less often.
+FIRST_POLL_S, MAX_POLL_S = 0.2, 5.0
+# insertId = topic_partition_offset (a topic name may hold `_`, the numbers cannot).
+_COORDINATES = r"^(?P<topic>.*)_(?P<partition>-?[0-9]+)_(?P<offset>-?[0-9]+)$"
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """The Kafka records some rows hold from one partition: first and last offset, row count."""
+
+    topic: str
+    partition: int
+    first: int
+    last: int
+    rows: int
+
+
+class OffsetCover:
+    """The offset ranges, per Kafka partition, of the rows added so far (by their insert ids)."""
+
+    def __init__(self) -> None:
+        self._ranges: dict[tuple[str, int], list[int]] = {}  # (topic, partition) → [first, last, rows]
+
+    def add(self, insert_ids: pa.StringArray) -> None:
+        parts = pc.extract_regex(insert_ids, _COORDINATES)
+        if parts.null_count:
+            bad = insert_ids.filter(parts.is_null())[0]
+            raise ValueError(f"insert id {bad} is not topic_partition_offset")
+        coordinates = pa.table({"topic": parts.field("topic"), "partition": parts.field("partition").cast(pa.int64()),
+                                "offset": parts.field("offset").cast(pa.int64())})
+        spans = coordinates.group_by(["topic", "partition"]).aggregate(
+            [("offset", "min"), ("offset", "max"), ("offset", "count")])
+        for span in spans.to_pylist():
+            first, last, count = span["offset_min"], span["offset_max"], span["offset_count"]
+            known = self._ranges.setdefault((span["topic"], span["partition"]), [first, last, 0])
+            known[0], known[1], known[2] = min(known[0], first), max(known[1], last), known[2] + count
+
+    def ranges(self) -> list[OffsetRange]:
+        return [OffsetRange(t, p, first, last, rows) for (t, p), (first, last, rows) in sorted(self._ranges.items())]
+
+
+def batch_job_id(prefix: str, table_ref: str, checkpoint: str, batch_id: int, ranges: Iterable[Any]) -> str:
+    """`prefix<table>_b<batch>_<digest>`: the same for every replay of one batch (table, checkpoint, batch
+    and the JSON-able `ranges` describing its Kafka records; their order does not matter)."""
+    content = sorted(ranges)
+    digest = hashlib.sha256(json.dumps([table_ref, checkpoint, batch_id, content]).encode()).hexdigest()[:24]
+    table = _JOB_ID_UNSAFE.sub("_", table_ref.split(".", 1)[-1])[:200]
+    return f"{prefix}{table}_b{batch_id}_{digest}"
+
+
+def attempt_job_id(base: str, attempt: int) -> str:
+    return base if attempt == 0 else f"{base}_retry{attempt}"
+
+
+def checkpoint_identity(checkpoint_location: str) -> str:
+    """The streaming query's persistent id from the checkpoint's `metadata` file, else the location.
+
+    The id is new for a new checkpoint, so a fresh checkpoint on the same path never mistakes an old
+    run's jobs for its own."""
+    path = Path(checkpoint_location.removeprefix("file://")) / "metadata"
+    try:
+        return str(json.loads(path.read_text().splitlines()[0])["id"])
+    except (OSError, ValueError, KeyError, IndexError):
+        return checkpoint_location
+
+
+@dataclass(frozen=True)
+class JobRun:
+    job: Any
+    job_id: str
+    already: bool  # an earlier attempt (or run) had run it: nothing was written again
+
+
+class BatchJobs:
+    """Runs a batch's job by its derived id on `client`. `noun` names the kind in messages ("load job");
+    `call` is the one-attempt `retry`/`timeout` of each request; `timeout_s` bounds the wait for a job."""
+
+    def __init__(self, client: Any, noun: str, target: str, call: Mapping[str, Any], timeout_s: float,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
+        self._client, self._noun, self._target = client, noun, target
+        self._call = dict(call)
+        self._timeout_s = timeout_s
+        self._sleep, self._clock = sleep, clock
+
+    def run(self, base: str, create: Callable[[str], Any]) -> JobRun:
+        """The job `base` (or its first `_retryN` not failed): found and waited for, or created by
+        `create(job_id)` and waited for. A job this call created that fails raises its SinkError; one an
+        earlier attempt created that failed is followed by the next id. Raises SinkError when the outcome
+        cannot be known (a lookup or poll failed, the job timeout passed): the caller's retry looks the
+        same id up again."""
+        for attempt in range(MAX_JOB_ATTEMPTS):
+            job_id = attempt_job_id(base, attempt)
+            job = self.existing(job_id)
+            already = job is not None
+            if job is None:
+                job = self._begin(job_id, create)
+            if job is None:  # 409: created by an earlier attempt between our lookup and our request
+                job, already = self.existing(job_id), True
+                if job is None:
+                    raise SinkError(ErrorType.SINK_UNKNOWN_ERROR, f"{self._noun} {job_id} exists (409) but cannot "
+                                    "be read")
+            self.wait(job)
+            if job.error_result:
+                if already:
+                    log.info("earlier %s %s failed; trying a new one", self._noun, job_id)
+                    continue
+                raise self.failure(job)
+            return JobRun(job, job_id, already)
+        raise SinkError(ErrorType.SINK_UNKNOWN_ERROR, f"{MAX_JOB_ATTEMPTS} {self._noun}s into {self._target} failed "
+                        f"({base}...); stopping")
+
+    def existing(self, job_id: str) -> Any | None:
+        try:
+            return self._client.get_job(job_id, **self._call)
+        except api_exceptions.NotFound:
+            return None
+        except REQUEST_ERRORS as exc:
+            raise SinkError(classify_exception(exc), f"looking up {self._noun} {job_id} failed: {exc}") from exc
+
+    def _begin(self, job_id: str, create: Callable[[str], Any]) -> Any | None:
+        """Create the job; None when its id is taken (409: an earlier attempt created it)."""
+        try:
+            return create(job_id)
+        except api_exceptions.Conflict:
+            return None
+        except REQUEST_ERRORS as exc:
+            raise SinkError(classify_exception(exc), f"{self._noun} {job_id} into {self._target} could not be "
+                            f"started: {exc}") from exc
+
+    def wait(self, job: Any) -> None:
+        """Poll until the job is done (its outcome is then in `error_result`). A poll that fails, or the job
+        timeout, leaves the outcome unknown: SinkError, and the retry (or the batch's replay) looks the
+        same job id up again instead of writing the rows a second time."""
+        deadline = self._clock() + self._timeout_s
+        interval = FIRST_POLL_S
+        while True:
+            try:
+                if job.done(retry=None, timeout=self._call["timeout"]):
+                    return
+            except REQUEST_ERRORS as exc:
+                raise SinkError(classify_exception(exc), f"waiting for {self._noun} {job.job_id} failed: "
+                                f"{exc}") from exc
+            if self._clock() >= deadline:
+                raise SinkError(ErrorType.SINK_RETRYABLE_ERROR, f"{self._noun} {job.job_id} did not finish within "
+                                f"{self._timeout_s:.0f} s")
+            self._sleep(min(interval, max(0.0, deadline - self._clock())))
+            interval = min(interval * 1.5, MAX_POLL_S)
+
+    def failure(self, job: Any) -> SinkError:
+        """A failed job's SinkError: typed by its error reason, with its first errors. They name a file
+        position or a statement, not a Kafka record: they are reported for the job."""
+        result = job.error_result or {}
+        errors = [e for e in (job.errors or []) if isinstance(e, dict)] or [result]
+        kind = REASON_TYPES.get(str(result.get("reason", ""))) or classify_row_errors(errors)
+        shown = describe_row_errors(errors[:ERRORS_SHOWN])
+        more = f" (and {len(errors) - ERRORS_SHOWN} more)" if len(errors) > ERRORS_SHOWN else ""
+        return SinkError(kind, f"{self._noun} {job.job_id} into {self._target} failed: {shown}{more}")

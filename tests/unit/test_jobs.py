@@ -1,0 +1,57 @@
+"""The ids of a batch's BigQuery jobs and what they are derived from (bigquery/jobs.py). How jobs are
+found, created and polled is tested through their users: test_file_loads.py, test_upsert_flush.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from firehose_bq.bigquery import jobs
+from firehose_bq.bigquery.jobs import OffsetCover, OffsetRange
+
+
+def test_a_job_id_is_the_same_for_the_same_batch_whatever_the_order_of_its_ranges() -> None:
+    one = jobs.batch_job_id("firehose_bq_merge_", "p.ds.tbl", "ck", 3, [("t", 1, 0, 4, 5), ("t", 0, 0, 9, 10)])
+    again = jobs.batch_job_id("firehose_bq_merge_", "p.ds.tbl", "ck", 3, [("t", 0, 0, 9, 10), ("t", 1, 0, 4, 5)])
+    assert one == again and one.startswith("firehose_bq_merge_ds_tbl_b3_")
+    assert all(c.isalnum() or c in "_-" for c in one) and len(one) <= 1024
+
+
+def test_a_job_id_changes_with_the_table_checkpoint_batch_or_records() -> None:
+    base = ("firehose_bq_merge_", "p.ds.tbl", "ck", 3, [("t", 0, 0, 9, 10)])
+    others = [("firehose_bq_", *base[1:]), (base[0], "p.ds.other", *base[2:]), (*base[:2], "ck2", *base[3:]),
+              (*base[:3], 4, base[4]), (*base[:4], [("t", 0, 0, 9, 9)])]
+    assert len({jobs.batch_job_id(*base), *(jobs.batch_job_id(*o) for o in others)}) == 1 + len(others)
+
+
+def test_attempt_ids() -> None:
+    assert jobs.attempt_job_id("j", 0) == "j"
+    assert jobs.attempt_job_id("j", 2) == "j_retry2"
+
+
+def test_checkpoint_identity_is_the_query_id_when_the_checkpoint_has_one(tmp_path: Path) -> None:
+    assert jobs.checkpoint_identity(str(tmp_path)) == str(tmp_path)
+    (tmp_path / "metadata").write_text('{"id":"6f2c0b7e-1"}\n')
+    assert jobs.checkpoint_identity(f"file://{tmp_path}") == "6f2c0b7e-1"
+
+
+def test_offsets_are_covered_per_partition_across_calls() -> None:
+    cover = OffsetCover()
+    cover.add(pa.array(["t_0_5", "a_b_1_7", "t_0_3"]))
+    cover.add(pa.array(["t_0_9"]))
+    assert cover.ranges() == [OffsetRange("a_b", 1, 7, 7, 1), OffsetRange("t", 0, 3, 9, 3)]
+
+
+def test_the_job_timeout_is_still_read_under_its_file_loads_name() -> None:
+    from firehose_bq import config
+    from firehose_bq.errors import ConfigError
+    from tests.unit.test_config import MINIMAL
+
+    old = {**MINIMAL, "SINK_BIGQUERY_FILE_LOADS_JOB_TIMEOUT_MS": "5000"}
+    assert config.Config.from_env(old).bigquery.job_timeout_ms == 5000
+    assert config.unknown_variables(old) == []
+    assert config.Config.from_env({**old, "SINK_BIGQUERY_JOB_TIMEOUT_MS": "5000"}).bigquery.job_timeout_ms == 5000
+    with pytest.raises(ConfigError, match="SINK_BIGQUERY_JOB_TIMEOUT_MS: set differently under its former name"):
+        config.Config.from_env({**old, "SINK_BIGQUERY_JOB_TIMEOUT_MS": "9000"})
