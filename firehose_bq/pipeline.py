@@ -35,7 +35,7 @@ from firehose_bq.registry.cache import CacheStats
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
 from firehose_bq.source.kafka_client import RangeReader, resolve_client
 from firehose_bq.source.kafka_source import FORMAT_NAME, KafkaDataSource
-from firehose_bq.spark import choose_checkpoint_manager
+from firehose_bq.spark import choose_checkpoint_manager, clear_unfinished_writes
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +111,7 @@ class Pipeline:
         else:
             writer = writer.trigger(processingTime=f"{self.mode.trigger_interval_ms()} milliseconds")
         choose_checkpoint_manager(self.spark, self.config.spark.checkpoint_location)
+        clear_unfinished_writes(self.spark, self.config.spark.checkpoint_location)
         started = time.monotonic()
         query = writer.queryName(f"firehose-bq-{self.config.bigquery.table}").start()
         logged = -1

@@ -53,6 +53,12 @@ WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1024 * 1024)}
 # with one rename(2), atomic on a local disk. Object stores and HDFS keep Spark's default.
 CHECKPOINT_MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
 LOCAL_CHECKPOINT_MANAGER = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+# A checkpoint file is written to a hidden temporary (`.<name>.<uuid>.tmp`) and then renamed into place; a
+# driver killed in between leaves the temporary behind. Spark skips such files when it reads its logs, but
+# a query whose offset log holds no batch yet refuses to start while `offsets/` or `commits/` hold any file
+# (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY): a kill during the first batch's planning failed every restart.
+UNFINISHED_WRITE = re.compile(r"^\..+\.tmp(\.crc)?$")
+CHECKPOINT_LOGS = ("offsets", "commits")
 # Where SPARK_DRIVER_JAVA_OPTIONS goes: Spark puts it before spark.driver.extraJavaOptions on the driver's
 # command line, so a user's own options still win.
 DRIVER_DEFAULT_JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
@@ -125,6 +131,29 @@ def choose_checkpoint_manager(spark: SparkSession, location: str) -> None:
         spark.conf.set(CHECKPOINT_MANAGER_CONF, LOCAL_CHECKPOINT_MANAGER)
     elif current is not None:
         spark.conf.unset(CHECKPOINT_MANAGER_CONF)  # this session's last query had a local checkpoint
+
+
+def clear_unfinished_writes(spark: SparkSession, location: str) -> None:
+    """Before a query starts with its checkpoint at `location` (no query runs on it then): delete what
+    checkpoint writes a killed driver never finished left in its logs (UNFINISHED_WRITE). They hold
+    nothing: the write they belong to never took place, and the query writes that file again."""
+    jvm, jsc = spark.sparkContext._jvm, spark.sparkContext._jsc
+    assert jvm is not None and jsc is not None
+    try:
+        root = jvm.org.apache.hadoop.fs.Path(location)
+        fs = root.getFileSystem(jsc.hadoopConfiguration())
+        for name in CHECKPOINT_LOGS:
+            directory = jvm.org.apache.hadoop.fs.Path(root, name)
+            if not fs.exists(directory):
+                continue
+            for status in fs.listStatus(directory):
+                path = status.getPath()
+                if UNFINISHED_WRITE.match(str(path.getName())):
+                    log.warning("deleting %s: a checkpoint write that never finished (the driver was stopped "
+                                "during it)", path.toString())
+                    fs.delete(path, False)
+    except Exception as exc:  # noqa: BLE001 - nothing to clear, or Spark reports the location's problem itself
+        log.debug("looking for unfinished checkpoint writes under %s: %s", location, exc)
 
 
 def _is_local(spark: SparkSession, location: str) -> bool:

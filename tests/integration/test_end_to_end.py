@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -94,6 +95,21 @@ def test_second_run_resumes_from_checkpoint(spark, job_config: Config, bq_client
 
     assert again.totals.messages == 50
     assert len(read_table(bq_client, job_config)) == 150
+
+
+def test_a_driver_killed_while_writing_the_first_offsets_does_not_block_its_restart(
+        spark, job_config: Config, bq_client: bigquery.Client) -> None:  # noqa: ANN001
+    """A kill -9 between the first offset file's write and its rename leaves `offsets/.0.<uuid>.tmp`; Spark
+    then refuses to start a query on that checkpoint, whatever the restart (STATE_STORE_CHECKPOINT_...)."""
+    offsets = Path(job_config.spark.checkpoint_location) / "offsets"
+    offsets.mkdir(parents=True)
+    (offsets / ".0.83770520-4e80-4f9f-a6df-3b167590ab11.tmp").write_bytes(b"")  # as the killed run left it
+    produce_bookings(job_config, 20)
+
+    summary = Pipeline(job_config, spark).run(available_now=True)
+
+    assert (summary.totals.messages, summary.totals.rows_written) == (20, 20)
+    assert len(read_table(bq_client, job_config)) == 20
 
 
 def delete_records(brokers: str, topic: str, partition: int, before: int) -> None:
