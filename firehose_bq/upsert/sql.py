@@ -201,6 +201,11 @@ class MergePlan:
     def _delete_merge(self, batch: int) -> str:
         # Delete-only keeps append semantics for values: every value after the key's last tombstone of
         # the batch is inserted, and that tombstone deletes the key's rows written before this batch.
+        # One row per record (key and offset `i`): a record staged twice (a retried task's insertAll whose
+        # insertId dedup missed) would otherwise be appended twice, or, a tombstone, fail the MERGE for two
+        # source rows matching one target row.
+        once = (f"SELECT one.* FROM (SELECT ARRAY_AGG(x LIMIT 1)[OFFSET(0)] AS one FROM {self._batch_rows(batch)} "
+                f"GROUP BY {self._group_by('x')}, x.{quote(ORDER)})")
         leaves = self._leaves()
         names = [f"k{n}" for n in range(len(leaves))]
         selected = ", ".join(f"{_path('x', KEY, *leaf)} AS {name}" for leaf, name in zip(leaves, names))
@@ -209,8 +214,8 @@ class MergePlan:
                         f"AND x.{quote(VALUE)} IS NULL GROUP BY {', '.join(names)}")
         joined = " AND ".join(f"{_path('x', KEY, *leaf)} IS NOT DISTINCT FROM d.{name}"
                               for leaf, name in zip(leaves, names))
-        source = (f"SELECT x.* FROM {self.intermediate.sql} AS x LEFT JOIN ({last_deletes}) AS d ON {joined} "
-                  f"WHERE x.{quote(BATCH)} = {batch} AND (d.last_delete IS NULL OR x.{quote(ORDER)} >= d.last_delete)")
+        source = (f"SELECT x.* FROM ({once}) AS x LEFT JOIN ({last_deletes}) AS d ON {joined} "
+                  f"WHERE d.last_delete IS NULL OR x.{quote(ORDER)} >= d.last_delete")
         return "\n".join([
             f"MERGE {self.destination.sql} AS dst",
             f"USING ({source}) AS src",

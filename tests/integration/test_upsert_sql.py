@@ -74,6 +74,14 @@ def test_delete_only_appends_and_deletes_up_to_the_last_tombstone(bq_client, tab
     stage(bq_client, tmp, 2, [(k("a"), "a3"), (k("a"), None), (k("a"), "a4"), (k("b"), None), (k("x"), None)], 10)
     run(bq_client, plan, 2)
     assert content(bq_client, dest) == [("a", None, "a4")]
+    # A record staged twice (a retried task whose insertAll dedup missed) is one record: one row, and a
+    # tombstone staged twice still deletes (two source rows matching one target row would fail the MERGE).
+    stage(bq_client, tmp, 3, [(k("c"), "c1"), (k("d"), "d1")], 20)
+    stage(bq_client, tmp, 3, [(k("c"), "c1")], 20)
+    stage(bq_client, tmp, 3, [(k("a"), None)], 30)
+    stage(bq_client, tmp, 3, [(k("a"), None)], 30)
+    run(bq_client, plan, 3)
+    assert content(bq_client, dest) == [("c", None, "c1"), ("d", None, "d1")]
 
 
 def test_upsert_and_delete_with_nested_keys(bq_client, tables) -> None:

@@ -46,11 +46,14 @@ def test_upsert_only_merge_has_no_delete_branch() -> None:
 def test_delete_only_merge_appends_values_after_the_last_tombstone() -> None:
     lines = plan(False, True).merge(7).splitlines()
     assert lines[0] == "MERGE `my-project`.`kcbq`.`demo` AS dst"
+    # One row per record (key and offset), then the values after the key's last tombstone.
+    once = (f"SELECT one.* FROM (SELECT ARRAY_AGG(x LIMIT 1)[OFFSET(0)] AS one FROM {TMP.sql} AS x "
+            "WHERE x.`batchNumber` = 7 GROUP BY x.`key`.`k1`, x.`key`.`k2`, x.`i`)")
     assert lines[1] == (
-        f"USING (SELECT x.* FROM {TMP.sql} AS x LEFT JOIN (SELECT x.`key`.`k1` AS k0, x.`key`.`k2` AS k1, "
+        f"USING (SELECT x.* FROM ({once}) AS x LEFT JOIN (SELECT x.`key`.`k1` AS k0, x.`key`.`k2` AS k1, "
         f"MAX(x.`i`) AS last_delete FROM {TMP.sql} AS x WHERE x.`batchNumber` = 7 AND x.`value` IS NULL "
         "GROUP BY k0, k1) AS d ON x.`key`.`k1` IS NOT DISTINCT FROM d.k0 AND x.`key`.`k2` IS NOT DISTINCT FROM d.k1 "
-        "WHERE x.`batchNumber` = 7 AND (d.last_delete IS NULL OR x.`i` >= d.last_delete)) AS src")
+        "WHERE d.last_delete IS NULL OR x.`i` >= d.last_delete) AS src")
     assert lines[2:] == [
         "ON src.`value` IS NULL AND " + ON.removeprefix("ON "),
         "WHEN MATCHED THEN DELETE",
