@@ -71,6 +71,7 @@ class KafkaMetadataClient:
             "enable.auto.commit": False,
             "isolation.level": isolation_level,
             "socket.timeout.ms": REQUEST_TIMEOUT_MS,
+            "logger": librdkafka_logger(),
         })
 
     def _call(self, what: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -78,6 +79,10 @@ class KafkaMetadataClient:
             return call(*args, **kwargs)
         except self._ck.KafkaException as exc:
             raise SourceError(f"Kafka at {self._brokers}: {what} failed: {exc.args[0].str()}") from exc
+        finally:
+            # This client never consumes: hand librdkafka's queued log lines on now (the cause of a
+            # failure among them, before the error that reports it).
+            self._consumer.poll(0)
 
     def partitions(self, topics: tuple[str, ...]) -> list[tuple[str, int]]:
         """(topic, partition) of every partition of `topics`; SourceError for a topic the broker lacks."""
@@ -292,10 +297,40 @@ def _polls_kafka_python(brokers: str, topic: str, partition: int, start: int, en
         consumer.close(autocommit=False)
 
 
+class _DistinctLines(logging.Handler):
+    """One librdkafka client's log lines, each distinct text once, on to this module's logger. A broker
+    that refuses connections has librdkafka repeat the same line every few tens of milliseconds (about
+    600 lines while a metadata request waits out its 30 s); the first says why."""
+
+    MAX_LINES = 50
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text in self._seen or len(self._seen) >= self.MAX_LINES:
+            return
+        self._seen.add(text)
+        log.log(record.levelno, "librdkafka: %s", text)
+
+
+def librdkafka_logger() -> logging.Logger:
+    """The `logger` of a confluent-kafka client: its log lines then go through Python's logging (the job's
+    format, JSON included) instead of straight to stderr, each distinct one once. A logger of its own,
+    outside logging's registry, so that it goes with its client. librdkafka hands lines on when the
+    client is polled."""
+    logger = logging.Logger("firehose_bq.librdkafka")
+    logger.addHandler(_DistinctLines())
+    return logger
+
+
 def confluent_config(brokers: str, batch_rows: int, isolation_level: str = READ_COMMITTED) -> dict[str, Any]:
     """librdkafka settings of a range reader."""
     return {
         "bootstrap.servers": brokers,
+        "logger": librdkafka_logger(),
         # Always explicit: librdkafka's default (read_committed) is not kafka-python's (read_uncommitted).
         "isolation.level": isolation_level,
         "group.id": "firehose-bq-reader",  # required by librdkafka; nothing is ever committed with it

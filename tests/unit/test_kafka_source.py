@@ -186,3 +186,24 @@ def test_a_committed_offset_the_broker_no_longer_has_starts_where_auto_offset_re
     assert "the records between were never read" in caplog.text
     assert fresh_start(RetainedKafka(1000, 2000, committed=400), "latest") == 2000
     assert fresh_start(RetainedKafka(0, 50, committed=400)) == 0, "topic recreated: past its end"
+
+
+def test_librdkafka_lines_reach_the_log_each_distinct_one_once(caplog) -> None:  # noqa: ANN001
+    """A refused connection makes librdkafka repeat one line every few tens of ms: the first says it all."""
+    import logging
+
+    from firehose_bq.source.kafka_client import _DistinctLines, librdkafka_logger
+
+    logger = librdkafka_logger()
+    with caplog.at_level(logging.INFO, logger="firehose_bq.source.kafka_client"):
+        for _ in range(600):
+            logger.error("FAIL [rdkafka#consumer-1] 127.0.0.1:1/bootstrap: Connect failed: Connection refused")
+        logger.warning("REQTMOUT [rdkafka#consumer-1] timed out")
+        for n in range(2 * _DistinctLines.MAX_LINES):
+            logger.info("line %d", n)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[:2] == ["librdkafka: FAIL [rdkafka#consumer-1] 127.0.0.1:1/bootstrap: Connect failed: Connection refused",
+                         "librdkafka: REQTMOUT [rdkafka#consumer-1] timed out"]
+    assert [r.levelname for r in caplog.records[:2]] == ["ERROR", "WARNING"]
+    assert len(lines) == _DistinctLines.MAX_LINES, "bounded, whatever a client says"
+    assert librdkafka_logger() is not logger, "one per client: what one has said does not silence another"

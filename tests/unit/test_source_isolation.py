@@ -102,6 +102,9 @@ def fake_librdkafka(monkeypatch: pytest.MonkeyPatch, partition: Partition) -> li
         def position(self, partitions: list) -> list:
             return [ck.TopicPartition("t", 0, self.position_offset)]
 
+        def poll(self, timeout: float) -> None:
+            return None  # nothing assigned to the driver's client: only librdkafka's log lines are served
+
         def close(self) -> None:
             pass
 
