@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Mapping, MutableMapping
+from typing import Any
 from pathlib import Path
 
 from pyspark import SparkConf, SparkContext
@@ -137,11 +138,8 @@ def clear_unfinished_writes(spark: SparkSession, location: str) -> None:
     """Before a query starts with its checkpoint at `location` (no query runs on it then): delete what
     checkpoint writes a killed driver never finished left in its logs (UNFINISHED_WRITE). They hold
     nothing: the write they belong to never took place, and the query writes that file again."""
-    jvm, jsc = spark.sparkContext._jvm, spark.sparkContext._jsc
-    assert jvm is not None and jsc is not None
     try:
-        root = jvm.org.apache.hadoop.fs.Path(location)
-        fs = root.getFileSystem(jsc.hadoopConfiguration())
+        jvm, root, fs = _file_system(spark, location)
         for name in CHECKPOINT_LOGS:
             directory = jvm.org.apache.hadoop.fs.Path(root, name)
             if not fs.exists(directory):
@@ -156,13 +154,19 @@ def clear_unfinished_writes(spark: SparkSession, location: str) -> None:
         log.debug("looking for unfinished checkpoint writes under %s: %s", location, exc)
 
 
-def _is_local(spark: SparkSession, location: str) -> bool:
+def _file_system(spark: SparkSession, location: str) -> tuple[Any, Any, Any]:
+    """The session's JVM, `location` as a Hadoop Path, and the FileSystem Hadoop resolves it to."""
     jvm, jsc = spark.sparkContext._jvm, spark.sparkContext._jsc
     assert jvm is not None and jsc is not None
+    path = jvm.org.apache.hadoop.fs.Path(location)
+    return jvm, path, path.getFileSystem(jsc.hadoopConfiguration())
+
+
+def _is_local(spark: SparkSession, location: str) -> bool:
     try:
+        jvm, _, fs = _file_system(spark, location)
         jvm.java.lang.Class.forName(LOCAL_CHECKPOINT_MANAGER)  # a Spark without it keeps its default
-        path = jvm.org.apache.hadoop.fs.Path(location)
-        return str(path.getFileSystem(jsc.hadoopConfiguration()).getScheme()) == "file"
+        return str(fs.getScheme()) == "file"
     except Exception as exc:  # noqa: BLE001 - e.g. no file system for the scheme: Spark reports that itself
         log.debug("keeping Spark's checkpoint file manager for %s: %s", location, exc)
         return False
