@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import date
 from typing import Any
 
 import numpy as np
@@ -35,15 +34,11 @@ from google.cloud import bigquery
 from google.cloud.bigquery import SchemaField
 
 from firehose_bq.arrow_schema import UnsupportedColumnError, arrow_field
+from firehose_bq.bq_limits import MAX_DAYS, MAX_MICROS, MIN_DAYS, MIN_MICROS
 from firehose_bq.bigquery.classify import classify_exception
 from firehose_bq.bigquery.client import REQUEST_ERRORS
 from firehose_bq.errors import ErrorType, RowError, SinkError
 
-# BigQuery's TIMESTAMP and DATE range, 0001-01-01 .. 9999-12-31, in microseconds and days since the epoch.
-MIN_MICROS = -62_135_596_800_000_000
-MAX_MICROS = 253_402_300_799_999_999
-MIN_DAYS = (date(1, 1, 1) - date(1970, 1, 1)).days
-MAX_DAYS = (date(9999, 12, 31) - date(1970, 1, 1)).days
 _PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 
 OUT_OF_RANGE = ErrorType.INVALID_MESSAGE_ERROR  # no table could hold the value: the message itself is bad

@@ -10,6 +10,7 @@ that turn Kafka's "not available" markers into NULLs run once per column, in Arr
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from itertools import chain
 from operator import attrgetter
@@ -17,6 +18,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+
+from firehose_bq.bq_limits import MAX_MICROS
+
+log = logging.getLogger(__name__)
 
 ARROW_SCHEMA = pa.schema(
     [
@@ -36,8 +41,8 @@ _TIMESTAMP = ARROW_SCHEMA.field("timestamp").type
 
 Headers = Sequence[tuple[str, bytes | None]] | None
 
-# The latest Kafka timestamp (ms, int64) that the column's microseconds can hold: year 294,247.
-_LATEST_MS = (2**63 - 1) // 1000
+# The latest Kafka timestamp (ms) a TIMESTAMP column can hold: 9999-12-31 23:59:59.999, BigQuery's last.
+_LATEST_MS = MAX_MICROS // 1000
 # librdkafka's timestamp kinds (confluent_kafka.TIMESTAMP_*) are Kafka's own numbering plus one, with 0
 # for "not available" (no timestamp in the record batch's format).
 _LIBRDKAFKA_NOT_AVAILABLE = 0
@@ -83,12 +88,20 @@ def _batch(*, keys: Sequence[bytes | None], values: Sequence[bytes | None], topi
            offsets: Sequence[int], stamps_ms: pa.Array, kinds: pa.Array, headers: Sequence[Headers],
            epochs: pa.Array) -> pa.RecordBatch:
     """What both clients share. A negative timestamp or leader epoch is Kafka's "none" (-1). A timestamp
-    too late for microseconds, which only a broken or hostile producer sends, is NULL too: failing the
-    batch would fail every retry of it, and the record itself is still read."""
+    after BigQuery's last (9999-12-31), which only a broken or hostile producer sends, is NULL too, with a
+    warning: it is the record's metadata, not its content, so the message still lands (dead-lettering it
+    would dead-letter it again on every replay, the letter carrying the same time); and failing the batch
+    would fail every retry of it."""
     import pyarrow.compute as pc
 
     n = len(offsets)
-    unusable = pc.or_(pc.less(stamps_ms, 0), pc.greater(stamps_ms, _LATEST_MS))
+    too_late = pc.greater(stamps_ms, _LATEST_MS)
+    if pc.any(too_late).as_py():
+        first = pc.index(too_late, True).as_py()
+        log.warning("%s/%d: %d record(s) carry a Kafka timestamp after 9999-12-31, which BigQuery cannot hold; "
+                    "their message_timestamp is NULL (first at offset %d: %d ms)", topic, partition,
+                    pc.sum(too_late).as_py(), offsets[first], stamps_ms[first].as_py())
+    unusable = pc.or_(pc.less(stamps_ms, 0), too_late)
     columns = [
         pa.array(keys, pa.binary()),
         pa.array(values, pa.binary()),

@@ -3,7 +3,9 @@ rules they must follow (no broker: both clients' message types can be made by ha
 
 from __future__ import annotations
 
+import logging
 import random
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import confluent_kafka as ck
@@ -17,15 +19,18 @@ from firehose_bq.source.kafka_client import _below, _rebatch
 CREATE, LOG_APPEND, NONE = ck.TIMESTAMP_CREATE_TIME, ck.TIMESTAMP_LOG_APPEND_TIME, ck.TIMESTAMP_NOT_AVAILABLE
 # librdkafka's timestamp kinds → Kafka's numbering (the `timestamp_type` column), None when there is none.
 KAFKA_KIND = {CREATE: 0, LOG_APPEND: 1, NONE: None}
+# 9999-12-31 23:59:59.999 UTC in ms: the last Kafka timestamp a TIMESTAMP column holds.
+LAST_BIGQUERY_MS = int((datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC))
+                       / timedelta(milliseconds=1))
 
 
 def expected_row(key: bytes | None, value: bytes | None, offset: int, kind: int, ms: int,
                  headers: list[tuple[str, bytes | None]] | None, epoch: int | None) -> dict[str, Any]:
     """One record as the source must show it, spelled out rule by rule."""
-    has_time = kind != NONE and 0 <= ms * 1000 < 2**63
+    has_time = kind != NONE and 0 <= ms <= LAST_BIGQUERY_MS
     return {
         "key": key, "value": value, "topic": "t", "partition": 3, "offset": offset,
-        "timestamp": ms * 1000 if has_time else None,  # the column is in microseconds, as far as they go
+        "timestamp": ms * 1000 if has_time else None,  # microseconds, as far as BigQuery's TIMESTAMP goes
         "timestamp_type": KAFKA_KIND[kind],
         "headers": [{"key": k, "value": v} for k, v in headers or []],
         "leader_epoch": epoch if epoch is not None and epoch >= 0 else None,
@@ -75,7 +80,7 @@ def hostile(rng: random.Random, offset: int) -> tuple[Any, ...]:
 
     headers = None if rng.random() < 0.7 else [
         (rng.choice(["a", "trace-id", "ü", ""]), blob()) for _ in range(rng.randrange(0, 4))]
-    return (blob(), blob(), offset, rng.choice([CREATE, LOG_APPEND, NONE]), rng.choice([-1, 0, 2**41, 2**62]),
+    return (blob(), blob(), offset, rng.choice([CREATE, LOG_APPEND, NONE]), rng.choice([-1, 0, 2**41, LAST_BIGQUERY_MS, LAST_BIGQUERY_MS + 1, 2**62]),
             headers, rng.choice([None, -1, 0, 5]))
 
 
@@ -86,6 +91,20 @@ def test_random_batches_match_the_rules_and_both_clients_agree() -> None:
         want = expected_batch([expected_row(*c) for c in cases])
         assert from_confluent([confluent(*c) for c in cases], "t", 3).equals(want)
         assert from_kafka_python([kafka_python(*c) for c in cases], "t", 3).equals(want)
+
+
+@pytest.mark.parametrize("build,make", [(from_confluent, confluent), (from_kafka_python, kafka_python)])
+def test_a_timestamp_after_year_9999_is_null_with_a_warning_and_the_record_is_kept(build, make, caplog) -> None:  # noqa: ANN001
+    # Years 10,000 to 294,247 fit in microseconds but not in BigQuery; later ones fit in neither: all alike.
+    cases = [(b"k", b"v", 5, CREATE, LAST_BIGQUERY_MS, None, 0), (b"k", b"v", 6, CREATE, LAST_BIGQUERY_MS + 1, None, 0),
+             (b"k", b"v", 7, CREATE, 2**62, None, 0), (b"k", b"v", 8, CREATE, -1, None, 0)]
+    with caplog.at_level(logging.WARNING, logger="firehose_bq.source.batches"):
+        batch = build([make(*case) for case in cases], "t", 3)
+    assert batch.column("value").to_pylist() == [b"v"] * 4
+    assert batch.column("timestamp").cast(pa.int64()).to_pylist() == [LAST_BIGQUERY_MS * 1000, None, None, None]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"t/3: 2 record(s) carry a Kafka timestamp after 9999-12-31, which BigQuery cannot hold; their "
+        f"message_timestamp is NULL (first at offset 6: {LAST_BIGQUERY_MS + 1} ms)"]
 
 
 def test_polls_are_rebatched_to_at_most_the_batch_size_in_order() -> None:
