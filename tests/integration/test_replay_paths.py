@@ -30,6 +30,18 @@ PROTOS = Path(__file__).parent / "protos"
 CURRENT, NEWER = 6, 4
 
 
+class StopsBeforeCommittingItsSecondBatch(KafkaDlqSource):
+    """A replay killed after its second batch's driver step (a load job, a MERGE), before that batch's commit."""
+
+    commits = 0
+
+    def commit(self, position: dict) -> None:
+        self.commits += 1
+        if self.commits == 2:
+            raise RuntimeError("killed between the driver step and the commit")
+        super().commit(position)
+
+
 @pytest.mark.parametrize("method", ["insertall", "storage_write", "file_loads"])
 def test_replay_lands_dead_letters_once_through_each_write_path(
         method: str, spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object],
@@ -100,15 +112,6 @@ def test_a_file_loads_replay_that_stopped_after_its_load_finishes_that_batch_onc
         summary = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now).run(available_now=True)
         assert (summary.totals.dead_lettered, summary.totals.rows_written) == (letters, 0)
         fake.routes["/dlq.desc"] = job.paths["v2"].read_bytes()
-
-        class StopsBeforeCommittingItsSecondBatch(KafkaDlqSource):
-            commits = 0
-
-            def commit(self, position: dict) -> None:
-                self.commits += 1
-                if self.commits == 2:
-                    raise RuntimeError("killed between the load and the commit")
-                super().commit(position)
 
         source = StopsBeforeCommittingItsSecondBatch(cfg.source.brokers, dlq_topic, "replay-crash", None)
         try:
