@@ -17,7 +17,7 @@ from typing import Any
 from firehose_bq import redact
 from firehose_bq.blobstore import GCS_SCHEME, gcs_location
 from firehose_bq.decode import DECODERS, native_unavailable
-from firehose_bq.dlq.config import DlqConfig
+from firehose_bq.dlq.config import KAFKA, DlqConfig
 from firehose_bq.errors import ConfigError
 from firehose_bq.logs import LogConfig
 from firehose_bq.policy import DEFAULT_RETRY_DEADLINE_MS, ErrorPolicyConfig
@@ -415,6 +415,11 @@ class SparkConfig:
     )
 
 
+def _broker_set(brokers: str) -> frozenset[str]:
+    """Bootstrap servers as a set, as written (`localhost` and `127.0.0.1` are not recognised as one)."""
+    return frozenset(b.strip().lower() for b in brokers.split(",") if b.strip())
+
+
 @dataclass(frozen=True)
 class Config:
     source: SourceConfig
@@ -473,6 +478,7 @@ class Config:
             problems.append("SINK_BIGQUERY_STORAGE_API_ENABLE=true contradicts SINK_BIGQUERY_WRITE_METHOD="
                             f"{self.bigquery.write_method}: choose one write method")
         problems.extend(self.upsert.problems(self.input_schema.key_class))
+        problems.extend(self._loop_problems())
         extension = "_json" if self.input_schema.data_type == "JSON" else "_native"
         if self.input_schema.decoder == "native" and (why := native_unavailable(extension)):
             problems.append(f"INPUT_SCHEMA_PROTO_DECODER=native: {why}")
@@ -484,6 +490,18 @@ class Config:
             problems.extend(staging_problems(self.bigquery.file_loads_staging_uri, self.spark.checkpoint_location))
         if problems:
             raise ConfigError(problems)
+
+    def _loop_problems(self) -> list[str]:
+        """An output topic that is also an input: each letter or unrouted record is the original record, so
+        the job would read it back, fail or leave it unrouted the same way, and write it again in every
+        batch, forever, while every batch commits."""
+        source = _broker_set(self.source.brokers)
+        outputs = [("SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC", self.bigquery.route_fallback_topic, source)]
+        if self.dlq.enabled and self.dlq.writer_type == KAFKA:
+            outputs.append(("DLQ_KAFKA_TOPIC", self.dlq.kafka_topic, _broker_set(self.dlq.kafka_brokers) or source))
+        return [f"{env}: {topic!r} is also in SOURCE_KAFKA_TOPIC on the same brokers: the job would read its own "
+                "output back and write it again every batch; use a topic of its own"
+                for env, topic, brokers in outputs if topic in self.source.topics and brokers == source]
 
     def _routing_problems(self) -> list[str]:
         problems = []
