@@ -120,13 +120,6 @@ class KafkaDlqSource:
         empty = 0
         while left > 0 and any(position[tp] < self._end[tp] for tp in self._end):
             polled = self._consumer.poll(timeout_ms=POLL_TIMEOUT_MS, max_records=min(left, DLQ_BATCH))
-            if not polled:
-                empty += 1
-                if empty >= EMPTY_POLLS_BEFORE_STALL:
-                    raise FirehoseError(f"DLQ replay: no records for {empty} s although the topic ends further on "
-                                        f"({ {tp.partition: (position[tp], self._end[tp]) for tp in self._end} })")
-                continue
-            empty = 0
             letters, done = [], {}
             for tp, records in polled.items():
                 for r in records:
@@ -138,12 +131,34 @@ class KafkaDlqSource:
                         raise FirehoseError(f"{tp.topic}/{tp.partition}@{r.offset}: {exc}") from None
                     done[tp] = r.offset + 1
                     left -= 1
-            if not done:  # only records past the planned end: this replay is complete for those partitions
-                for tp in polled:
-                    position[tp] = self._end[tp]
-                continue
+            if left > 0:
+                done.update(self._passed(done, position))
+            if not letters:
+                if not done:
+                    empty += 1
+                    if empty >= EMPTY_POLLS_BEFORE_STALL:
+                        raise FirehoseError(f"DLQ replay: no records for {empty} s although the topic ends further "
+                                            f"on ({ {tp.partition: (position[tp], self._end[tp]) for tp in self._end} })")
+                    continue
+                # Offsets that hold no letter: every batch before was committed (this generator resumes only
+                # after its consumer committed), so committing them settles nothing and the next replay does
+                # not wait for records that are not there.
+                self.commit(_position(done))
+            empty = 0
             position.update(done)
-            yield letters, {"offsets": {str(tp.partition): offset for tp, offset in done.items()}}
+            if letters:
+                yield letters, _position(done)
+
+    def _passed(self, done: dict, position: dict) -> dict:
+        """Partitions whose reading passed offsets that hold no record for this replay, up to the planned end:
+        a transaction's commit marker, an aborted transaction's records (read_committed), records past the
+        end. The consumer's position moves over them, records or not; `done` and `position` would not."""
+        passed = {}
+        for tp, end in self._end.items():
+            at = min(self._consumer.position(tp), end)
+            if at > done.get(tp, position[tp]):
+                passed[tp] = at
+        return passed
 
     def commit(self, position: Position) -> None:
         from kafka import TopicPartition
@@ -159,6 +174,10 @@ class KafkaDlqSource:
 
     def close(self) -> None:
         self._consumer.close(autocommit=False)
+
+
+def _position(done: dict) -> Position:
+    return {"offsets": {str(tp.partition): offset for tp, offset in done.items()}}
 
 
 @dataclass
