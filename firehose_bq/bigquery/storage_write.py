@@ -12,8 +12,13 @@ Requests are kept under the 10 MB AppendRows limit by splitting the batch by row
 size; a single row over it is PAYLOAD_TOO_LARGE. BigQuery rejects a request as a whole when any of its
 rows is bad and names those rows in `row_errors`: the named rows become RowErrors and the rest of the
 request is sent again. A request that fails for another reason ends the write with a PartialWriteError,
-classified like any BigQuery failure, naming the rows not appended: the error policy retries those (and
-only those: the default stream has no insertIds, so rows appended twice would stay twice).
+classified like any BigQuery failure, naming the rows not appended: the error policy retries those, and
+only those. At-least-once, honestly: the default stream has no insertIds, so a row appended twice stays
+twice, and that happens without any crash when a request gets no answer (its deadline passed, the
+connection broke): BigQuery may have appended it, the writer cannot know, and the retry sends it again.
+Each such case is a warning naming the rows' count. Exactly-once would need a stream per writer with
+append offsets (a committed stream), a CreateWriteStream call per task, table and micro-batch, which
+its per-project hourly quota does not allow a job with many tasks and tables at a seconds-long trigger.
 """
 
 from __future__ import annotations
@@ -60,6 +65,8 @@ class Outcome:
 
     row_errors: dict[int, str] = field(default_factory=dict)  # index in the request → BigQuery's text
     failure: Exception | None = None
+    # False: the request got no answer (deadline, broken connection). BigQuery may have appended it.
+    answered: bool = True
 
     @property
     def appended(self) -> bool:
@@ -101,7 +108,8 @@ class StorageWriteWriter:
         while queue:
             again: list[Chunk] = []
             failed: list[tuple[Chunk, Exception]] = []
-            for chunk, outcome in zip(queue, self._send(queue), strict=True):
+            outcomes = self._send(queue)
+            for chunk, outcome in zip(queue, outcomes, strict=True):
                 if outcome.appended:
                     continue
                 if outcome.failure is not None:
@@ -122,6 +130,12 @@ class StorageWriteWriter:
                 again.append(_chunk(chunk.rows.take(pa.array(rest)), chunk.positions[rest], chunk.resends + 1))
             if failed:
                 error = failed[0][1]
+                if unknown := sum(len(c.positions) for c, o in zip(queue, outcomes, strict=True)
+                                  if o.failure is not None and not o.answered):
+                    # Said out loud: the retry sends them again, and the default stream keeps both copies.
+                    log.warning("%d row(s) into %s got no answer from AppendRows (%s): BigQuery may have "
+                                "appended them, and the retry sends them again, so they may be in the table "
+                                "twice", unknown, self._table, error)
                 unsent = sorted(int(p) for chunk in [c for c, _ in failed] + again for p in chunk.positions)
                 raise PartialWriteError(classify_exception(error), f"AppendRows into {self._table} failed ({len(failed)} "
                                         f"of {len(queue)} request(s)): {error}", tuple(unsent),
@@ -149,10 +163,10 @@ class StorageWriteWriter:
             # Read to the end: the server closes the stream once it has answered the last request.
             outcomes.extend(_outcome(types.AppendRowsResponse.pb(response)) for response in responses)
         except (api_exceptions.GoogleAPIError, ConnectionError, TimeoutError) as exc:
-            outcomes.extend(Outcome(failure=exc) for _ in range(len(chunks) - len(outcomes)))
+            outcomes.extend(Outcome(failure=exc, answered=False) for _ in range(len(chunks) - len(outcomes)))
         if len(outcomes) < len(chunks):
             closed = api_exceptions.ServiceUnavailable("AppendRows connection closed before every response")
-            outcomes.extend(Outcome(failure=closed) for _ in range(len(chunks) - len(outcomes)))
+            outcomes.extend(Outcome(failure=closed, answered=False) for _ in range(len(chunks) - len(outcomes)))
         return outcomes
 
 
