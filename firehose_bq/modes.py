@@ -26,7 +26,6 @@ from firehose_bq.batch.core import TaskPlan, TaskResult
 from firehose_bq.batch.rows import Rows, Writable
 from firehose_bq.bigquery import file_loads
 from firehose_bq.bigquery.client import Clients, make_client
-from firehose_bq.bigquery.jobs import checkpoint_identity
 from firehose_bq.bigquery.writers import RowWriter
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.dlq.config import KAFKA
@@ -211,7 +210,7 @@ class UpsertMode(WriteMode):
                  identity: Callable[[], str]) -> None:
         from firehose_bq.upsert.flush import UpsertSession
 
-        self.session = UpsertSession(config, descriptor_source, handling_of(config), identity)
+        self.session = UpsertSession(config, descriptor_source, handling_of(config), identity=identity)
         super().__init__(config, self.session.schema)
 
     def trigger_interval_ms(self) -> int:
@@ -232,11 +231,10 @@ class UpsertMode(WriteMode):
 
 def write_mode(config: Config, descriptor_source: DescriptorSource | None = None, *,
                staging: file_loads.StagingArea | None = None, identity: Callable[[], str] | None = None) -> WriteMode:
-    """The configured mode. `staging` (file loads) and `identity` (what batch ids count in: part of the
-    load and MERGE job ids) default to the streaming job's: the configured staging area and the
-    checkpoint's query id."""
-    checkpoint = config.spark.checkpoint_location
-    identity = identity or (lambda: checkpoint_identity(checkpoint))
+    """The configured mode. `staging` (file loads) defaults to the configured staging area. `identity`:
+    what batch ids count in, part of the load and MERGE job ids: the streaming job's checkpoint query id
+    (`spark.checkpoint_query_id`), a replay's DLQ; the modes that run jobs need it."""
+    identity = identity or _no_identity
     if config.upsert.enabled:  # whatever the write method: upserts go through their intermediate table
         return UpsertMode(config, descriptor_source, identity)
     schema = SinkSchema(config, descriptor_source)
@@ -245,6 +243,10 @@ def write_mode(config: Config, descriptor_source: DescriptorSource | None = None
         kind = MixedMode if method == MIXED else FileLoadsMode
         return kind(config, schema, staging or file_loads.staging_area(config), identity)
     return StorageWriteMode(config, schema) if method == STORAGE_WRITE else WriteMode(config, schema)
+
+
+def _no_identity() -> str:
+    raise FirehoseError("this write mode runs BigQuery jobs per batch and was given no identity for their ids")
 
 
 def handling_of(config: Config) -> ErrorHandling:

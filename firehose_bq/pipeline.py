@@ -35,7 +35,7 @@ from firehose_bq.registry.cache import CacheStats
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
 from firehose_bq.source.kafka_client import RangeReader, resolve_client
 from firehose_bq.source.kafka_source import FORMAT_NAME, KafkaDataSource
-from firehose_bq.spark import choose_checkpoint_manager, clear_unfinished_writes
+from firehose_bq.spark import checkpoint_query_id, choose_checkpoint_manager, clear_unfinished_writes
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,10 @@ class Pipeline:
         self.telemetry = telemetry
         self._registry_stats = registry_stats
         self.spark = spark
-        self.mode: WriteMode = (write_mode(config, descriptor_source) if write
+        location = config.spark.checkpoint_location
+        self.mode: WriteMode = (write_mode(config, descriptor_source,
+                                           identity=functools.cache(lambda: checkpoint_query_id(spark, location)))
+                                if write
                                 else WriteMode(config, SinkSchema(config, descriptor_source)))
         self.schema = self.mode.schema
         self.summary = RunSummary()

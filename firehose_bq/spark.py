@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -160,6 +161,24 @@ def _file_system(spark: SparkSession, location: str) -> tuple[Any, Any, Any]:
     assert jvm is not None and jsc is not None
     path = jvm.org.apache.hadoop.fs.Path(location)
     return jvm, path, path.getFileSystem(jsc.hadoopConfiguration())
+
+
+def checkpoint_query_id(spark: SparkSession, location: str) -> str:
+    """The streaming query's persistent id, from the first line of the checkpoint's `metadata` file, on any
+    file system Hadoop reaches (a local disk, `gs://`, HDFS). It is part of every load and MERGE job id:
+    a new checkpoint at the same path starts its batch ids at 0 again, and must not find the old run's
+    jobs and take them for its own. Raises FirehoseError when the file cannot be read (it exists once the
+    query has started)."""
+    try:
+        jvm, path, fs = _file_system(spark, location)
+        stream = fs.open(jvm.org.apache.hadoop.fs.Path(path, "metadata"))
+        try:
+            line = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(stream, "UTF-8")).readLine()
+        finally:
+            stream.close()
+        return str(json.loads(line)["id"])
+    except Exception as exc:  # noqa: BLE001 - Py4J's errors, JSON's: one clear reason
+        raise FirehoseError(f"cannot read the streaming query's id from {location}/metadata: {exc}") from exc
 
 
 def _is_local(spark: SparkSession, location: str) -> bool:

@@ -22,7 +22,6 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -94,18 +93,6 @@ def batch_job_id(prefix: str, table_ref: str, checkpoint: str, batch_id: int, ra
 
 def attempt_job_id(base: str, attempt: int) -> str:
     return base if attempt == 0 else f"{base}_retry{attempt}"
-
-
-def checkpoint_identity(checkpoint_location: str) -> str:
-    """The streaming query's persistent id from the checkpoint's `metadata` file, else the location.
-
-    The id is new for a new checkpoint, so a fresh checkpoint on the same path never mistakes an old
-    run's jobs for its own."""
-    path = Path(checkpoint_location.removeprefix("file://")) / "metadata"
-    try:
-        return str(json.loads(path.read_text().splitlines()[0])["id"])
-    except (OSError, ValueError, KeyError, IndexError):
-        return checkpoint_location
 
 
 @dataclass(frozen=True)

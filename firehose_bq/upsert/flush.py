@@ -36,7 +36,7 @@ from google.api_core.exceptions import GoogleAPIError
 from google.cloud import bigquery
 
 from firehose_bq.bigquery.client import REQUEST_ERRORS, attempt_options, call_options, make_client
-from firehose_bq.bigquery.jobs import BatchJobs, batch_job_id, checkpoint_identity
+from firehose_bq.bigquery.jobs import BatchJobs, batch_job_id
 from firehose_bq.bigquery.tables import ensure_dataset, ensure_table
 from firehose_bq.config import Config
 from firehose_bq.descriptors import Descriptors
@@ -120,11 +120,11 @@ class UpsertSession:
     the batch ids count in (the checkpoint's query id; a DLQ replay's own), part of the MERGE job ids."""
 
     def __init__(self, config: Config, descriptor_source: DescriptorSource | None = None,
-                 handling: ErrorHandling | None = None, identity: Callable[[], str] | None = None,
+                 handling: ErrorHandling | None = None, *, identity: Callable[[], str],
                  sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self._sleep, self._clock = sleep, clock
-        self._identity = identity or (lambda: checkpoint_identity(config.spark.checkpoint_location))
+        self._identity = identity
         self._handling = handling or ErrorHandling(config.errors, retry_deadline_ms=config.bigquery.retry_deadline_ms)
         self.schema = UpsertSinkSchema(config, descriptor_source)
         self.merges = 0

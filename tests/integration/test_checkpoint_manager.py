@@ -1,6 +1,7 @@
 """The checkpoint file manager a query starts with (spark.choose_checkpoint_manager): the local one for a
-checkpoint on the local disk, Spark's default elsewhere, the user's own always; and a query restarted
-from a checkpoint it wrote goes on where it stopped."""
+checkpoint on the local disk, Spark's default elsewhere, the user's own always; a query restarted from a
+checkpoint it wrote goes on where it stopped; and the query's id is read back through Hadoop's file
+system (spark.checkpoint_query_id), as it would be from gs:// or HDFS."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def manager_conf(spark):  # noqa: ANN001, ANN201
 def test_local_checkpoint_gets_the_local_manager_and_a_restart_resumes(spark, manager_conf, tmp_path) -> None:  # noqa: ANN001
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-    from firehose_bq.spark import LOCAL_CHECKPOINT_MANAGER, choose_checkpoint_manager
+    from firehose_bq.spark import LOCAL_CHECKPOINT_MANAGER, checkpoint_query_id, choose_checkpoint_manager
 
     class Counter(DataSource):
         """Offsets 0..N: each query reads what is new since its checkpoint."""
@@ -64,6 +65,8 @@ def test_local_checkpoint_gets_the_local_manager_and_a_restart_resumes(spark, ma
     spark.dataSource.register(Counter)
     checkpoint = str(tmp_path / "ck")
 
+    ids: list[str] = []
+
     def run(end: int) -> list[int]:
         choose_checkpoint_manager(spark, checkpoint)
         seen: list[int] = []
@@ -72,6 +75,7 @@ def test_local_checkpoint_gets_the_local_manager_and_a_restart_resumes(spark, ma
                  .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
         query.awaitTermination(120)
         assert query.exception() is None
+        ids.append(query.id)
         return sorted(seen)
 
     assert run(3) == [0, 1, 2]
@@ -79,6 +83,23 @@ def test_local_checkpoint_gets_the_local_manager_and_a_restart_resumes(spark, ma
     assert (tmp_path / "ck" / "offsets" / "0").exists() and (tmp_path / "ck" / "commits" / "0").exists()
     assert run(5) == [3, 4]  # the restarted query read the first one's offsets and commits
     assert run(5) == []
+    # The id load and MERGE job ids count batches in: the query's, the same across restarts.
+    assert checkpoint_query_id(spark, checkpoint) == checkpoint_query_id(spark, f"file://{checkpoint}") == ids[0]
+    assert len(set(ids)) == 1
+
+
+def test_a_checkpoint_without_metadata_has_no_query_id(spark, tmp_path) -> None:  # noqa: ANN001
+    from firehose_bq.errors import FirehoseError
+    from firehose_bq.spark import checkpoint_query_id
+
+    # Never the location in its place: a new checkpoint at the same path would take an old run's jobs
+    # (batch ids start at 0 again) for its own and commit batches without writing them.
+    with pytest.raises(FirehoseError, match="cannot read the streaming query's id"):
+        checkpoint_query_id(spark, str(tmp_path / "none"))
+    (tmp_path / "garbled").mkdir()
+    (tmp_path / "garbled" / "metadata").write_text("not json\n")
+    with pytest.raises(FirehoseError, match="cannot read the streaming query's id"):
+        checkpoint_query_id(spark, str(tmp_path / "garbled"))
 
 
 def test_other_file_systems_keep_sparks_default(spark, manager_conf) -> None:  # noqa: ANN001

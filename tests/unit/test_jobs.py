@@ -3,7 +3,6 @@ found, created and polled is tested through their users: test_file_loads.py, tes
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -31,12 +30,6 @@ def test_attempt_ids() -> None:
     assert jobs.attempt_job_id("j", 2) == "j_retry2"
 
 
-def test_checkpoint_identity_is_the_query_id_when_the_checkpoint_has_one(tmp_path: Path) -> None:
-    assert jobs.checkpoint_identity(str(tmp_path)) == str(tmp_path)
-    (tmp_path / "metadata").write_text('{"id":"6f2c0b7e-1"}\n')
-    assert jobs.checkpoint_identity(f"file://{tmp_path}") == "6f2c0b7e-1"
-
-
 def test_offsets_are_covered_per_partition_across_calls() -> None:
     cover = OffsetCover()
     cover.add(pa.array(["t_0_5", "a_b_1_7", "t_0_3"]))
@@ -55,16 +48,3 @@ def test_the_job_timeout_is_still_read_under_its_file_loads_name() -> None:
     assert config.Config.from_env({**old, "SINK_BIGQUERY_JOB_TIMEOUT_MS": "5000"}).bigquery.job_timeout_ms == 5000
     with pytest.raises(ConfigError, match="SINK_BIGQUERY_JOB_TIMEOUT_MS: set differently under its former name"):
         config.Config.from_env({**old, "SINK_BIGQUERY_JOB_TIMEOUT_MS": "9000"})
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "REVIEW2: for a gs:// or hdfs:// checkpoint (README's advice on a cluster) the identity falls back to "
-    "the location, so a new checkpoint at the same path (batch ids from 0 again) derives the old run's load "
-    "and MERGE job ids: a re-read of the same offsets (a backfill after the table was recreated) finds "
-    "them 'already loaded' and commits without writing"))
-@pytest.mark.parametrize("location", ["gs://bucket/checkpoints/bookings", "hdfs://nn/checkpoints/bookings"])
-def test_review2_a_remote_checkpoints_identity_is_its_query_id_not_its_path(location: str) -> None:
-    # What the docstring promises: "The id is new for a new checkpoint, so a fresh checkpoint on the same
-    # path never mistakes an old run's jobs for its own." Two checkpoints created one after the other at
-    # `location` have different query ids; only the path is the same.
-    assert jobs.checkpoint_identity(location) != location
