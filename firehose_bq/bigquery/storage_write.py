@@ -13,7 +13,9 @@ size; a single row over it is PAYLOAD_TOO_LARGE. BigQuery rejects a request as a
 rows is bad and names those rows in `row_errors`: the named rows become RowErrors and the rest of the
 request is sent again. A request that fails for another reason ends the write with a PartialWriteError,
 classified like any BigQuery failure, naming the rows not appended: the error policy retries those (and
-only those: the default stream has no insertIds, so rows appended twice would stay twice).
+only those: the default stream has no insertIds, so rows appended twice would stay twice), or, when
+BigQuery refused the request as invalid without naming a row (`invalid_request`), isolates the rows that
+cause it (policy.py).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from google.api_core import exceptions as api_exceptions
 from google.cloud import bigquery
 from google.cloud.bigquery_storage_v1 import BigQueryWriteClient, types
 
-from firehose_bq.bigquery.classify import classify_exception
+from firehose_bq.bigquery.classify import classify_exception, rejects_request
 from firehose_bq.bigquery.client import attempt_options
 from firehose_bq.bigquery.conform import LiveTable
 from firehose_bq.config import BigQueryConfig
@@ -60,6 +62,8 @@ class Outcome:
 
     row_errors: dict[int, str] = field(default_factory=dict)  # index in the request → BigQuery's text
     failure: Exception | None = None
+    # The failure refuses the request as invalid without naming a row or the stream (SinkError.invalid_request).
+    invalid_request: bool = False
 
     @property
     def appended(self) -> bool:
@@ -100,12 +104,12 @@ class StorageWriteWriter:
         request fails as a whole (the rows of the chunks not appended are its `unsent`)."""
         while queue:
             again: list[Chunk] = []
-            failed: list[tuple[Chunk, Exception]] = []
+            failed: list[tuple[Chunk, Outcome]] = []
             for chunk, outcome in zip(queue, self._send(queue), strict=True):
                 if outcome.appended:
                     continue
                 if outcome.failure is not None:
-                    failed.append((chunk, outcome.failure))
+                    failed.append((chunk, outcome))
                     continue
                 failures.extend(RowError(int(chunk.positions[i]), ErrorType.SINK_4XX_ERROR, text)
                                 for i, text in sorted(outcome.row_errors.items()) if i < len(chunk.positions))
@@ -121,11 +125,14 @@ class StorageWriteWriter:
                          len(outcome.row_errors))
                 again.append(_chunk(chunk.rows.take(pa.array(rest)), chunk.positions[rest], chunk.resends + 1))
             if failed:
-                error = failed[0][1]
+                first = failed[0][1]
+                error = first.failure
+                assert error is not None
                 unsent = sorted(int(p) for chunk in [c for c, _ in failed] + again for p in chunk.positions)
                 raise PartialWriteError(classify_exception(error), f"AppendRows into {self._table} failed ({len(failed)} "
                                         f"of {len(queue)} request(s)): {error}", tuple(unsent),
-                                        tuple(sorted(failures, key=lambda f: f.index)))
+                                        tuple(sorted(failures, key=lambda f: f.index)),
+                                        first.invalid_request)
             queue = again
 
     def _send(self, chunks: list[Chunk]) -> list[Outcome]:
@@ -149,7 +156,8 @@ class StorageWriteWriter:
             # Read to the end: the server closes the stream once it has answered the last request.
             outcomes.extend(_outcome(types.AppendRowsResponse.pb(response)) for response in responses)
         except (api_exceptions.GoogleAPIError, ConnectionError, TimeoutError) as exc:
-            outcomes.extend(Outcome(failure=exc) for _ in range(len(chunks) - len(outcomes)))
+            outcomes.extend(Outcome(failure=exc, invalid_request=rejects_request(exc))
+                            for _ in range(len(chunks) - len(outcomes)))
         if len(outcomes) < len(chunks):
             closed = api_exceptions.ServiceUnavailable("AppendRows connection closed before every response")
             outcomes.extend(Outcome(failure=closed) for _ in range(len(chunks) - len(outcomes)))
@@ -213,8 +221,10 @@ def _outcome(response: Any) -> Outcome:
         # that the Storage Write backend does not see yet (it catches up within minutes): worth waiting for.
         return Outcome(failure=api_exceptions.ServiceUnavailable(
             f"the table's newest columns are not yet visible to the Storage Write API: {response.error.message}"))
-    return Outcome(failure=api_exceptions.from_grpc_status(response.error.code, response.error.message,
-                                                           response=response))
+    failure = api_exceptions.from_grpc_status(response.error.code, response.error.message, response=response)
+    # A StorageError detail names the stream or table (not found, finalized, offsets, encryption): no row's fault.
+    invalid = rejects_request(failure) and _storage_error_code(response.error) is None
+    return Outcome(failure=failure, invalid_request=invalid)
 
 
 def _storage_error_code(status: Any) -> int | None:
