@@ -105,12 +105,17 @@ class SourceError(FirehoseError):
 
 
 class SinkError(FirehoseError):
-    """A BigQuery call failed as a whole (not per row), after the client's own retries; classified."""
+    """A BigQuery call failed as a whole (not per row), after the client's own retries; classified.
 
-    def __init__(self, error_type: ErrorType, message: str) -> None:
-        super().__init__(error_type, message)
+    `invalid_request`: BigQuery refused the request itself as invalid (`classify.rejects_request`): not a
+    table, stream or permission that is missing, so one bad row of it may be the cause, and the error
+    policy may isolate that row (policy.py)."""
+
+    def __init__(self, error_type: ErrorType, message: str, invalid_request: bool = False) -> None:
+        super().__init__(error_type, message, invalid_request)
         self.error_type = error_type
         self.message = message
+        self.invalid_request = invalid_request
 
     def __str__(self) -> str:
         return f"{self.error_type.value}: {self.message}"
@@ -123,9 +128,9 @@ class PartialWriteError(SinkError):
     insertIds to drop rows written twice)."""
 
     def __init__(self, error_type: ErrorType, message: str, unsent: tuple[int, ...],
-                 failures: tuple[RowError, ...] = ()) -> None:
-        super().__init__(error_type, message)
-        self.args = (error_type, message, unsent, failures)  # all of them: Spark pickles exceptions
+                 failures: tuple[RowError, ...] = (), invalid_request: bool = False) -> None:
+        super().__init__(error_type, message, invalid_request)
+        self.args = (error_type, message, unsent, failures, invalid_request)  # all of them: Spark pickles exceptions
         self.unsent = unsent
         self.failures = failures
 

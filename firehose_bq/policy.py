@@ -10,6 +10,27 @@ A request that fails as a whole (SinkError: the table is gone, BigQuery is unrea
 about the messages in it: it is retried like a row, and when retries run out the job stops with that
 reason rather than dead-letter a whole batch because the sink was down.
 
+One kind of whole failure can be a message's fault: BigQuery refusing the request itself as invalid
+(`SinkError.invalid_request`: every reason `invalid`, HTTP 400/413, gRPC INVALID_ARGUMENT naming no row
+and no stream; never notFound, permissions, a stream's state, quotas or 5xx; bigquery/classify.py), of a
+type not retried. Stopping on it would stop again on every restart, for one row the writers' checks did
+not catch. So its rows are isolated, within the attempt: the rows the request left unsent are written in
+two halves, a half refused the same way in two halves again (depth first), until a row that is refused
+alone is the only one left of its piece. Such a row becomes a RowError of the refusal's type, saying the
+request was rejected as a whole and it was isolated, and then follows the lists above (the DLQ by
+default); every other row is written once (a half that went in is never sent again), keeping its
+insertId, and rows a half's write rejected on their own are handled like any row failure (retried when
+their type is). The rule that keeps a fault of the table from costing 2n requests or a dead-lettered
+batch (IsolationBudget, for a request of n rows, L = ⌈log2 n⌉):
+
+- a row is isolated only if a row of the same request went in without it; until one did, at most 2L+2
+  refused requests (one bad row is alone after L+1): more, or none going in at all (a request of one row),
+  and the original error stops the job as before: every row is refused, so the table is at fault;
+- at most 16·(L+1) requests in all, the cost of 8 bad rows wherever they are; a request with more bad rows
+  stops the job with the original error (saying so);
+- an error of another kind meanwhile (an outage) ends the isolation: the rows not yet in the table are
+  owed, and the policy retries them or stops, as for any whole failure.
+
 The policy is the only layer that retries a write (retrying.py): the writers make one attempt per call
 (the BigQuery client's own retry is off inside them), and the retries of one write end after
 RETRY_MAX_ATTEMPTS attempts or SINK_BIGQUERY_RETRY_DEADLINE_MS, whichever comes first.
@@ -48,6 +69,9 @@ DEFAULT_MAX_ATTEMPTS = 15
 # outages BigQuery has (a minute or two) and keep a dead BigQuery from holding a task much longer: the
 # last attempt starts by then, and ends within one request timeout.
 DEFAULT_RETRY_DEADLINE_MS = 120_000
+# A request refused as invalid is split to isolate the rows at fault for at most this many bad rows' cost
+# (IsolationBudget); a request with more stops the job.
+ISOLATION_ROWS = 8
 
 
 def _type_list(env: str, raw: str, problems: list[str]) -> frozenset[ErrorType]:
@@ -262,7 +286,9 @@ class _RowsFailed(FirehoseError):
 
 class _Write:
     """One write, an attempt per call: the first sends every row, each retry only the rows still owed:
-    those that failed with a retried type, and those a failed request did not get into the table."""
+    those that failed with a retried type, and those a failed request did not get into the table. A request
+    BigQuery refused as invalid (`SinkError.invalid_request`, a type not retried) has its rows isolated
+    within the attempt (`_isolate`, the rule in the module's docstring)."""
 
     def __init__(self, pending: Writable, writer: Callable[[], RowWriter], retry_types: frozenset[ErrorType]) -> None:
         self.pending, self.owed = pending, pending
@@ -271,21 +297,17 @@ class _Write:
         self.settled: list[tuple[RowError, bool]] = []  # failed for good, by source index
         self.retried: set[int] = set()  # source indices sent more than once
         self.attempts = 0
+        self.calls = 0  # writer calls, isolation's included
 
     def __call__(self) -> None:
         batch = self.owed
         if self.attempts:
             self.retried.update(batch.sources.tolist())
         self.attempts += 1
-        request_error: SinkError | None = None
-        unsent: list[int] = []
-        try:
-            rejected = [_at_source(batch, f) for f in self.writer().write(batch.rows, batch.insert_ids)]
-        except PartialWriteError as exc:
-            request_error, rejected = exc, [_at_source(batch, f) for f in exc.failures]
-            unsent = [int(batch.sources[p]) for p in exc.unsent]
-        except SinkError as exc:
-            request_error, rejected, unsent = exc, [], batch.sources.tolist()
+        rejected, unsent, request_error = self._send(batch)
+        if request_error is not None and self._isolates(request_error):
+            more, unsent, request_error = self._isolate(unsent, request_error)
+            rejected += more
         if request_error is not None and request_error.error_type not in self.retry_types:
             raise request_error
         # Rows that failed for good stay failed; only the retryable ones (and the unsent) go out again.
@@ -296,6 +318,100 @@ class _Write:
             raise request_error  # when retries run out, the job stops with it: an outage is no message's fault
         if again:
             raise _RowsFailed(again)
+
+    def _send(self, batch: Writable) -> tuple[list[RowError], list[int], SinkError | None]:
+        """One writer call: the rows it rejected, the rows a failed request left unsent (by source index) and
+        that request's error; every other row is in the table."""
+        self.calls += 1
+        request_error: SinkError | None = None
+        unsent: list[int] = []
+        try:
+            rejected = [_at_source(batch, f) for f in self.writer().write(batch.rows, batch.insert_ids)]
+        except PartialWriteError as exc:
+            request_error, rejected = exc, [_at_source(batch, f) for f in exc.failures]
+            unsent = [int(batch.sources[p]) for p in exc.unsent]
+        except SinkError as exc:
+            request_error, rejected, unsent = exc, [], batch.sources.tolist()
+        return rejected, unsent, request_error
+
+    def _isolates(self, error: SinkError) -> bool:
+        return error.invalid_request and error.error_type not in self.retry_types
+
+    def _isolate(self, unsent: list[int], error: SinkError) -> tuple[list[RowError], list[int], SinkError | None]:
+        """The rows a request BigQuery refused as invalid left unsent, written in halves, and the halves that
+        are refused the same way in halves again, depth first, until each row that still is refused is alone:
+        it becomes a RowError of the refusal's type (then the policy's lists decide: the DLQ by default).
+
+        Returns the rows the halves' writes rejected (the isolated ones among them), the rows still owed, and
+        the request error that ended it: None when every row was written or failed on its own; another
+        (an outage meanwhile: the policy retries what is owed, or stops); or `error` itself, as the job's
+        reason to stop, when the rule (module docstring) finds the table, not a row, at fault."""
+        if len(unsent) < 2:  # a request of one row: nothing to tell it from the table
+            return [], [], _not_isolated(error, len(unsent), 0, False)
+        budget = IsolationBudget.of(len(unsent))
+        first_call = self.calls
+        stack = list(reversed(_halves(unsent)))  # depth first, each piece's first half before its second
+        rejected: list[RowError] = []
+        alone: list[tuple[int, SinkError]] = []  # rows refused as invalid when written alone
+        refused = 0  # isolation requests refused as invalid
+        accepted = False  # a row of the refused request went in without the others: the table takes its rows
+        while stack:
+            spent = self.calls - first_call
+            if spent >= budget.requests or (refused >= budget.until_accepted and not accepted):
+                return [], [], _not_isolated(error, len(unsent), spent, accepted)
+            piece = stack.pop()
+            more, left, piece_error = self._send(self.pending.of_sources(piece))
+            rejected += more
+            accepted = accepted or len(more) + len(left) < len(piece)
+            if piece_error is None:
+                continue
+            if not self._isolates(piece_error):  # an outage meanwhile: what is not in the table yet is owed
+                owed = left + [i for rest in stack for i in rest] + [i for i, _ in alone]
+                return rejected, sorted(owed), piece_error
+            refused += 1
+            if len(left) == 1:
+                alone.append((left[0], piece_error))
+            else:
+                stack.extend(reversed(_halves(left)))
+        spent = self.calls - first_call
+        if not accepted:  # not one of its rows went in: nothing says it is the rows, not the table
+            return [], [], _not_isolated(error, len(unsent), spent, False)
+        isolated = [RowError(i, e.error_type, f"BigQuery rejected as a whole the request of {len(unsent)} row(s) this "
+                             f"row was in; written alone, it is rejected: {e.message}") for i, e in alone]
+        log.warning("%d row(s) isolated from a write request BigQuery rejected as a whole (%s) in %d more "
+                    "request(s); the other %d row(s) were written or failed on their own", len(isolated), error,
+                    spent, len(unsent) - len(isolated), extra={"error_type": error.error_type})
+        return rejected + isolated, [], None
+
+
+@dataclass(frozen=True)
+class IsolationBudget:
+    """How many writer calls isolating the rows of one refused request of `n` rows may take: `requests` in
+    all, 16·(⌈log2 n⌉+1), enough for 8 bad rows wherever they are (each costs at most 2·⌈log2 n⌉); and
+    `until_accepted` refused ones, 2·⌈log2 n⌉+2, while no row of the request got in: a bad row is alone after
+    at most ⌈log2 n⌉ refusals and a piece without it goes in next, so more say that every row is refused
+    (the table, not a row, is at fault)."""
+
+    requests: int
+    until_accepted: int
+
+    @classmethod
+    def of(cls, n: int) -> IsolationBudget:
+        depth = max(1, n - 1).bit_length()  # ⌈log2 n⌉, at least 1
+        return cls(ISOLATION_ROWS * 2 * (depth + 1), 2 * depth + 2)
+
+
+def _halves(rows: list[int]) -> list[list[int]]:
+    middle = len(rows) // 2
+    return [half for half in (rows[:middle], rows[middle:]) if half]
+
+
+def _not_isolated(error: SinkError, rows: int, spent: int, accepted: bool) -> SinkError:
+    """The refused request's error as the reason the job stops, saying why no row was isolated."""
+    why = (f"more of them are refused than the {ISOLATION_ROWS} bad rows it isolates at most ({spent} requests)"
+           if accepted else f"no part of it was written in {spent} request(s): the table, not a row, refuses it")
+    return SinkError(error.error_type, f"{error.message} (the request's {rows} row(s) were written in parts to find "
+                     f"the rows it fails on, but {why})", error.invalid_request)
 
 
 def _at_source(batch: Writable, failure: RowError) -> RowError:

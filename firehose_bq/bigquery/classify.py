@@ -82,6 +82,31 @@ def classify_exception(exc: BaseException) -> ErrorType:
     return ErrorType.SINK_UNKNOWN_ERROR
 
 
+# Reasons that say the request itself is invalid (`invalid`, and the `badRequest` BigQuery's REST front end
+# answers an oversized or malformed request with), as opposed to a table, permission or quota.
+INVALID_REQUEST_REASONS = frozenset({"invalid", "badRequest"})
+# HTTP statuses of such a request when no reason says more: 400, and 413 (the request is too large).
+INVALID_REQUEST_CODES = frozenset({400, 413})
+
+
+def rejects_request(exc: BaseException) -> bool:
+    """Whether BigQuery refused a whole request as invalid in itself, which one bad row of it can cause: every
+    reason it gives is `invalid` (or `badRequest`), or, without reasons, HTTP 400/413 or gRPC INVALID_ARGUMENT.
+    Never for a table, dataset or stream that is missing (notFound, NOT_FOUND), permissions or credentials
+    (accessDenied, PERMISSION_DENIED, 401/403), a stream's state (FAILED_PRECONDITION, OUT_OF_RANGE,
+    ALREADY_EXISTS), quotas, or anything 5xx or retryable: for those a request without the row fails the same."""
+    if isinstance(exc, grpc.RpcError) and not isinstance(exc, api_exceptions.GoogleAPICallError):
+        exc = api_exceptions.from_grpc_error(exc)
+    if not isinstance(exc, api_exceptions.GoogleAPICallError):
+        return False
+    reasons = [str(e.get("reason", "")) for e in (exc.errors or []) if isinstance(e, Mapping)]
+    if reasons:
+        return all(r in INVALID_REQUEST_REASONS for r in reasons)
+    if exc.grpc_status_code is not None:  # gRPC: FAILED_PRECONDITION and OUT_OF_RANGE are HTTP 400 too
+        return exc.grpc_status_code == grpc.StatusCode.INVALID_ARGUMENT
+    return exc.code in INVALID_REQUEST_CODES
+
+
 # Storage Write API: an AppendRows response that fails carries a google.rpc.Status whose `code` is a
 # google.rpc.Code, and, for bad rows, `row_errors` entries {index, code, message} whose code is
 # RowError.RowErrorCode (FIELDS_ERROR = 1: a value does not fit its column).

@@ -26,6 +26,7 @@ from firehose_bq.bigquery.classify import (
     classify_row_errors,
     describe_row_errors,
     is_only_stopped,
+    rejects_request,
 )
 from firehose_bq.bigquery.client import REQUEST_ERRORS, attempt_options
 from firehose_bq.bigquery.conform import fit
@@ -78,7 +79,8 @@ class InsertAllWriter:
                     # The requests before this one are in: a retry sends this one and the rest.
                     unsent = tuple(int(checked.positions[i]) for later in chunks[n:] for i in later)
                     raise PartialWriteError(exc.error_type, exc.message, unsent,
-                                            tuple(sorted(failures, key=lambda f: f.index))) from exc
+                                            tuple(sorted(failures, key=lambda f: f.index)),
+                                            exc.invalid_request) from exc
         failures.sort(key=lambda f: f.index)
         return failures
 
@@ -133,7 +135,8 @@ class InsertAllWriter:
                 timeout=self._call["timeout"],
             )
         except REQUEST_ERRORS as exc:
-            raise SinkError(classify_exception(exc), f"insertAll into {self._table} failed: {exc}") from exc
+            raise SinkError(classify_exception(exc), f"insertAll into {self._table} failed: {exc}",
+                            rejects_request(exc)) from exc
         return [{"index": int(e["index"]), "errors": e.get("errors", [])} for e in response.get("insertErrors", ())]
 
 

@@ -13,12 +13,14 @@ size; a single row over it is PAYLOAD_TOO_LARGE. BigQuery rejects a request as a
 rows is bad and names those rows in `row_errors`: the named rows become RowErrors and the rest of the
 request is sent again. A request that fails for another reason ends the write with a PartialWriteError,
 classified like any BigQuery failure, naming the rows not appended: the error policy retries those, and
-only those. At-least-once, honestly: the default stream has no insertIds, so a row appended twice stays
-twice, and that happens without any crash when a request gets no answer (its deadline passed, the
-connection broke): BigQuery may have appended it, the writer cannot know, and the retry sends it again.
-Each such case is a warning naming the rows' count. Exactly-once would need a stream per writer with
-append offsets (a committed stream), a CreateWriteStream call per task, table and micro-batch, which
-its per-project hourly quota does not allow a job with many tasks and tables at a seconds-long trigger.
+only those, or, when BigQuery refused the request as invalid without naming a row (`invalid_request`),
+isolates the rows that cause it (policy.py). At-least-once, honestly: the default stream has no
+insertIds, so a row appended twice stays twice, and that happens without any crash when a request gets
+no answer (its deadline passed, the connection broke): BigQuery may have appended it, the writer cannot
+know, and the retry sends it again. Each such case is a warning naming the rows' count. Exactly-once
+would need a stream per writer with append offsets (a committed stream), a CreateWriteStream call per
+task, table and micro-batch, which its per-project hourly quota does not allow a job with many tasks and
+tables at a seconds-long trigger.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from google.api_core import exceptions as api_exceptions
 from google.cloud import bigquery
 from google.cloud.bigquery_storage_v1 import BigQueryWriteClient, types
 
-from firehose_bq.bigquery.classify import classify_exception
+from firehose_bq.bigquery.classify import classify_exception, rejects_request
 from firehose_bq.bigquery.client import attempt_options
 from firehose_bq.bigquery.conform import LiveTable
 from firehose_bq.config import BigQueryConfig
@@ -65,6 +67,8 @@ class Outcome:
 
     row_errors: dict[int, str] = field(default_factory=dict)  # index in the request → BigQuery's text
     failure: Exception | None = None
+    # The failure refuses the request as invalid without naming a row or the stream (SinkError.invalid_request).
+    invalid_request: bool = False
     # False: the request got no answer (deadline, broken connection). BigQuery may have appended it.
     answered: bool = True
 
@@ -107,13 +111,13 @@ class StorageWriteWriter:
         request fails as a whole (the rows of the chunks not appended are its `unsent`)."""
         while queue:
             again: list[Chunk] = []
-            failed: list[tuple[Chunk, Exception]] = []
+            failed: list[tuple[Chunk, Outcome]] = []
             outcomes = self._send(queue)
             for chunk, outcome in zip(queue, outcomes, strict=True):
                 if outcome.appended:
                     continue
                 if outcome.failure is not None:
-                    failed.append((chunk, outcome.failure))
+                    failed.append((chunk, outcome))
                     continue
                 failures.extend(RowError(int(chunk.positions[i]), ErrorType.SINK_4XX_ERROR, text)
                                 for i, text in sorted(outcome.row_errors.items()) if i < len(chunk.positions))
@@ -129,9 +133,11 @@ class StorageWriteWriter:
                          len(outcome.row_errors))
                 again.append(_chunk(chunk.rows.take(pa.array(rest)), chunk.positions[rest], chunk.resends + 1))
             if failed:
-                error = failed[0][1]
+                first = failed[0][1]
+                error = first.failure
+                assert error is not None
                 if unknown := sum(len(c.positions) for c, o in zip(queue, outcomes, strict=True)
-                                  if o.failure is not None and not o.answered):
+                                  if o.failure is not None and not o.answered and not o.invalid_request):
                     # Said out loud: the retry sends them again, and the default stream keeps both copies.
                     log.warning("%d row(s) into %s got no answer from AppendRows (%s): BigQuery may have "
                                 "appended them, and the retry sends them again, so they may be in the table "
@@ -139,7 +145,8 @@ class StorageWriteWriter:
                 unsent = sorted(int(p) for chunk in [c for c, _ in failed] + again for p in chunk.positions)
                 raise PartialWriteError(classify_exception(error), f"AppendRows into {self._table} failed ({len(failed)} "
                                         f"of {len(queue)} request(s)): {error}", tuple(unsent),
-                                        tuple(sorted(failures, key=lambda f: f.index)))
+                                        tuple(sorted(failures, key=lambda f: f.index)),
+                                        first.invalid_request)
             queue = again
 
     def _send(self, chunks: list[Chunk]) -> list[Outcome]:
@@ -163,7 +170,8 @@ class StorageWriteWriter:
             # Read to the end: the server closes the stream once it has answered the last request.
             outcomes.extend(_outcome(types.AppendRowsResponse.pb(response)) for response in responses)
         except (api_exceptions.GoogleAPIError, ConnectionError, TimeoutError) as exc:
-            outcomes.extend(Outcome(failure=exc, answered=False) for _ in range(len(chunks) - len(outcomes)))
+            outcomes.extend(Outcome(failure=exc, invalid_request=rejects_request(exc), answered=False)
+                            for _ in range(len(chunks) - len(outcomes)))
         if len(outcomes) < len(chunks):
             closed = api_exceptions.ServiceUnavailable("AppendRows connection closed before every response")
             outcomes.extend(Outcome(failure=closed, answered=False) for _ in range(len(chunks) - len(outcomes)))
@@ -227,8 +235,10 @@ def _outcome(response: Any) -> Outcome:
         # that the Storage Write backend does not see yet (it catches up within minutes): worth waiting for.
         return Outcome(failure=api_exceptions.ServiceUnavailable(
             f"the table's newest columns are not yet visible to the Storage Write API: {response.error.message}"))
-    return Outcome(failure=api_exceptions.from_grpc_status(response.error.code, response.error.message,
-                                                           response=response))
+    failure = api_exceptions.from_grpc_status(response.error.code, response.error.message, response=response)
+    # A StorageError detail names the stream or table (not found, finalized, offsets, encryption): no row's fault.
+    invalid = rejects_request(failure) and _storage_error_code(response.error) is None
+    return Outcome(failure=failure, invalid_request=invalid)
 
 
 def _storage_error_code(status: Any) -> int | None:

@@ -13,6 +13,7 @@ from firehose_bq.bigquery.classify import (
     classify_row_errors,
     describe_row_errors,
     is_only_stopped,
+    rejects_request,
 )
 from firehose_bq.errors import ErrorType
 
@@ -131,3 +132,36 @@ def test_storage_write_row_errors() -> None:
     # AppendRowsResponse.row_errors: {"index": 2, "code": "FIELDS_ERROR" (1), "message": "..."}
     assert classify_storage_row_error(1) is ErrorType.SINK_4XX_ERROR
     assert classify_storage_row_error(0) is ErrorType.SINK_UNKNOWN_ERROR
+
+
+@pytest.mark.parametrize(
+    ("exc", "rejected"),
+    [
+        # The request itself is invalid: one row of it may be why.
+        (exceptions.from_http_status(400, "bad", errors=[{"reason": "invalid", "message": "Request payload size "
+                                                                                        "exceeds the limit"}]), True),
+        (exceptions.from_http_status(400, "bad", errors=[{"reason": "badRequest"}]), True),
+        (exceptions.from_http_status(400, "bad"), True),
+        (exceptions.from_http_status(413, "too large"), True),
+        (exceptions.from_grpc_status(3, "Cannot parse the rows"), True),  # INVALID_ARGUMENT, no row errors
+        # A table, a permission, a stream's state, a quota, an outage: no row is the cause.
+        (exceptions.from_http_status(404, "Not found: Table p:d.t", errors=[{"reason": "notFound"}]), False),
+        (exceptions.from_http_status(400, "bad", errors=[{"reason": "invalid"}, {"reason": "notFound"}]), False),
+        (exceptions.from_http_status(403, "denied", errors=[{"reason": "accessDenied"}]), False),
+        (exceptions.from_http_status(403, "quota", errors=[{"reason": "quotaExceeded"}]), False),
+        (exceptions.from_http_status(401, "who are you"), False),
+        (exceptions.from_http_status(403, "forbidden"), False),
+        (exceptions.from_http_status(500, "oops", errors=[{"reason": "internalError"}]), False),
+        (exceptions.from_grpc_status(5, "Stream not found"), False),  # NOT_FOUND
+        (exceptions.from_grpc_status(7, "denied"), False),  # PERMISSION_DENIED
+        (exceptions.from_grpc_status(9, "stream finalized"), False),  # FAILED_PRECONDITION (HTTP 400 too)
+        (exceptions.from_grpc_status(11, "offset past the end"), False),  # OUT_OF_RANGE (HTTP 400 too)
+        (exceptions.from_grpc_status(16, "unauthenticated"), False),
+        (exceptions.from_grpc_status(14, "unavailable"), False),
+        (exceptions.from_grpc_status(2, "unknown"), False),
+        (requests.exceptions.ConnectionError("refused"), False),
+        (ValueError("?"), False),
+    ],
+)
+def test_rejected_requests(exc: BaseException, rejected: bool) -> None:
+    assert rejects_request(exc) is rejected

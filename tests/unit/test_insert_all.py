@@ -10,6 +10,7 @@ import math
 from decimal import Decimal
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from google.api_core import exceptions
@@ -250,3 +251,46 @@ def test_the_clients_insert_call_takes_what_the_writer_passes() -> None:
     assert {"retry", "span_name", "span_attributes", "kwargs"} <= set(params)
     source = inspect.getsource(bigquery.Client.insert_rows_json)
     assert "self._call_api(" in source and 'method="POST"' in source
+
+
+class RefusingClient(FakeClient):
+    """Refuses every request holding a `poison` row as a whole: HTTP 400, reason `invalid`."""
+
+    def __init__(self, poison: str) -> None:
+        super().__init__()
+        self.poison = poison
+
+    def _call_api(self, retry: Any, **kwargs: Any) -> dict[str, Any]:
+        rows = json.loads(kwargs["data"])["rows"]
+        if any(r["json"]["id"] == self.poison for r in rows):
+            self.requests.append({"rows": rows})
+            raise exceptions.BadRequest("Request contains an invalid argument.", errors=[{"reason": "invalid"}])
+        return super()._call_api(retry, **kwargs)
+
+
+def test_a_request_refused_as_invalid_is_a_partial_write_the_policy_can_isolate() -> None:
+    client = RefusingClient("c")
+    with pytest.raises(PartialWriteError) as raised:
+        writer(client, insert_all_batch_size=2).write(*rows_of(["a", "b", "c", "d", "e"]))
+    assert raised.value.invalid_request and raised.value.unsent == (2, 3, 4)
+
+    gone = FakeClient(fail=exceptions.NotFound("table gone", errors=[{"reason": "notFound"}]))
+    with pytest.raises(SinkError) as raised:
+        writer(gone).write(*rows_of(["a"]))
+    assert not raised.value.invalid_request
+
+
+def test_the_policy_isolates_the_row_of_a_refused_insert_all_request() -> None:
+    from firehose_bq.batch.rows import Writable
+    from firehose_bq.policy import ErrorHandling, write_with_policy
+
+    client = RefusingClient("k")
+    rows, ids = rows_of([chr(ord("a") + i) for i in range(20)])
+    pending = Writable(rows, ids, np.arange(20, dtype=np.int64))
+
+    done = write_with_policy(ErrorHandling(), pending, [], lambda: writer(client, insert_all_batch_size=4))
+
+    assert [(e.index, e.error_type) for e in done.errors] == [(10, ErrorType.SINK_4XX_ERROR)] and done.written == 19
+    assert sorted(r["id"] for r in client.stored) == sorted(set(rows["id"].to_pylist()) - {"k"})  # each once
+    sent_ids = [r["insertId"] for body in client.requests for r in body["rows"]]
+    assert set(sent_ids) == set(ids.to_pylist())  # each row went with its own insertId

@@ -369,3 +369,44 @@ class RawRpcError(grpc.RpcError, grpc.Call):
 ])
 def test_grpc_failures_are_classified_by_status(exc: BaseException, kind: ErrorType) -> None:
     assert classify_exception(exc) is kind
+
+
+def refuse_holding(poison: int, details: list[Any] | None = None):  # noqa: ANN201
+    """Every request holding row `poison` is refused as a whole, naming no row (what a value BigQuery cannot
+    take but the writer's checks let through gets); the others are appended."""
+
+    def handler(raw: list[Any]) -> list[types.AppendRowsResponse]:
+        refusal = types.AppendRowsResponse(error=status_pb2.Status(code=3, message="Cannot convert the rows",
+                                                                   details=details or []))
+        return [refusal if poison in rows.column("Id").to_pylist() else ok([rows])[0] for rows in batches(raw)]
+
+    return handler
+
+
+def test_a_request_refused_as_invalid_has_its_row_isolated_by_the_policy(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage_write, "MAX_REQUEST_BYTES", 20_000)  # several requests per connection
+    writer, _, client = make_writer([refuse_holding(321)] * 64)
+
+    done, waits = write_with_retries(writer, rows_of(1_000))
+
+    assert [(e.index, e.error_type) for e in done.errors] == [(321, ErrorType.SINK_4XX_ERROR)]
+    assert "rejected as a whole" in done.errors[0].message and "Cannot convert the rows" in done.errors[0].message
+    appended = [i for connection in client.connections for rows, response in
+                zip(batches(connection), refuse_holding(321)(connection), strict=True)
+                if not response.error.code for i in rows.column("Id").to_pylist()]
+    assert sorted(appended) == [i for i in range(1_000) if i != 321]  # each row once, none twice
+    assert (done.written, waits) == (999, [])
+    assert len(client.connections) <= 1 + 2 * 10  # 1 + 2·⌈log2 n⌉ of the refused request's rows at most
+
+
+def test_a_refusal_naming_the_stream_stops_the_job_without_isolating() -> None:
+    from google.protobuf import any_pb2
+
+    detail = any_pb2.Any()
+    detail.Pack(types.StorageError.pb()(code=types.StorageError.StorageErrorCode.STREAM_FINALIZED,
+                                        error_message="Stream is finalized"))
+    writer, _, client = make_writer([refuse_holding(0, [detail])] * 8)
+
+    with pytest.raises(PartialWriteError) as stopped:
+        write_with_retries(writer, rows_of(10))
+    assert not stopped.value.invalid_request and len(client.connections) == 1

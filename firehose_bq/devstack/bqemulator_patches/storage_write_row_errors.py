@@ -6,13 +6,18 @@ can send the other rows again. bqemulator converts a whole request at once: a ro
 fails the request with a bare INVALID_ARGUMENT that names no row, and values BigQuery refuses (a
 TIMESTAMP past year 9999, a missing REQUIRED field, text that is no JSON) are stored without a word.
 
+A request over the size cap (``write_api_max_request_bytes``, BigQuery's 10 MiB) is INVALID_ARGUMENT
+"AppendRows request too large: N limit M", as BigQuery answers it, not bqemulator's RESOURCE_EXHAUSTED
+(which is BigQuery's code for quotas, worth a retry; a request too large never gets in).
+
 ``proto_rows_to_arrow_table`` is replaced by a per-row checking version (BigQuery's ranges and value
 parsers from ``row_values``) and ``_handle_append_rows`` by bqemulator's own loop that turns those
 errors into such a response. Appends also insert BY NAME (after gap 3's ADD COLUMN the stored column
 order can differ from the schema's), and, like the insertAll patch, skip the whole-table time-travel
 copy after every append unless ``snapshot_each_append`` is set.
 
-Shown by tests/integration/test_emulator_gaps.py::test_storage_write_bad_rows_come_back_as_row_errors_and_nothing_is_appended.
+Shown by tests/integration/test_emulator_gaps.py::test_storage_write_bad_rows_come_back_as_row_errors_and_nothing_is_appended;
+the size refusal by tests/integration/test_poison_rows.py.
 (The sink's Storage Write writer checks rows before appending, so its own tests rarely meet row_errors.)
 """
 
@@ -126,7 +131,7 @@ def apply(*, snapshot_each_append: bool) -> list[str]:
     require(handler_cls, "_flush_to_target")
     require(write_servicer, "proto_rows_to_arrow_table")
     rows_for_request = require(write_servicer, "_rows_for_request")
-    oversize_error_response = require(write_servicer, "_oversize_error_response")
+    require(write_servicer, "_oversize_error_response")  # replaced below: BigQuery's code and words
     error_response = require(write_servicer, "_error_response")
     has_offset = require(write_servicer, "_has_offset")
     coerce = require(arrow_bridge, "_coerce_to_arrow_value")
@@ -200,8 +205,11 @@ def apply(*, snapshot_each_append: bool) -> list[str]:
         max_buffered_rows = self._ctx.settings.write_api_max_stream_rows
         for request_bytes in request_iterator:
             if len(request_bytes) > max_request_bytes:
-                yield oversize_error_response(
-                    request_bytes_len=len(request_bytes), max_bytes=max_request_bytes, bound_ctx=bound_ctx
+                stream_name = bound_ctx[0].name if bound_ctx else ""
+                yield error_response(
+                    stream_name,
+                    f"AppendRows request too large: {len(request_bytes)} limit {max_request_bytes} "
+                    f"Entity: {stream_name}",
                 )
                 continue
             request = types.AppendRowsRequest.deserialize(request_bytes)
