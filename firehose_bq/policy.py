@@ -26,8 +26,10 @@ batch (IsolationBudget, for a request of n rows, L = ⌈log2 n⌉):
 - a row is isolated only if a row of the same request went in without it; until one did, at most 2L+2
   refused requests (one bad row is alone after L+1): more, or none going in at all (a request of one row),
   and the original error stops the job as before: every row is refused, so the table is at fault;
-- at most 16·(L+1) requests in all, the cost of 8 bad rows wherever they are; a request with more bad rows
-  stops the job with the original error (saying so);
+- 16·(L+1) requests isolate 8 bad rows wherever they are; with more, the pieces still to be written are
+  then sent once each (at most L+1 more requests), and the rows of those refused fail together, their
+  message saying so (the DLQ by default, whose replay, in smaller batches, isolates them again): stopping
+  would stop again on every restart, writing the pieces that went in once more each time;
 - an error of another kind meanwhile (an outage) ends the isolation: the rows not yet in the table are
   owed, and the policy retries them or stops, as for any whole failure.
 
@@ -347,18 +349,22 @@ class _Write:
         (an outage meanwhile: the policy retries what is owed, or stops); or `error` itself, as the job's
         reason to stop, when the rule (module docstring) finds the table, not a row, at fault."""
         if len(unsent) < 2:  # a request of one row: nothing to tell it from the table
-            return [], [], _not_isolated(error, len(unsent), 0, False)
+            return [], [], _not_isolated(error, len(unsent), 0)
         budget = IsolationBudget.of(len(unsent))
         first_call = self.calls
         stack = list(reversed(_halves(unsent)))  # depth first, each piece's first half before its second
         rejected: list[RowError] = []
         alone: list[tuple[int, SinkError]] = []  # rows refused as invalid when written alone
+        # Rows of pieces refused after the budget ran out, with the piece's size and error: not isolated.
+        unresolved: list[tuple[int, int, SinkError]] = []
         refused = 0  # isolation requests refused as invalid
         accepted = False  # a row of the refused request went in without the others: the table takes its rows
         while stack:
             spent = self.calls - first_call
-            if spent >= budget.requests or (refused >= budget.until_accepted and not accepted):
-                return [], [], _not_isolated(error, len(unsent), spent, accepted)
+            if refused >= budget.until_accepted and not accepted:
+                return [], [], _not_isolated(error, len(unsent), spent)
+            # Past the budget, the pieces left are sent once each, no longer halved (at most one per level).
+            exhausted = spent >= budget.requests
             piece = stack.pop()
             more, left, piece_error = self._send(self.pending.of_sources(piece))
             rejected += more
@@ -371,16 +377,26 @@ class _Write:
             refused += 1
             if len(left) == 1:
                 alone.append((left[0], piece_error))
+            elif exhausted:
+                unresolved.extend((i, len(left), piece_error) for i in left)
             else:
                 stack.extend(reversed(_halves(left)))
         spent = self.calls - first_call
         if not accepted:  # not one of its rows went in: nothing says it is the rows, not the table
-            return [], [], _not_isolated(error, len(unsent), spent, False)
+            return [], [], _not_isolated(error, len(unsent), spent)
         isolated = [RowError(i, e.error_type, f"BigQuery rejected as a whole the request of {len(unsent)} row(s) this "
                              f"row was in; written alone, it is rejected: {e.message}") for i, e in alone]
+        # More bad rows than the budget isolates: the rows of the pieces still refused fail together (the
+        # DLQ by default, where a replay, in smaller batches, isolates them again). Stopping instead would
+        # stop again on every restart, and write the pieces that went in once more each time.
+        isolated += [RowError(i, e.error_type, f"BigQuery rejected as a whole the request of {len(unsent)} row(s) this "
+                              f"row was in, and then a part of {size} row(s) holding it; the rows at fault were not "
+                              f"told apart within {budget.requests} requests (more than {ISOLATION_ROWS} bad rows), "
+                              f"so this part fails together: {e.message}") for i, size, e in unresolved]
         log.warning("%d row(s) isolated from a write request BigQuery rejected as a whole (%s) in %d more "
-                    "request(s); the other %d row(s) were written or failed on their own", len(isolated), error,
-                    spent, len(unsent) - len(isolated), extra={"error_type": error.error_type})
+                    "request(s)%s; the other %d row(s) were written or failed on their own", len(alone), error, spent,
+                    f", and {len(unresolved)} more failed in parts not told apart within the budget"
+                    if unresolved else "", len(unsent) - len(isolated), extra={"error_type": error.error_type})
         return rejected + isolated, [], None
 
 
@@ -406,12 +422,11 @@ def _halves(rows: list[int]) -> list[list[int]]:
     return [half for half in (rows[:middle], rows[middle:]) if half]
 
 
-def _not_isolated(error: SinkError, rows: int, spent: int, accepted: bool) -> SinkError:
-    """The refused request's error as the reason the job stops, saying why no row was isolated."""
-    why = (f"more of them are refused than the {ISOLATION_ROWS} bad rows it isolates at most ({spent} requests)"
-           if accepted else f"no part of it was written in {spent} request(s): the table, not a row, refuses it")
+def _not_isolated(error: SinkError, rows: int, spent: int) -> SinkError:
+    """The refused request's error as the reason the job stops: no row of it went in without the others."""
     return SinkError(error.error_type, f"{error.message} (the request's {rows} row(s) were written in parts to find "
-                     f"the rows it fails on, but {why})", error.invalid_request)
+                     f"the rows it fails on, but no part of it was written in {spent} request(s): the table, not a "
+                     "row, refuses it)", error.invalid_request)
 
 
 def _at_source(batch: Writable, failure: RowError) -> RowError:
