@@ -256,3 +256,15 @@ def test_a_half_renamed_blob_batch_is_committed_not_replayed_again(tmp_path: Pat
     source = BlobDlqSource(store, max_messages=None)
     assert source.total() == 0 and list(source.batches()) == []
     assert store.names() == [name + ".replayed"]
+
+
+def test_the_replay_summary_accounts_for_every_letter_read() -> None:
+    """Letters whose route is still missing go to the fallback topic again: the summary must say so, or
+    read != written + dead-lettered + failed and the user cannot tell where they went."""
+    from firehose_bq.dlq.replay import ReplaySummary
+    from firehose_bq.metrics import BatchStats
+
+    stats = BatchStats(messages=9, rows_written=2)
+    stats.add_outcome("fallback", 7)
+    text = ReplaySummary(stats).render()
+    assert "dead letters read  9" in text and "sent to fallback   7" in text
