@@ -222,7 +222,7 @@ class Telemetry:
     def observe_replay(self, stats: BatchStats) -> None:
         job = self._job
         for outcome, count in (("written", stats.rows_written), ("dlq", stats.dead_lettered),
-                               ("failed", stats.failed)):
+                               ("failed", stats.failed), ("fallback", stats.fallback)):
             self.replayed.labels(job, outcome).inc(count)
         if self._statsd is not None:
             self._statsd.send("dlq_replay_messages", stats.messages, "c")

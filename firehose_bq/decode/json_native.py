@@ -13,7 +13,8 @@ import pyarrow as pa
 from google.cloud.bigquery import SchemaField
 
 from firehose_bq.decode import _json  # type: ignore[attr-defined]
-from firehose_bq.decode.json_rules import MAX_DEPTH, Column, JsonType, Kind, Mode, Problem, describe, fold, plan
+from firehose_bq.decode.json_rules import MAX_DEPTH, NOT_JSON_CAUSE, Column, JsonType, Kind, Mode, Problem, describe, \
+    fold, plan
 from firehose_bq.decode.values import DecodedValues
 from firehose_bq.errors import ErrorType, RowError
 
@@ -80,7 +81,7 @@ class JsonNativeDecoder:
 def _failure(raw: tuple[Any, ...], nodes: tuple[Column, ...]) -> RowError:
     if raw[1] == _json.DESERIALIZATION:
         row, _, reason, at = raw
-        return RowError(row, ErrorType.DESERIALIZATION_ERROR, f"{reason} (at byte {at})")
+        return RowError(row, ErrorType.DESERIALIZATION_ERROR, f"{reason} (at byte {at})", NOT_JSON_CAUSE)
     row, _, problem, node, json_type, path, key1, key2 = raw
     return RowError(row, ErrorType.INVALID_MESSAGE_ERROR,
                     describe(Problem(problem), path, JsonType(json_type), nodes[node], (key1, key2)))

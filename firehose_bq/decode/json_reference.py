@@ -19,8 +19,8 @@ from typing import Any, NoReturn
 import pyarrow as pa
 from google.cloud.bigquery import SchemaField
 
-from firehose_bq.decode.json_rules import DECIMAL_DIGITS, MAX_DEPTH, Column, JsonType, Kind, Mode, Problem, \
-    column_key, describe, fold, plan
+from firehose_bq.decode.json_rules import DECIMAL_DIGITS, MAX_DEPTH, NOT_JSON_CAUSE, Column, JsonType, Kind, Mode, \
+    Problem, column_key, describe, fold, plan
 from firehose_bq.decode.values import DecodedValues
 from firehose_bq.errors import ErrorType, RowError
 
@@ -408,7 +408,7 @@ class JsonReferenceDecoder:
             try:
                 row, mirror = walk.record(root, parse(raw if isinstance(raw, bytes) else raw.encode()), "")
             except NotJson as exc:
-                out.failures.append(RowError(i, ErrorType.DESERIALIZATION_ERROR, str(exc)))
+                out.failures.append(RowError(i, ErrorType.DESERIALIZATION_ERROR, str(exc), NOT_JSON_CAUSE))
                 rows.append(None)
                 continue
             except _Invalid as exc:

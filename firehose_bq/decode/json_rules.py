@@ -91,6 +91,9 @@ from firehose_bq.schema import ADDITIONAL_PROPERTIES
 # Containers (objects and arrays) nested deeper than this fail the document. Real documents stay far
 # below it; the limit keeps both decoders' recursion bounded (Python's stack included).
 MAX_DEPTH = 256
+# What dead letters name as the cause of a document that is not JSON (both decoders; the reference raises
+# it). Not the default for DESERIALIZATION_ERROR, protobuf's DecodeError, which points at descriptors.
+NOT_JSON_CAUSE = "firehose_bq.decode.json_reference.NotJson"
 
 
 class Kind(enum.IntEnum):

@@ -28,6 +28,10 @@ H_FAILED_AT = HEADER_PREFIX + "failed-at-ms"
 H_ATTEMPT = HEADER_PREFIX + "attempt-count"
 H_ROUTE = HEADER_PREFIX + "route"  # the destination table the record had (empty: unrouted)
 H_EXCEPTION = HEADER_PREFIX + "exception-class"  # what failed it: an exception's class, or the refusing component
+# What of the record was null but travels as b"" (kafka-python's producer sends neither a null header value
+# nor a record whose key and value are both null): `key` and `header:<i>` (its own headers' positions),
+# comma-separated, so the replay routes and writes the record as it was (a missing header is not "").
+H_NULLS = HEADER_PREFIX + "nulls"
 # Error messages can be long (a row's every error); a header is no place for kilobytes.
 # Where a batch of letters sits in its DLQ (offsets, an object name), as JSON: what commits the batch, in
 # this run or, for a batch whose load may have run before a crash, in the next one (dlq/replay.py).
@@ -63,14 +67,27 @@ class DeadLetter:
                                (H_LEADER_EPOCH, self.leader_epoch)):
             if number is not None:
                 extra[header] = str(number)
+        nulls = [f"header:{i}" for i, (_, v) in enumerate(self.headers) if v is None]
+        if self.key is None and self.value is None:
+            nulls.insert(0, "key")
+        if nulls:
+            extra[H_NULLS] = ",".join(nulls)
         own = [(k, v if v is not None else b"") for k, v in self.headers]
         return own + [(k, v.encode()) for k, v in extra.items()]
+
+    def kafka_key(self) -> bytes | None:
+        """The key to send: b"" for a record with neither key nor value (marked null in H_NULLS)."""
+        return b"" if self.key is None and self.value is None else self.key
 
     @classmethod
     def from_kafka(cls, key: bytes | None, value: bytes | None, headers: Headers) -> DeadLetter:
         """Read back what `kafka_headers` wrote; ValueError if the record carries no dead-letter headers."""
         own = [(k, v) for k, v in headers if not k.startswith(HEADER_PREFIX)]
         ours = {k: (v or b"").decode() for k, v in headers if k.startswith(HEADER_PREFIX)}
+        nulls = set(filter(None, ours.get(H_NULLS, "").split(",")))
+        own = [(k, None if f"header:{i}" in nulls else v) for i, (k, v) in enumerate(own)]
+        if "key" in nulls:
+            key = None
         try:
             error = MessageError(ErrorType(ours[H_TYPE]), ours[H_TOPIC], int(ours[H_PARTITION]),
                                  int(ours[H_OFFSET]), ours.get(H_MESSAGE, ""))

@@ -188,8 +188,9 @@ class ReplaySummary:
     def render(self) -> str:
         s = self.stats
         lines = [f"dead letters read  {s.messages}", f"rows written       {s.rows_written}",
-                 f"dead-lettered again {s.dead_lettered}", f"retried            {s.retried}",
-                 f"failed             {s.failed}"]
+                 f"dead-lettered again {s.dead_lettered}",
+                 *([f"sent to fallback   {s.fallback}"] if s.fallback else []),  # routes still missing
+                 f"retried            {s.retried}", f"failed             {s.failed}"]
         lines += [f"  {name:<22} {count}" for name, count in sorted(s.errors_by_type.items())]
         lines.append(f"elapsed            {self.seconds:.1f} s")
         return "\n".join(lines)

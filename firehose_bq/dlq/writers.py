@@ -70,7 +70,7 @@ class KafkaDlqWriter:
                 # retention counts from then. With the original one, letters of a backlog older than the
                 # topic's retention.ms would be deleted as soon as their segment rolled, before any replay
                 # (their offsets committed already). The original is kept in -source-timestamp-ms.
-                sent.append((current, self._producer.send(self._topic, key=current.key, value=current.value,
+                sent.append((current, self._producer.send(self._topic, key=current.kafka_key(), value=current.value,
                                                           headers=current.kafka_headers())))
             self._producer.flush(max(0.0, deadline - time.monotonic()))
             for current, future in sent:
@@ -89,7 +89,7 @@ class KafkaDlqWriter:
 
 
 def _size(letter: DeadLetter) -> int:
-    return (len(letter.key or b"") + len(letter.value or b"")
+    return (len(letter.kafka_key() or b"") + len(letter.value or b"")
             + sum(len(k) + len(v or b"") for k, v in letter.kafka_headers()))
 
 

@@ -67,3 +67,30 @@ def test_a_letter_is_kept_by_the_dlq_topic_from_when_it_was_written(stack_env: d
         assert read.timestamp_ms == month_ago_ms and read.value == b"old"
     finally:
         consumer.close()
+
+
+def test_a_record_with_no_key_no_value_and_a_null_header_is_dead_lettered_as_it_was(
+        stack_env: dict[str, str]) -> None:
+    """kafka-python's producer refuses such a record (`Need at least one: key or value`, a null header
+    value): the write must not fail (it would be retried, stop the job, and do the same after every
+    restart), and the replay must read back the nulls, not b"" (an empty header routes differently)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    brokers = stack_env["SOURCE_KAFKA_BROKERS"]
+    topic = f"dlq-nulls-{uuid.uuid4().hex[:8]}"
+    sample.ensure_topic(brokers, topic, 1)
+    cfg = dataclasses.replace(DlqConfig(enabled=True), kafka_brokers=brokers, kafka_topic=topic,
+                              retry_max_attempts=1)
+    sent = dataclasses.replace(letter(9, b""), key=None, value=None, headers=(("region", None), ("kind", b"")))
+    dead_letter(cfg, [sent])
+
+    consumer = Consumer({"bootstrap.servers": brokers, "group.id": f"g-{topic}", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        record = consumer.poll(30)
+        assert record is not None and record.error() is None
+        read = DeadLetter.from_kafka(record.key(), record.value(), list(record.headers() or []))
+        assert (read.key, read.value, read.headers) == (None, None, (("region", None), ("kind", b"")))
+        assert read.error == sent.error
+    finally:
+        consumer.close()

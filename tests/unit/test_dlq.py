@@ -10,7 +10,7 @@ import pytest
 
 from firehose_bq.dlq.blob_source import BlobDlqSource
 from firehose_bq.dlq.config import DlqConfig
-from firehose_bq.dlq.letters import H_ATTEMPT, H_EXCEPTION, H_OFFSET, H_ROUTE, H_TYPE, DeadLetter
+from firehose_bq.dlq.letters import H_ATTEMPT, H_EXCEPTION, H_NULLS, H_OFFSET, H_ROUTE, H_TYPE, DeadLetter
 from firehose_bq.blobstore import LocalBlobStore
 from firehose_bq.dlq.writers import BlobDlqWriter, dead_letter
 from firehose_bq.errors import DeadLetterError, ErrorType, MessageError
@@ -27,11 +27,27 @@ def test_kafka_headers_keep_the_record_headers_and_add_the_error() -> None:
     extra = dict(headers[2:])
     assert (extra[H_TYPE], extra[H_OFFSET], extra[H_ATTEMPT]) == (b"SINK_4XX_ERROR", b"41", b"2")
     assert (extra[H_ROUTE], extra[H_EXCEPTION]) == (b"shop.orders", b"google.cloud.bigquery.RowError")
+    assert extra[H_NULLS] == b"header:1"  # sent as b"" (kafka-python refuses None), read back as None
     back = DeadLetter.from_kafka(b"key", b"\x00\xffvalue", headers)
-    assert back == DeadLetter(LETTER.error, b"key", b"\x00\xffvalue", (("trace", b"\x01"), ("empty", b"")),
+    assert back == DeadLetter(LETTER.error, b"key", b"\x00\xffvalue", (("trace", b"\x01"), ("empty", None)),
                               LETTER.timestamp_ms, 2, LETTER.failed_at_ms, LETTER.route, LETTER.exception_class)
     with pytest.raises(ValueError, match="not a firehose-bq dead letter"):
         DeadLetter.from_kafka(None, b"x", [("trace", b"1")])
+
+
+def test_a_record_without_key_value_or_header_values_round_trips_through_kafka() -> None:
+    """kafka-python sends neither a record whose key and value are both null nor a null header value: the
+    letter sends b"" marked null, so the replay sees the record as it was (a header that is absent routes
+    differently from an empty one), and the DLQ write never fails on it (a retry loop, then a stop)."""
+    empty = dataclasses.replace(LETTER, key=None, value=None, headers=(("region", None), ("kind", b"")))
+    assert empty.kafka_key() == b""
+    sent = empty.kafka_headers()
+    assert all(isinstance(v, bytes) for _, v in sent) and dict(sent)[H_NULLS] == b"key,header:0"
+    back = DeadLetter.from_kafka(empty.kafka_key(), None, sent)
+    assert (back.key, back.value, back.headers) == (None, None, (("region", None), ("kind", b"")))
+    key_only = dataclasses.replace(LETTER, value=None, headers=())
+    assert key_only.kafka_key() == b"key" and H_NULLS not in dict(key_only.kafka_headers())
+    assert DeadLetter.from_kafka(b"", b"v", dataclasses.replace(LETTER, key=b"").kafka_headers()).key == b""
 
 
 def test_json_line_round_trips_with_base64_payload() -> None:
@@ -240,3 +256,15 @@ def test_a_half_renamed_blob_batch_is_committed_not_replayed_again(tmp_path: Pat
     source = BlobDlqSource(store, max_messages=None)
     assert source.total() == 0 and list(source.batches()) == []
     assert store.names() == [name + ".replayed"]
+
+
+def test_the_replay_summary_accounts_for_every_letter_read() -> None:
+    """Letters whose route is still missing go to the fallback topic again: the summary must say so, or
+    read != written + dead-lettered + failed and the user cannot tell where they went."""
+    from firehose_bq.dlq.replay import ReplaySummary
+    from firehose_bq.metrics import BatchStats
+
+    stats = BatchStats(messages=9, rows_written=2)
+    stats.add_outcome("fallback", 7)
+    text = ReplaySummary(stats).render()
+    assert "dead letters read  9" in text and "sent to fallback   7" in text

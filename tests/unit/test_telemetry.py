@@ -158,3 +158,12 @@ def test_readme_lists_exactly_the_statsd_metrics_the_job_sends() -> None:
         server.close()
     rows = [line.split("|")[1:4] for line in readme_block("statsd-reference").splitlines()[2:]]
     assert {(name.strip().strip("`"), kind.strip(), tags.strip()) for name, kind, tags in rows} == sent
+
+
+def test_replayed_letters_are_counted_once_each_by_where_they_ended() -> None:
+    t = Telemetry(MetricsConfig(), "job")
+    t.observe_replay(stats())
+    replayed = {dict(labels)["outcome"]: value for (name, labels), value in samples(t).items()
+                if name == "firehose_bq_dlq_replay_messages_total"}
+    assert replayed == {"written": 6, "dlq": 2, "failed": 1, "fallback": 1}
+    assert sum(replayed.values()) == stats().messages

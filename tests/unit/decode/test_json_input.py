@@ -448,3 +448,16 @@ def test_the_native_decoder_hands_arrow_its_buffers_without_copying() -> None:
     out = decoder("native", [F("s", "STRING")]).decode(as_values(['{"s": "a"}']))
     assert out.values.field("s").buffers()[2].to_pybytes() == b"a"
     assert out.values.to_pylist() == [{"s": "a"}]
+
+
+def test_a_document_that_is_not_json_names_no_protobuf_exception(decode: Decode) -> None:
+    """Dead letters carry what failed a record (seed 004's exception class): for JSON input that is not
+    protobuf's DecodeError, the default for DESERIALIZATION_ERROR, which would send a user looking for a
+    descriptor problem."""
+    from firehose_bq.errors import cause_of
+
+    out = decode([F("a", "INTEGER")], [b"[1]", b"\xff", b'{"a": 1} x', b'{"a": true}'])
+    causes = {f.index: (f.error_type, cause_of(f)) for f in out.failures}
+    assert {i: c for i, c in causes.items() if i < 3} == {
+        i: (DESER, "firehose_bq.decode.json_reference.NotJson") for i in range(3)}
+    assert causes[3] == (INVALID, "ValueError")
