@@ -7,8 +7,8 @@ e.g. CloudEvents' `ce_type`). Everything here is column-wise over the source's A
 are extracted in Arrow, and a template is rendered once per distinct combination of values, not per
 record.
 
-A resolved name is sanitized like a column name (`schema.sanitize_name`: characters BigQuery does not
-accept become `_`, a leading digit gets a `_` in front) and then validated; it only ever reaches SQL or
+A resolved name is sanitized like a column name (`schema.sanitize_name`: characters other than ASCII
+letters, digits and `_` become `_`, a leading digit gets a `_` in front) and then validated; it only ever reaches SQL or
 an API as an identifier the upsert/table code quotes. A record whose route cannot be resolved (a
 missing attribute, a class header value the map does not name and no default class) is *unrouted*:
 it goes to the fallback output, or is a ROUTING_ERROR for the error policy.
