@@ -156,11 +156,13 @@ class Router:
             if proto_class is None:
                 return None, (f"header {self.class_header}={chosen!r} names no message class in "
                               "INPUT_SCHEMA_PROTO_CLASS_ROUTES" if chosen is not None
-                              else f"no header {self.class_header} to pick the message class by")
+                              else f"no header {self.class_header} (absent, null, or not UTF-8) to pick the message "
+                                   "class by")
         dataset, table = self.dataset.render(values), self.table.render(values)
         if dataset is None or table is None:
             missing = [a for a in self.dataset.attributes + self.table.attributes if values.get(a) is None]
-            return None, f"no {', '.join(dict.fromkeys(missing))} to name the destination table by"
+            return None, (f"no {', '.join(dict.fromkeys(missing))} (absent, null, or not UTF-8) to name the destination "
+                          "table by")
         problem = name_problem(dataset, MAX_DATASET_NAME) or name_problem(table, MAX_TABLE_NAME)
         if problem:
             return None, f"destination {dataset}.{table}: {problem}"

@@ -49,7 +49,14 @@ def test_records_are_grouped_by_rendered_destination_and_class() -> None:
     ]
     assert [(f.index, f.error_type) for f in out.unrouted] == [(3, ErrorType.ROUTING_ERROR), (4, ErrorType.ROUTING_ERROR)]
     assert "'buy' names no message class" in out.unrouted[0].message
-    assert "no header.ns" in out.unrouted[1].message
+    assert "no header.ns (absent, null, or not UTF-8)" in out.unrouted[1].message
+
+
+def test_a_header_that_is_not_utf8_is_unrouted_saying_it_may_be() -> None:
+    router = router_of("ds", "${header.region}", None, None, "")
+    out = router.assign(source_batch([b""], headers=[[("region", b"\xffeu")]]))
+    assert [f.error_type for f in out.unrouted] == [ErrorType.ROUTING_ERROR]
+    assert "no header.region (absent, null, or not UTF-8)" in out.unrouted[0].message
 
 
 def test_the_default_class_takes_unmapped_and_missing_values() -> None:
