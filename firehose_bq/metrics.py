@@ -144,11 +144,10 @@ class RunSummary:
             f"dead-lettered      {t.dead_lettered}",
             *([f"sent to fallback   {t.fallback}"] if t.fallback else []),
             f"messages failed    {t.failed}",
-            f"errors by type     {sum(t.errors_by_type.values())}",
         ]
-        if t.unknown_fields:
-            lines.append(f"  written with fields their descriptors lack (dropped or in additional_properties): "
-                         f"{t.unknown_fields}")
+        if t.unknown_fields:  # written, not an error: a line of its own, not under "errors by type"
+            lines.append(f"unknown fields     {t.unknown_fields} (written; the fields dropped or in additional_properties)")
+        lines.append(f"errors by type     {sum(t.errors_by_type.values())}")
         for error_type in ErrorType:
             lines.append(f"  {error_type.value:<22} {t.errors_by_type.get(error_type.value, 0)}")
         lines.append(f"elapsed            {self.seconds:.1f} s ({rate:,.0f} messages/s)")

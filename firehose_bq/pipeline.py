@@ -234,10 +234,13 @@ class Pipeline:
         """What becomes of fields no descriptor knows, for the log lines about them."""
         # A changelog never merges on a key cut short (batch/rows.py), whatever the settings below say.
         keys = "; in a key: UNKNOWN_FIELDS_ERROR (upsert/delete)" if self.config.upsert.enabled else ""
+        # JSON input's columns come from its table's schema file, protobuf's from the registry.
+        fix = ("add the columns to the table or its schema file" if self.config.input_schema.data_type == "JSON"
+               else "publish the new proto to the registry")
         if self.config.bigquery.additional_properties:
-            return f"their values are kept in additional_properties (publish the new proto to the registry){keys}"
+            return f"their values are kept in additional_properties ({fix}){keys}"
         if self._handling.policy.allow_unknown_fields:
-            return f"written without them (publish the new proto to the registry, then replay to fill them){keys}"
+            return f"written without them ({fix}, then replay to fill them){keys}"
         return "UNKNOWN_FIELDS_ERROR"
 
 
