@@ -26,6 +26,7 @@ from firehose_bq.batch.core import TaskPlan, TaskResult
 from firehose_bq.batch.rows import Rows, Writable
 from firehose_bq.bigquery import file_loads
 from firehose_bq.bigquery.client import Clients, make_client
+from firehose_bq.bigquery.jobs import BatchPlan
 from firehose_bq.bigquery.writers import RowWriter
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.dlq.config import KAFKA
@@ -135,8 +136,9 @@ class WriteMode:
         """What each task of batch `batch` needs from this mode (picklable)."""
         return StreamingTask(self.config.bigquery, self.name)
 
-    def finish(self, batch: int, results: Sequence[TaskResult]) -> None:
-        """The driver's step once every task of `batch` wrote its rows; raises to leave it uncommitted."""
+    def finish(self, batch: int, results: Sequence[TaskResult], plan: BatchPlan) -> None:
+        """The driver's step once every task of `batch` wrote its rows; raises to leave it uncommitted.
+        `plan`: what the batch was planned to read, the same on every run of it (its jobs' identity)."""
 
     def abort(self, batch: int) -> None:
         """Drop what a failed `batch` left behind; its replay does the work again."""
@@ -151,8 +153,8 @@ class StorageWriteMode(WriteMode):
 
 class FileLoadsMode(WriteMode):
     """Tasks stage files under the batch's prefix of the staging area; the driver loads each table's files
-    in one job per batch, its id derived from `identity()` (what makes a replay of the same batch find its
-    job), the batch and the Kafka offsets staged."""
+    in one job per batch, its id derived from `identity()`, the batch and its plan (what makes a replay of
+    the same batch find its job, however each run staged it)."""
 
     name = FILE_LOADS
 
@@ -169,7 +171,7 @@ class FileLoadsMode(WriteMode):
     def task(self, batch: int) -> TaskPlan:
         return StagingTask(self.config.bigquery, self.staging, self.staging.batch(batch))
 
-    def finish(self, batch: int, results: Sequence[TaskResult]) -> None:
+    def finish(self, batch: int, results: Sequence[TaskResult], plan: BatchPlan) -> None:
         by_table: dict[str, list[str]] = {}
         for report in (json.loads(r) for result in results for r in result.reports):
             by_table.setdefault(report["table"], []).append(json.dumps(report["staged"]))
@@ -182,7 +184,7 @@ class FileLoadsMode(WriteMode):
                     dataset, name = table.split(".", 1)
                     cfg = dataclasses.replace(cfg, dataset=dataset, table=name)
                 loader = file_loads.FileLoader(client, cfg, store, identity, handling_of(self.config))
-                loader.load(batch, file_loads.parse_staged(staged))
+                loader.load(batch, file_loads.parse_staged(staged), plan)
         # Only when every table's rows are in: a failure above leaves the files for the batch's replay.
         file_loads.discard(store, self.staging.batch(batch))
 
@@ -222,8 +224,8 @@ class UpsertMode(WriteMode):
     def task(self, batch: int) -> TaskPlan:
         return self.session.task(batch)
 
-    def finish(self, batch: int, results: Sequence[TaskResult]) -> None:
-        self.session.flush(batch, [report for result in results for report in result.reports])
+    def finish(self, batch: int, results: Sequence[TaskResult], plan: BatchPlan) -> None:
+        self.session.flush(batch, [report for result in results for report in result.reports], plan)
 
     def close(self) -> None:
         self.session.close()  # drops this run's intermediate table
@@ -273,9 +275,15 @@ def reaches_driver_step(results: Sequence[TaskResult], stats: BatchStats) -> boo
     return not stats.failed and not any(r.fatal for r in results)
 
 
-def settle(mode: WriteMode, batch: int, results: Sequence[TaskResult], stats: BatchStats) -> None:
+def planned_ranges(results: Sequence[TaskResult]) -> list[tuple[str, int, int, int]]:
+    """The Spark job's plan of a batch: the Kafka ranges its tasks were given, each once (a batch run again
+    around a descriptor refresh reports them from both runs)."""
+    return sorted({tuple(r) for result in results for r in result.planned})  # type: ignore[misc]
+
+
+def settle(mode: WriteMode, batch: int, results: Sequence[TaskResult], stats: BatchStats, plan: BatchPlan) -> None:
     """The driver's end of a batch, the same for the Spark job and the replay (`stats`: the results'
-    `batch_stats`): stop, letting the mode drop the batch's leftovers, if a record failed or a task could
+    `batch_stats`; `plan`: what the batch was planned to read, bigquery/jobs.py `BatchPlan`): stop, letting the mode drop the batch's leftovers, if a record failed or a task could
     not finish; else run the mode's driver step. Returns only when every record is in the table or the
     DLQ, which is when the caller may commit the batch's offsets."""
     if not reaches_driver_step(results, stats):
@@ -285,6 +293,6 @@ def settle(mode: WriteMode, batch: int, results: Sequence[TaskResult], stats: Ba
             raise FirehoseError(f"batch {batch} stopped, offsets not committed: {fatal}")
         raise BatchFailedError(batch, stats.sample_errors, stats.failed)
     try:
-        mode.finish(batch, results)
+        mode.finish(batch, results, plan)
     except SinkError as exc:
         raise FirehoseError(f"batch {batch} stopped, offsets not committed: {exc}") from exc

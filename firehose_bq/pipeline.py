@@ -30,7 +30,7 @@ from firehose_bq.config import Config
 from firehose_bq.errors import FirehoseError
 from firehose_bq.metrics import BatchStats, RunSummary
 from firehose_bq.telemetry import Telemetry
-from firehose_bq.modes import WriteMode, batch_stats, handling_of, settle, write_mode
+from firehose_bq.modes import WriteMode, batch_stats, handling_of, planned_ranges, settle, write_mode
 from firehose_bq.registry.cache import CacheStats
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
 from firehose_bq.source.kafka_client import RangeReader, resolve_client
@@ -201,7 +201,7 @@ class Pipeline:
         self._count(batch_id, stats, time.monotonic() - started)
         step = time.monotonic()
         try:
-            settle(self.mode, batch_id, results, stats)
+            settle(self.mode, batch_id, results, stats, planned_ranges(results))
         except FirehoseError as exc:
             self._failure = exc
             self._observe(stats, started, ok=False)

@@ -82,16 +82,20 @@ class TaskResult:
     # Everything before it is settled (written, dead-lettered), so the second run starts there: a row
     # appended twice would stay twice in Storage Write's default stream, which has no insertIds.
     resume: list[tuple[str, int, int]] = field(default_factory=list)
+    # The Kafka ranges (topic, partition, start, end) the task was given, whole, however much of them it
+    # read: part of the batch's plan, from which the driver derives its job ids (bigquery/jobs.py).
+    planned: list[tuple[str, int, int, int]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps({"stats": json.loads(self.stats.to_json()), "fatal": self.fatal, "held": self.held,
-                           "reports": self.reports, "resume": self.resume})
+                           "reports": self.reports, "resume": self.resume, "planned": self.planned})
 
     @classmethod
     def from_json(cls, text: str) -> TaskResult:
         data = json.loads(text)
         return cls(BatchStats.from_json(json.dumps(data["stats"])), data["fatal"], data["held"], data["reports"],
-                   [(t, int(p), int(o)) for t, p, o in data.get("resume", [])])
+                   [(t, int(p), int(o)) for t, p, o in data.get("resume", [])],
+                   [(t, int(p), int(s), int(e)) for t, p, s, e in data.get("planned", [])])
 
 
 class TooManyDestinationsError(FirehoseError):

@@ -37,19 +37,23 @@ def run_task(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, worker_log
     yields its TaskResult. `resume`: read only these partitions, from these offsets (a rerun). It runs in
     a Python worker, which logs as the driver does (`worker_logging`: format, masking, batch id)."""
     logs.apply_in_worker(worker_logging)
+    # A row per Kafka partition: taken whole first, as the task may stop before reading them all.
+    planned = [row for batch in ranges for row in zip(*(batch[name].to_pylist() for name in RANGE_COLUMNS),
+                                                      strict=True)]
     with logs.log_context(**(worker_logging.fields if worker_logging is not None else {})):
-        result = process_batch(_records(reader, ranges, resume), spec, plan, handling, WORKER_CLIENTS)
+        result = process_batch(_records(reader, planned, resume), spec, plan, handling, WORKER_CLIENTS)
+    result.planned = planned
     yield pa.RecordBatch.from_pydict({"result": [result.to_json()]})
 
 
-def _records(reader: RangeReader, ranges: Iterator[pa.RecordBatch], resume: Resume | None) -> Iterator[pa.RecordBatch]:
-    """The records of each range, read only as the batch core asks for them: a task that stops early (a
-    batch held for a registry refresh) leaves the rest unread."""
-    for batch in ranges:
-        for topic, partition, start, end in zip(*(batch[name].to_pylist() for name in RANGE_COLUMNS), strict=True):
-            if resume is not None:
-                if (topic, partition) not in resume:
-                    continue
-                start = max(start, resume[(topic, partition)])
-            if start < end:
-                yield from reader.read(topic, partition, start, end)
+def _records(reader: RangeReader, planned: list[tuple[str, int, int, int]], resume: Resume | None) \
+        -> Iterator[pa.RecordBatch]:
+    """The records of each planned range, read only as the batch core asks for them: a task that stops early
+    (a batch held for a registry refresh) leaves the rest unread."""
+    for topic, partition, start, end in planned:
+        if resume is not None:
+            if (topic, partition) not in resume:
+                continue
+            start = max(start, resume[(topic, partition)])
+        if start < end:
+            yield from reader.read(topic, partition, start, end)

@@ -19,9 +19,9 @@ one file under the union of their columns, rather than leaving BigQuery to recon
 Parquet rather than newline-delimited JSON: it is written straight from the Arrow batches (no text per
 value), typed (TIMESTAMP, DATE, BYTES and NUMERIC need no text forms), and a fraction of the size.
 
-Replays are idempotent: the job id is derived from the table, the checkpoint, the batch id and the Kafka
-offsets the files hold (never from the file bytes or names: `load_time` and the names differ in every
-attempt). A batch replayed after a crash between "load done" and "offsets committed" finds its job done
+Replays are idempotent: the job id is derived from the table, the checkpoint, the batch id and the batch's
+plan, the Kafka ranges it was planned to read (bigquery/jobs.py `batch_job_id`: never from the file bytes,
+names or staged offsets, which differ between runs of one batch). A batch replayed after a crash between "load done" and "offsets committed" finds its job done
 and loads nothing. The same makes a failed load safe to retry: the driver's retry (the error policy's
 retry types, RETRY_* within SINK_BIGQUERY_RETRY_DEADLINE_MS) looks the job up again, waits for it if it
 runs, and starts the next one only when it failed; the client's own retries are off inside it.
@@ -50,7 +50,7 @@ from google.cloud import bigquery
 from firehose_bq.bigquery.classify import classify_exception
 from firehose_bq.bigquery.client import REQUEST_ERRORS, attempt_options, call_options
 from firehose_bq.bigquery.conform import LiveTable
-from firehose_bq.bigquery.jobs import BatchJobs, OffsetCover, OffsetRange, batch_job_id
+from firehose_bq.bigquery.jobs import BatchJobs, BatchPlan, OffsetCover, OffsetRange, batch_job_id
 from firehose_bq.blobstore import GCS_SCHEME, BlobStore, GcsOptions, open_blob_store
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.errors import ErrorType, RowError, SinkError
@@ -216,10 +216,9 @@ def staged_json(writer: object) -> str | None:
     return writer.staged.to_json() if isinstance(writer, StagingWriter) else None
 
 
-def load_job_id(table_ref: str, checkpoint: str, batch_id: int, staged: Sequence[StagedFile]) -> str:
-    """Deterministic over replays of one batch: the same table, checkpoint, batch and Kafka records."""
-    ranges = [(r.topic, r.partition, r.first, r.last, r.rows) for f in staged for r in f.ranges]
-    return batch_job_id("firehose_bq_", table_ref, checkpoint, batch_id, ranges)
+def load_job_id(table_ref: str, checkpoint: str, batch_id: int, plan: BatchPlan) -> str:
+    """The same for every run of one batch (table, checkpoint, batch and its plan), whatever it staged."""
+    return batch_job_id("firehose_bq_", table_ref, checkpoint, batch_id, plan)
 
 
 def combine(paths: Sequence[Path], target: Path) -> Path:
@@ -317,21 +316,23 @@ class FileLoader:
         self._sleep, self._clock = sleep, clock
         self._jobs = BatchJobs(client, "load job", cfg.table_ref, self._call, cfg.job_timeout_ms / 1000, sleep, clock)
 
-    def load(self, batch_id: int, staged: Sequence[StagedFile]) -> LoadOutcome | None:
-        """Load the batch's files into the table, or find that an earlier attempt did; raise SinkError on
+    def load(self, batch_id: int, staged: Sequence[StagedFile], plan: BatchPlan) -> LoadOutcome | None:
+        """Load the batch's files into the table, or find that an earlier run of the batch (the same `plan`,
+        bigquery/jobs.py) did; raise SinkError on
         failure (after the retries of a retryable one). The files stay: the caller drops the batch's
         staging once all its tables are loaded."""
         if sum(f.rows for f in staged) == 0:
             return None
-        return retry_call(lambda: self._load(batch_id, staged), self._handling.write_backoff(),
+        plan = list(plan)  # taken once per attempt
+        return retry_call(lambda: self._load(batch_id, staged, plan), self._handling.write_backoff(),
                           retry_on=self._handling.retries, give_up=gave_up,
                           what=f"batch {batch_id}: load into {self._cfg.table_ref}", sleep=self._sleep,
                           clock=self._clock)
 
-    def _load(self, batch_id: int, staged: Sequence[StagedFile]) -> LoadOutcome:
+    def _load(self, batch_id: int, staged: Sequence[StagedFile], plan: BatchPlan) -> LoadOutcome:
         rows = sum(f.rows for f in staged)
         started = self._clock()
-        run = self._jobs.run(load_job_id(self._cfg.table_ref, self._checkpoint, batch_id, staged),
+        run = self._jobs.run(load_job_id(self._cfg.table_ref, self._checkpoint, batch_id, plan),
                              lambda job_id: self._start(batch_id, job_id, staged))
         if run.already:
             log.info("batch %d: load job %s already loaded these rows (a replay): not loading again",

@@ -1,8 +1,8 @@
 """A micro-batch's driver-side BigQuery job, run at most once however often the batch is tried.
 
-The load job of file loads and the MERGE of upsert/delete share this: the job id is derived from what
-the job writes (the table, the checkpoint's query id, the batch id and the Kafka offsets of its rows),
-never from the attempt. Each attempt looks that id up before creating it: a job that is running is
+The load job of file loads and the MERGE of upsert/delete share this: the job id is derived from the
+table, the checkpoint's query id, the batch id and what the driver planned the batch to read
+(`BatchPlan`), never from the attempt nor from what an attempt staged (see `batch_job_id`). Each attempt looks that id up before creating it: a job that is running is
 waited for, one that is done is not run again (a batch replayed after a crash between "job done" and
 "offsets committed"), and a 409 on creation means an earlier attempt created it between the lookup and
 the request. A job id that exists but failed cannot be reused, so the next job takes `<id>_retryN`.
@@ -82,10 +82,44 @@ class OffsetCover:
         return [OffsetRange(t, p, first, last, rows) for (t, p), (first, last, rows) in sorted(self._ranges.items())]
 
 
-def batch_job_id(prefix: str, table_ref: str, checkpoint: str, batch_id: int, ranges: Iterable[Any]) -> str:
-    """`prefix<table>_b<batch>_<digest>`: the same for every replay of one batch (table, checkpoint, batch
-    and the JSON-able `ranges` describing its Kafka records; their order does not matter)."""
-    content = sorted(ranges)
+# What the driver planned a batch to read, fixed before its first run: JSON-able items in any order. The
+# streaming job: the Kafka ranges [topic, partition, start, end) Spark handed its tasks (the batch's
+# entry in the checkpoint's offset log); replay-dlq: the DLQ position its letters were read up to.
+BatchPlan = Iterable[Any]
+
+
+def batch_job_id(prefix: str, table_ref: str, checkpoint: str, batch_id: int, plan: BatchPlan) -> str:
+    """`prefix<table>_b<batch>_<digest>`: the same for every run of one batch (table, checkpoint, batch and
+    its plan), whatever each run staged.
+
+    Why the plan, not what was staged: a run of a batch may stage its records in pieces (a task held for a
+    descriptor refresh stages a partition as two ranges) and its replay in one, or dead-letter other
+    records; an id over the staged rows then differed between them, and a replay after a crash between
+    the job and the offset commit ran the job again: the batch loaded (or, delete-only, merged) twice.
+
+    Why one id per plan loses nothing although runs of it may stage different rows: a job is only created
+    by `modes.settle` once every record of the run is written, staged or dead-lettered (none failed, no task
+    stopped), and the dead letters are stored before that (batch/core.py `_Task.finish`). So a job found
+    DONE under this id means an earlier run of the same plan put each of its records in the table (that
+    job, or Storage Write for `mixed`'s streamed tables) or in the DLQ. Skipping this run's job loses
+    nothing; a record this run would treat otherwise (loaded where the earlier run dead-lettered it, or
+    the reverse) is then in both places at most: a duplicate, never a gap. A job that exists but FAILED
+    loaded nothing, and the next id (`_retryN`) loads this run's files. Two plans give one id only on a
+    96-bit digest collision. The plan is the same on every run: Spark replays a batch from its offset
+    log entry, which holds a new partition's start too (source/kafka_source.py), and a range whose
+    records retention deleted since stops the reader instead of shrinking the run; compaction can only
+    remove records an earlier run already covered. replay-dlq numbers its batches from 0 in every run, so
+    its plan is the DLQ position (DLQ offsets or blob objects are never read twice once committed, and a
+    crashed replay's batch is finished from its pending record first, with the same position); the
+    letters' original offsets would not do: one record can be dead-lettered, replayed and dead-lettered
+    again, and two batches holding it could then share an id while loading different records.
+
+    Outside this argument: a record that a replay sends to ANOTHER table than the first run did (routing
+    or SINK_BIGQUERY_MIXED_STREAMING_TABLES changed while a batch was half loaded: one table's job done,
+    another's failed). The first table's job is then found done without that record, and the second's
+    retry loads only that run's files. Do not change routing before a stopped job has committed its
+    last batch."""
+    content = sorted(json.dumps(item, sort_keys=True) for item in plan)
     digest = hashlib.sha256(json.dumps([table_ref, checkpoint, batch_id, content]).encode()).hexdigest()[:24]
     table = _JOB_ID_UNSAFE.sub("_", table_ref.split(".", 1)[-1])[:200]
     return f"{prefix}{table}_b{batch_id}_{digest}"

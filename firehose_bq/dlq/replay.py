@@ -280,7 +280,7 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
                         telemetry.observe_replay(stats)
                     if pending is not None and reaches_driver_step(results, stats):
                         pending.write(number, results, position)
-                    settle(mode, number, results, stats)
+                    settle(mode, number, results, stats, replay_plan(position))
                 source.commit(position)  # only now: every letter of the batch is in the table or the DLQ again
                 if pending is not None:
                     pending.clear()
@@ -310,13 +310,20 @@ def _finish_pending(pending: PendingBatch, mode: WriteMode, source: DlqSource) -
     log.warning("an earlier replay stopped after staging batch %d and before committing it: finishing it first "
                 "(a load job that already ran is found by its id and not run again)", batch)
     try:
-        settle(mode, batch, results, batch_stats(results))
+        settle(mode, batch, results, batch_stats(results), replay_plan(position))
     except FirehoseError as exc:
         raise FirehoseError(f"{exc} (the batch an earlier replay left pending, {pending.where()}; delete that "
                             "object to read its letters again instead, if they must be staged anew)") from exc
     source.commit(position)
     pending.clear()
     return batch + 1
+
+
+def replay_plan(position: Position) -> list[Position]:
+    """A replayed batch's plan (its jobs' identity, bigquery/jobs.py): the DLQ position its letters were read
+    up to, never read again once committed. Batch numbers start from 0 in every replay, and one record can
+    be in two replays' batches (dead-lettered again): its original coordinates would not tell them apart."""
+    return [position]
 
 
 def _coords(letter: DeadLetter) -> tuple[str, int, int]:

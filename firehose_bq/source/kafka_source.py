@@ -1,7 +1,14 @@
 """Kafka as a PySpark Python DataSource streaming source (format `firehose-kafka`).
 
 Spark's built-in Kafka source needs jars this deployment cannot fetch, so this is a Python one:
-- offsets live in Spark's checkpoint as `{topic: {"partition": next_offset}}`;
+- offsets live in Spark's checkpoint as `{topic: {"partition": next_offset}}`; Spark's offset log keeps
+  each batch's END only (its start is the previous batch's end), so a batch that first includes a
+  partition also records where that partition's range starts (NEW_STARTS, below): planning the read,
+  in another process, and every replay of the batch then read the same range, and records that
+  retention deletes meanwhile stop the job ("deleted by retention") instead of being skipped;
+- a partition added while the job runs starts at its first offset still on the broker, with a warning
+  naming the offsets that were gone before the job first saw it (as `initialOffset` does for a
+  committed offset no longer on the broker): no restart could read those, so stopping would only stop;
 - each micro-batch is one Spark partition per Kafka partition with new records;
 - `maxOffsetsPerTrigger` caps a batch, shared across partitions in proportion to their backlog;
 - `Trigger.AvailableNow` reads up to the end offsets seen when the query starts, then stops;
@@ -43,6 +50,12 @@ from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED, Ka
 log = logging.getLogger(__name__)
 
 FORMAT_NAME = "firehose-kafka"
+
+# The key, in a batch's end offsets, of the planned start of each partition that the batch's start lacked
+# and that it reads from (`{NEW_STARTS: {topic: {"partition": first_offset}}}`). Not a topic name: those
+# are letters, digits, `.`, `_` and `-` only. Ends written before it existed have no such key (see
+# `_planned_begin`).
+NEW_STARTS = "$new_partition_starts"
 
 # One row per Spark partition of a micro-batch: the records [start_offset, end_offset) of one partition
 # (kafka_client.RANGE_COLUMNS, in this order).
@@ -140,7 +153,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         latest = self._target if self._target is not None else self._kafka().end_offsets(self.topics)
-        begin = self._with_new_partitions(_from_json(start), latest)
+        known = _from_json(start)
+        begin = {t: dict(parts) for t, parts in known.items()}
+        new = self._begin_new_partitions(begin, latest)
         for t, parts in latest.items():
             for p, o in parts.items():
                 if o < begin[t][p]:
@@ -151,30 +166,58 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     )
         if isinstance(limit, ReadMaxRows):
             latest = _cap(begin, latest, limit.max_rows)
-        return _to_json(latest)
+        if latest == known:
+            # Nothing moved: the start as it is (with the starts it may record), or Spark, which compares
+            # the two as JSON, would plan an empty batch.
+            return start
+        # A new partition read from in this batch: its start goes into the end, the only offsets of the batch
+        # that Spark keeps. One with nothing to read ends where it starts, which its end offset says already.
+        starts: Offsets = {}
+        for t, p in new:
+            if latest[t][p] > begin[t][p]:
+                starts.setdefault(t, {})[p] = begin[t][p]
+        return _to_json(latest, starts)
 
-    def _with_new_partitions(self, begin: Offsets, latest: Offsets) -> Offsets:
-        """`begin` plus partitions that appeared since, at their first offset still on the broker
-        (as Spark's Kafka source does): a batch is then planned from where reading can really start."""
-        new = [(t, p) for t, parts in latest.items() for p in parts if p not in begin.get(t, {})]
-        merged = {t: dict(parts) for t, parts in begin.items()}
-        if new:
-            for t, parts in self._kafka().beginning_offsets(new).items():
-                merged.setdefault(t, {}).update(parts)
-        return merged
+    def _begin_new_partitions(self, begin: Offsets, end: Offsets) -> list[tuple[str, int]]:
+        """Add the partitions of `end` that `begin` lacks to `begin`, at their first offset still on the
+        broker (as Spark's Kafka source does), and return them. One not at 0 lost records to retention
+        before the job could read them: no restart can read them either (stopping would stop every
+        restart, and a new checkpoint would not bring them back), so the job goes on from there, saying
+        which offsets were never read."""
+        new = [(t, p) for t, parts in end.items() for p in parts if p not in begin.get(t, {})]
+        if not new:
+            return new
+        for t, parts in self._kafka().beginning_offsets(new).items():
+            begin.setdefault(t, {}).update(parts)
+            for p, o in parts.items():
+                if o > 0:
+                    log.warning("%s/%d: a partition new to this job starts at offset %d: its offsets 0 to %d were "
+                                "deleted before the job could read them (retention) and are not in the table", t, p,
+                                o, o - 1)
+        return new
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
         return _to_json(self._kafka().end_offsets(self.topics))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         finish = _from_json(end)
-        begin = self._with_new_partitions(_from_json(start), finish)
+        begin = self._planned_begin(_from_json(start), finish, end)
         return [
             KafkaRange(t, p, begin[t][p], o)
             for t, parts in sorted(finish.items())
             for p, o in sorted(parts.items())
             if o > begin[t][p]
         ]
+
+    def _planned_begin(self, start: Offsets, finish: Offsets, end: dict[str, Any]) -> Offsets:
+        """Where each partition of a batch begins: the start's offset, else the start the batch recorded
+        when it was planned (NEW_STARTS), never a fresh look-up that retention may have moved since. An
+        end written before NEW_STARTS existed has none: its new partitions are looked up, as then."""
+        begin = _from_json(end.get(NEW_STARTS, {}))
+        for t, parts in start.items():
+            begin.setdefault(t, {}).update(parts)
+        self._begin_new_partitions(begin, finish)
+        return begin
 
     def commit(self, end: dict[str, Any]) -> None:
         try:
@@ -214,9 +257,13 @@ def _cap(begin: Offsets, end: Offsets, max_rows: int) -> Offsets:
     return capped
 
 
-def _to_json(offsets: Offsets) -> dict[str, Any]:
-    return {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in sorted(offsets.items())}
+def _to_json(offsets: Offsets, new_starts: Offsets | None = None) -> dict[str, Any]:
+    as_json = {t: {str(p): o for p, o in sorted(parts.items())} for t, parts in sorted(offsets.items())}
+    if new_starts:
+        as_json[NEW_STARTS] = _to_json(new_starts)
+    return as_json
 
 
 def _from_json(offsets: dict[str, Any]) -> Offsets:
-    return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in offsets.items()}
+    """The offsets of a checkpoint's JSON (without the planned starts it may hold: `_planned_begin`)."""
+    return {t: {int(p): int(o) for p, o in parts.items()} for t, parts in offsets.items() if t != NEW_STARTS}

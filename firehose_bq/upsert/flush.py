@@ -17,8 +17,8 @@ How seed 000's design maps onto Spark Structured Streaming:
   the replayed records into its own new intermediate table and merges them then. The old table's
   rows are never needed (their offsets were never committed): it is an orphan for `upsert cleanup`.
 - A batch is merged once (`bigquery/jobs.py`): its MERGE job id is derived from the destination, the
-  checkpoint's query id, the batch id and the Kafka offsets its tasks staged (never from the
-  intermediate table, whose name is new in every run). A crash after the MERGE but before Spark's
+  checkpoint's query id, the batch id and the batch's plan, the Kafka ranges it was planned to read
+  (never from the intermediate table, whose name is new in every run, nor from what a run staged). A crash after the MERGE but before Spark's
   commit replays the same offsets as the same batch: the replay stages them again, finds the MERGE
   job done by its id and only clears the rows. A MERGE still running then, or slower than a request
   timeout, is waited for, never submitted a second time. This matters for delete-only, whose values
@@ -36,7 +36,7 @@ from google.api_core.exceptions import GoogleAPIError
 from google.cloud import bigquery
 
 from firehose_bq.bigquery.client import REQUEST_ERRORS, attempt_options, call_options, make_client
-from firehose_bq.bigquery.jobs import BatchJobs, batch_job_id
+from firehose_bq.bigquery.jobs import BatchJobs, BatchPlan, batch_job_id
 from firehose_bq.bigquery.tables import ensure_dataset, ensure_table
 from firehose_bq.config import Config
 from firehose_bq.descriptors import Descriptors
@@ -145,9 +145,10 @@ class UpsertSession:
         return ChangelogTask(self.config.bigquery, self.schema.intermediate.table, batch_id,
                              self.config.upsert.delete_enabled)
 
-    def flush(self, batch_id: int, reports: Sequence[str]) -> None:
+    def flush(self, batch_id: int, reports: Sequence[str], batch_plan: BatchPlan) -> None:
         """Merge the batch's rows into the destination, then clear them from the intermediate table.
-        `reports`: the tasks' ChangelogTask reports (the Kafka offsets they staged).
+        `reports`: the tasks' ChangelogTask reports (the Kafka offsets they staged); `batch_plan`: what the batch
+        was planned to read, from which the MERGE job id is derived (bigquery/jobs.py `batch_job_id`).
 
         The MERGE runs as one job per batch (found again by its id rather than run twice); a failed one,
         or one whose outcome is unknown, is retried like a write; the client's own retries, and its job
@@ -159,7 +160,7 @@ class UpsertSession:
             log.info("batch %d: no rows staged, nothing to merge", batch_id)
             return
         bq = self.config.bigquery
-        base = batch_job_id("firehose_bq_merge_", plan.destination.api, self._identity(), batch_id, spans)
+        base = batch_job_id("firehose_bq_merge_", plan.destination.api, self._identity(), batch_id, batch_plan)
         started = self._clock()
         call = attempt_options(bq)
         sql = plan.merge(batch_id)

@@ -10,9 +10,8 @@ growing across micro-batches; a MERGE compares only rows of one batch, so within
 offset of a key is its latest record, whatever task wrote it. (Two partitions carrying one key break
 the changelog contract: Kafka gives no order between them, and neither can the sink.)
 
-Each task reports the Kafka offset ranges of the rows it staged: the driver derives the batch's MERGE
-job id from them (`upsert/flush.py`), so that a replay of the batch finds its MERGE instead of running it
-again, and a batch of other records (a DLQ replay counts its batches from 0 every time) never does.
+Each task reports the Kafka offset ranges of the rows it staged: the driver merges only a batch that
+staged rows (`upsert/flush.py`). The MERGE job id comes from the batch's plan instead (bigquery/jobs.py).
 """
 
 from __future__ import annotations

@@ -109,18 +109,26 @@ def test_new_fields_land_without_restart_and_an_outage_is_survived(
     assert not failures, failures
 
 
+def refreshing_on_hold(job_env: dict[str, str], fake: FakeRegistry, tmp_path: Path,
+                       **settings: str) -> tuple[Config, dict[str, Path]]:
+    """A job on evo.Event whose registry serves v1 (until the test publishes `paths["v2"]`), refreshed only
+    when a task holds at fields its descriptors lack (no background refresh)."""
+    paths = {v: compile_protos(tmp_path / f"{v}.desc", PROTOS / v) for v in ("v1", "v2")}
+    fake.routes["/evo.desc"] = paths["v1"].read_bytes()
+    cfg = Config.from_env({**job_env, "INPUT_SCHEMA_PROTO_CLASS": "evo.Event", "SINK_BIGQUERY_TABLE_NAME": "events",
+                           "SCHEMA_REGISTRY_STENCIL_URLS": f"{fake.url}/evo.desc",
+                           "SCHEMA_REGISTRY_STENCIL_CACHE_TTL_MS": "600000",
+                           "SCHEMA_REGISTRY_UNKNOWN_FIELDS_REFRESH_MIN_INTERVAL_MS": "0", **settings})
+    return cfg, paths
+
+
 def test_unknown_fields_refresh_the_descriptors_before_the_message_is_written(
         spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
         tmp_path: Path) -> None:
     from firehose_bq import descriptors
 
     fake, _server = registry
-    paths = {v: compile_protos(tmp_path / f"{v}.desc", PROTOS / v) for v in ("v1", "v2")}
-    fake.routes["/evo.desc"] = paths["v1"].read_bytes()
-    cfg = Config.from_env({**job_env, "INPUT_SCHEMA_PROTO_CLASS": "evo.Event", "SINK_BIGQUERY_TABLE_NAME": "events",
-                           "SCHEMA_REGISTRY_STENCIL_URLS": f"{fake.url}/evo.desc",
-                           "SCHEMA_REGISTRY_STENCIL_CACHE_TTL_MS": "600000",  # no background refresh in this test
-                           "SCHEMA_REGISTRY_UNKNOWN_FIELDS_REFRESH_MIN_INTERVAL_MS": "0"})
+    cfg, paths = refreshing_on_hold(job_env, fake, tmp_path)
     topic = cfg.source.topics[0]
     ensure_topic(cfg.source.brokers, topic, 2)
     v2 = descriptors.load([str(paths["v2"])]).message_class("evo.Event")

@@ -301,24 +301,23 @@ def test_staging_nowhere_every_process_reaches_is_a_config_error(env: dict[str, 
 # -- job ids --------------------------------------------------------------------------------------------
 
 
-def staged_files(*ranges: tuple[int, int, int], path: str = "a") -> list[StagedFile]:
-    return [StagedFile([f"{path}{p}"], last - first + 1, [OffsetRange("t", p, first, last, last - first + 1)])
-            for p, first, last in ranges]
+# A batch's plan as the Spark job's driver has it: the Kafka ranges [start, end) its tasks were given.
+PLAN = [("t", 0, 0, 3), ("t", 1, 0, 1)]
 
 
-def test_a_replay_of_a_batch_gets_the_same_job_id_whatever_its_object_names() -> None:
-    one = file_loads.load_job_id("p.ds.tbl", "ck-id", 5, staged_files((0, 0, 9), (1, 0, 4)))
-    replay = file_loads.load_job_id("p.ds.tbl", "ck-id", 5, staged_files((1, 0, 4), (0, 0, 9), path="other"))
+def test_a_replay_of_a_batch_gets_the_same_job_id_whatever_order_its_tasks_came_in() -> None:
+    one = file_loads.load_job_id("p.ds.tbl", "ck-id", 5, [("t", 0, 0, 10), ("t", 1, 0, 5)])
+    replay = file_loads.load_job_id("p.ds.tbl", "ck-id", 5, [("t", 1, 0, 5), ("t", 0, 0, 10)])
     assert one == replay
     assert one.startswith("firehose_bq_ds_tbl_b5_")
     assert all(c.isalnum() or c in "_-" for c in one) and len(one) <= 1024
 
 
 @pytest.mark.parametrize("change", [
-    {"table_ref": "p.ds.other"}, {"checkpoint": "ck-2"}, {"batch_id": 6}, {"staged": staged_files((0, 0, 10))},
+    {"table_ref": "p.ds.other"}, {"checkpoint": "ck-2"}, {"batch_id": 6}, {"plan": [("t", 0, 0, 11)]},
 ])
 def test_anything_else_gives_another_job_id(change: dict[str, Any]) -> None:
-    base = {"table_ref": "p.ds.tbl", "checkpoint": "ck-id", "batch_id": 5, "staged": staged_files((0, 0, 9))}
+    base = {"table_ref": "p.ds.tbl", "checkpoint": "ck-id", "batch_id": 5, "plan": [("t", 0, 0, 10)]}
     assert file_loads.load_job_id(**base) != file_loads.load_job_id(**{**base, **change})
 
 
@@ -414,11 +413,11 @@ def test_from_a_directory_the_driver_uploads_every_staged_file_as_one(tmp_path: 
     orphan.write_bytes(b"partial")
     client = FakeClient()
 
-    outcome = loader(client, store).load(2, staged)
+    outcome = loader(client, store).load(2, staged, PLAN)
 
     assert outcome is not None and not outcome.already_loaded and outcome.rows == 3
     [load] = client.loads
-    assert load.job_id == file_loads.load_job_id(CFG.table_ref, "ck", 2, staged) == outcome.job_id
+    assert load.job_id == file_loads.load_job_id(CFG.table_ref, "ck", 2, PLAN) == outcome.job_id
     assert load.uris is None and loaded_rows(load.data or b"") == [{"I": i, "s": f"v{i}"} for i in range(3)]
     assert load.config.to_api_repr() == file_loads.load_job_config().to_api_repr()
     # The prefix is the write mode's to drop, once every table of the batch is loaded; no combined file is left.
@@ -432,13 +431,13 @@ def test_from_cloud_storage_bigquery_reads_exactly_the_reported_objects(scratch:
     store.objects["batch-2/part-of-a-failed-attempt.parquet"] = b"partial"
     client = FakeClient()
 
-    outcome = loader(client, store).load(2, staged)
+    outcome = loader(client, store).load(2, staged, PLAN)
 
     assert outcome is not None and outcome.rows == 3 and not outcome.already_loaded
     [load] = client.loads
     assert load.data is None, "nothing goes through the driver"
     assert load.uris == [f"gs://bucket/stage/{n}" for f in staged for n in f.objects]
-    assert load.job_id == file_loads.load_job_id(CFG.table_ref, "ck", 2, staged)
+    assert load.job_id == file_loads.load_job_id(CFG.table_ref, "ck", 2, PLAN)
     assert load.config.to_api_repr() == file_loads.load_job_config().to_api_repr()
 
 
@@ -450,7 +449,7 @@ def test_objects_whose_columns_differ_are_combined_and_uploaded_by_the_driver(sc
     grown.close()
     client = FakeClient()
 
-    loader(client, store).load(2, [old, grown.staged])
+    loader(client, store).load(2, [old, grown.staged], PLAN)
 
     [load] = client.loads
     assert load.uris is None
@@ -463,39 +462,55 @@ def test_more_objects_than_one_job_takes_are_uploaded_by_the_driver(scratch: Pat
     monkeypatch.setattr(file_loads, "MAX_SOURCE_URIS", 1)
     store = FakeGcs()
     client = FakeClient()
-    loader(client, store).load(2, two_tasks(store))
+    loader(client, store).load(2, two_tasks(store), PLAN)
     [load] = client.loads
     assert load.uris is None and len(loaded_rows(load.data or b"")) == 3
 
 
 def test_a_replay_whose_job_already_ran_loads_nothing(store: Store) -> None:
     staged = two_tasks(store)
-    job_id = file_loads.load_job_id(CFG.table_ref, "ck", 2, staged)
+    job_id = file_loads.load_job_id(CFG.table_ref, "ck", 2, PLAN)
     done = FakeJob(job_id)
     client = FakeClient({job_id: done})
 
-    outcome = loader(client, store).load(2, staged)
+    outcome = loader(client, store).load(2, staged, PLAN)
 
     assert outcome is not None and outcome.already_loaded and outcome.job_id == job_id
     assert client.loads == [] and done.waits == 1
 
 
+def test_a_batch_staged_in_pieces_and_its_replay_staged_in_one_load_once(store: Store) -> None:
+    """A task held for a descriptor refresh stages its partition as two ranges, the rest of the batch run
+    again from where it stopped; the replay after a crash between the load and the offset commit runs in one
+    go and stages one. Both are the same batch, planned the same: the replay finds the load job."""
+    client = FakeClient()
+    held = [stage(store, (rows([0, 1]), ids(0, [0, 1]))), stage(store, (rows([2]), ids(0, [2]))),
+            stage(store, (rows([3]), ids(1, [0])))]
+    first = loader(client, store).load(2, held, PLAN)
+    replay = [stage(store, (rows([0, 1, 2]), ids(0, [0, 1, 2]))), stage(store, (rows([3]), ids(1, [0])))]
+
+    again = loader(client, store).load(2, replay, list(reversed(PLAN)))
+
+    assert first is not None and again is not None and again.already_loaded and again.job_id == first.job_id
+    assert len(client.loads) == 1
+
+
 def test_a_job_created_concurrently_is_taken_as_ours(store: Store) -> None:
     staged = two_tasks(store)
-    job_id = file_loads.load_job_id(CFG.table_ref, "ck", 2, staged)
+    job_id = file_loads.load_job_id(CFG.table_ref, "ck", 2, PLAN)
     client = FakeClient(conflict_once=FakeJob(job_id))
 
-    outcome = loader(client, store).load(2, staged)
+    outcome = loader(client, store).load(2, staged, PLAN)
 
     assert outcome is not None and outcome.already_loaded and client.loads == []
 
 
 def test_after_a_failed_job_the_retry_takes_the_next_id(store: Store) -> None:
     staged = two_tasks(store)
-    base = file_loads.load_job_id(CFG.table_ref, "ck", 2, staged)
+    base = file_loads.load_job_id(CFG.table_ref, "ck", 2, PLAN)
     client = FakeClient({base: FakeJob(base, {"reason": "backendError", "message": "boom"})})
 
-    outcome = loader(client, store).load(2, staged)
+    outcome = loader(client, store).load(2, staged, PLAN)
 
     assert outcome is not None and outcome.job_id == f"{base}_retry1"
     assert [load.job_id for load in client.loads] == [f"{base}_retry1"]
@@ -508,7 +523,7 @@ def test_a_failed_job_raises_a_classified_error_with_its_errors_and_keeps_the_ob
     client = FakeClient(fail_with=errors)
 
     with pytest.raises(SinkError) as failed:
-        loader(client, store).load(2, staged)
+        loader(client, store).load(2, staged, PLAN)
 
     assert failed.value.error_type is ErrorType.SINK_4XX_ERROR
     text = str(failed.value)
@@ -524,7 +539,7 @@ def test_a_failed_job_raises_a_classified_error_with_its_errors_and_keeps_the_ob
 def test_the_job_error_result_names_the_error_type(store: Store, reason: str, kind: ErrorType) -> None:
     client = FakeClient(fail_with=[{"reason": reason, "message": "x"}])
     with pytest.raises(SinkError) as failed:
-        loader(client, store).load(2, two_tasks(store))
+        loader(client, store).load(2, two_tasks(store), PLAN)
     assert failed.value.error_type is kind
 
 
@@ -533,13 +548,13 @@ def test_the_job_error_result_names_the_error_type(store: Store, reason: str, ki
 def test_a_job_whose_outcome_is_unknown_fails_the_batch_without_a_second_job(
         store: Store, error: Exception, kind: ErrorType) -> None:
     staged = two_tasks(store)
-    job_id = file_loads.load_job_id(CFG.table_ref, "ck", 2, staged)
+    job_id = file_loads.load_job_id(CFG.table_ref, "ck", 2, PLAN)
     job = FakeJob(job_id, state="RUNNING", poll_error=error)
     client = FakeClient({job_id: job})
     clock = Clock()
 
     with pytest.raises(SinkError, match="gave up after") as failed:
-        loader(client, store, clock).load(2, staged)
+        loader(client, store, clock).load(2, staged, PLAN)
 
     assert failed.value.error_type is kind and job_id in str(failed.value)
     assert client.loads == [] and store.names() == sorted(n for f in staged for n in f.objects)
@@ -554,15 +569,15 @@ def test_a_running_job_is_polled_until_done_and_a_slow_one_fails_after_the_job_t
             return super().done(retry, timeout)
 
     staged = two_tasks(store)
-    job_id = file_loads.load_job_id(CFG.table_ref, "ck", 2, staged)
+    job_id = file_loads.load_job_id(CFG.table_ref, "ck", 2, PLAN)
     clock = Clock()
-    outcome = loader(FakeClient({job_id: Finishing(job_id)}), store, clock).load(2, staged)
+    outcome = loader(FakeClient({job_id: Finishing(job_id)}), store, clock).load(2, staged, PLAN)
     assert outcome is not None and outcome.already_loaded
     assert clock.waits == [0.2, pytest.approx(0.3), pytest.approx(0.45)]
 
     slow = FakeJob(job_id, state="RUNNING")
     with pytest.raises(SinkError, match="did not finish within 600 s"):
-        loader(FakeClient({job_id: slow}), store).load(2, staged)
+        loader(FakeClient({job_id: slow}), store).load(2, staged, PLAN)
 
 
 def test_a_staged_object_the_driver_cannot_see_is_named(store: Store) -> None:
@@ -571,7 +586,7 @@ def test_a_staged_object_the_driver_cannot_see_is_named(store: Store) -> None:
     client = FakeClient()
     with pytest.raises(SinkError, match="not visible to the driver .*batch-2/part-.*must be gs://bucket/prefix or "
                                         "a directory that the driver and every executor share"):
-        loader(client, store).load(2, staged)
+        loader(client, store).load(2, staged, PLAN)
     assert client.loads == []
 
 
@@ -580,13 +595,13 @@ def test_a_staging_area_the_driver_cannot_list_is_a_classified_error(scratch: Pa
     staged = two_tasks(store)
     store.fail = exceptions.Forbidden("no storage.objects.list")
     with pytest.raises(SinkError, match="listing the staged objects under gs://bucket/stage/batch-2 failed") as failed:
-        loader(FakeClient(), store).load(2, staged)
+        loader(FakeClient(), store).load(2, staged, PLAN)
     assert failed.value.error_type is ErrorType.SINK_4XX_ERROR
 
 
 def test_a_batch_that_staged_no_rows_runs_no_job(store: Store) -> None:
     client = FakeClient()
-    assert loader(client, store).load(4, [stage(store, prefix="batch-4/")]) is None
+    assert loader(client, store).load(4, [stage(store, prefix="batch-4/")], PLAN) is None
     assert client.loads == []
 
 
@@ -596,7 +611,7 @@ def test_a_lookup_that_fails_is_a_classified_sink_error(store: Store) -> None:
             raise exceptions.ServiceUnavailable("down")
 
     with pytest.raises(SinkError) as failed:
-        loader(Down(), store).load(2, two_tasks(store))
+        loader(Down(), store).load(2, two_tasks(store), PLAN)
     assert failed.value.error_type is ErrorType.SINK_5XX_ERROR
 
 

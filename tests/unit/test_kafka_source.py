@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 
-from pyspark.sql.streaming.datasource import ReadAllAvailable
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from firehose_bq.source.kafka_source import KafkaStreamReader, _cap, _from_json, _to_json
 
@@ -207,3 +208,108 @@ def test_librdkafka_lines_reach_the_log_each_distinct_one_once(caplog) -> None: 
     assert [r.levelname for r in caplog.records[:2]] == ["ERROR", "WARNING"]
     assert len(lines) == _DistinctLines.MAX_LINES, "bounded, whatever a client says"
     assert librdkafka_logger() is not logger, "one per client: what one has said does not silence another"
+
+
+class GrowingKafka:
+    """The driver's metadata client over a topic whose partitions and retention change between calls:
+    `low`/`high` per partition, edited by the test as the broker would move them."""
+
+    def __init__(self, low: dict[int, int], high: dict[int, int]) -> None:
+        self.low, self.high = low, high
+        self.looked_up: list[tuple[str, int]] = []
+
+    def partitions(self, topics):  # noqa: ANN001, ANN201
+        return [("t", p) for p in sorted(self.high)]
+
+    def beginning_offsets(self, parts):  # noqa: ANN001, ANN201
+        self.looked_up.extend(parts)
+        return {"t": {p: self.low[p] for _, p in parts}}
+
+    def end_offsets(self, topics):  # noqa: ANN001, ANN201
+        return {"t": dict(self.high)}
+
+
+def planner(kafka: GrowingKafka, **options: str) -> KafkaStreamReader:
+    """A reader as Spark makes one in each of its Python processes (the source runner, each planning one)."""
+    reader = KafkaStreamReader({"brokers": "b:1", "topics": "t", "group_id": "g", **options})
+    reader._client = kafka  # type: ignore[assignment]
+    return reader
+
+
+def ranges(reader: KafkaStreamReader, start: dict, end: dict) -> list[tuple[str, int, int, int]]:  # type: ignore[type-arg]
+    return [(r.topic, r.partition, r.start, r.end) for r in reader.partitions(start, end)]
+
+
+def test_a_new_partition_is_read_from_the_start_planned_with_the_batch_whatever_retention_did_since() -> None:
+    """Spark's offset log keeps each batch's end only: a partition new in a batch must carry its start in that
+    end, or planning the read (another process, later) and every replay of the batch look it up again, and
+    records retention deleted meanwhile would be skipped without a word instead of stopping the job."""
+    kafka = GrowingKafka(low={0: 0, 1: 0}, high={0: 10, 1: 8})
+    start = {"t": {"0": 5}}  # the previous batch's end: partition 1 did not exist then
+    end = planner(kafka).latestOffset(start, ReadAllAvailable())
+
+    kafka.low[1] = 3  # retention, between planning the batch and reading it (or before a replay of it)
+
+    planned = [("t", 0, 5, 10), ("t", 1, 0, 8)]
+    assert ranges(planner(kafka), start, end) == planned
+    assert ranges(planner(kafka), json.loads(json.dumps(start)), json.loads(json.dumps(end))) == planned, \
+        "a replay reads the checkpoint's JSON"
+    assert kafka.looked_up == [("t", 1)], "looked up once, when the batch was planned"
+
+
+def test_the_planned_starts_leave_the_offsets_themselves_as_they_were() -> None:
+    kafka = GrowingKafka(low={0: 0, 1: 0}, high={0: 10, 1: 8})
+    end = planner(kafka).latestOffset({"t": {"0": 5}}, ReadAllAvailable())
+    assert _from_json(end) == {"t": {0: 10, 1: 8}}
+
+    committed: list = []  # type: ignore[type-arg]
+    kafka.commit = committed.append  # type: ignore[attr-defined]
+    planner(kafka).commit(end)
+    assert committed == [{"t": {0: 10, 1: 8}}], "the group gets offsets only"
+
+    # The next batch starts at that end: partition 1 is known there, at its end offset.
+    kafka.high = {0: 12, 1: 9}
+    following = planner(kafka).latestOffset(end, ReadAllAvailable())
+    assert ranges(planner(kafka), end, following) == [("t", 0, 10, 12), ("t", 1, 8, 9)]
+    assert _from_json(following) == {"t": {0: 12, 1: 9}}
+
+
+def test_nothing_new_after_a_batch_that_added_a_partition_plans_no_batch() -> None:
+    """Spark plans a batch whenever the latest offset differs from the last end, JSON for JSON."""
+    kafka = GrowingKafka(low={0: 0, 1: 0}, high={0: 10, 1: 8})
+    end = json.loads(json.dumps(planner(kafka).latestOffset({"t": {"0": 5}}, ReadAllAvailable())))
+    assert planner(kafka).latestOffset(end, ReadAllAvailable()) == end
+
+
+def test_a_new_partition_capped_by_max_offsets_per_trigger_still_reads_from_its_planned_start() -> None:
+    kafka = GrowingKafka(low={0: 0, 1: 0}, high={0: 100, 1: 100})
+    end = planner(kafka, max_offsets_per_trigger="50").latestOffset({"t": {"0": 50}}, ReadMaxRows(50))
+    kafka.low[1] = 10
+    assert ranges(planner(kafka), {"t": {"0": 50}}, end) == [("t", 0, 50, 66), ("t", 1, 0, 34)]
+
+
+def test_a_new_partition_whose_first_records_are_gone_when_first_seen_starts_at_its_earliest_with_a_warning(
+        caplog) -> None:  # noqa: ANN001
+    """Records deleted before the job ever saw the partition cannot be read by any restart; stopping would
+    stop every restart, and a new checkpoint (the only way on) would not bring them back either. As for a
+    committed offset the broker no longer has (initialOffset): start where the broker's records start, and
+    say which offsets were never read."""
+    kafka = GrowingKafka(low={0: 0, 1: 40}, high={0: 10, 1: 48})
+    end = planner(kafka).latestOffset({"t": {"0": 5}}, ReadAllAvailable())
+    assert ranges(planner(kafka), {"t": {"0": 5}}, end) == [("t", 0, 5, 10), ("t", 1, 40, 48)]
+    assert ("t/1: a partition new to this job starts at offset 40: its offsets 0 to 39 were deleted before the "
+            "job could read them (retention) and are not in the table") in caplog.text
+
+
+def test_a_new_partition_with_nothing_in_it_yet_needs_no_planned_start() -> None:
+    kafka = GrowingKafka(low={0: 0, 1: 0}, high={0: 10, 1: 0})
+    end = planner(kafka).latestOffset({"t": {"0": 5}}, ReadAllAvailable())
+    assert end == {"t": {"0": 10, "1": 0}}
+
+
+def test_an_end_written_before_starts_were_recorded_still_plans(caplog) -> None:  # noqa: ANN001
+    """Checkpoints of earlier versions: their ends have offsets only. A partition new in such a batch starts
+    where the broker's records start now (what those versions did), said when that is not 0."""
+    kafka = GrowingKafka(low={0: 0, 1: 2}, high={0: 10, 1: 8})
+    assert ranges(planner(kafka), {"t": {"0": 5}}, {"t": {"0": 10, "1": 8}}) == [("t", 0, 5, 10), ("t", 1, 2, 8)]
+    assert "t/1: a partition new to this job starts at offset 2" in caplog.text

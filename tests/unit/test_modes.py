@@ -73,7 +73,7 @@ class Recording(WriteMode):
         super().__init__(config(), None)  # type: ignore[arg-type]
         self.calls: list[tuple[str, int]] = []
 
-    def finish(self, batch: int, results: object) -> None:
+    def finish(self, batch: int, results: object, plan: object) -> None:
         self.calls.append(("finish", batch))
 
     def abort(self, batch: int) -> None:
@@ -89,17 +89,17 @@ def result(messages: int, written: int, failed: list[MessageError] = (), fatal: 
 def test_settle_runs_the_driver_step_only_when_every_record_landed() -> None:
     mode = Recording()
     results = [result(2, 2), result(1, 1)]
-    settle(mode, 5, results, batch_stats(results))
+    settle(mode, 5, results, batch_stats(results), [])
     assert mode.calls == [("finish", 5)] and batch_stats(results).messages == 3
 
     failed = [result(2, 1, [MessageError(ErrorType.SINK_4XX_ERROR, "t", 0, 9, "bad")])]
     with pytest.raises(BatchFailedError) as stopped:
-        settle(mode, 6, failed, batch_stats(failed))
+        settle(mode, 6, failed, batch_stats(failed), [])
     assert mode.calls[-1] == ("abort", 6) and "t/0@9" in str(stopped.value)
 
     fatal = [result(1, 1), result(1, 0, fatal="SINK_5XX_ERROR: backend down")]
     with pytest.raises(FirehoseError, match="batch 7 stopped, offsets not committed: SINK_5XX_ERROR"):
-        settle(mode, 7, fatal, batch_stats(fatal))
+        settle(mode, 7, fatal, batch_stats(fatal), [])
     assert mode.calls[-1] == ("abort", 7)
 
 
@@ -113,7 +113,8 @@ def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, mon
             assert handling.retry_deadline_ms == cfg.retry_deadline_ms  # a failed load retries like a write
             self.table = cfg.table_ref
 
-        def load(self, batch: int, staged: list[file_loads.StagedFile]) -> None:
+        def load(self, batch: int, staged: list[file_loads.StagedFile], plan: list) -> None:  # type: ignore[type-arg]
+            assert plan == [("t", 0, 0, 9)], "every table's job is identified by the batch's plan"
             loads.append((self.table, batch, [name for f in staged for name in f.objects]))
 
     monkeypatch.setattr(file_loads, "FileLoader", Loader)
@@ -129,9 +130,16 @@ def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, mon
 
     results = [TaskResult(reports=[report("", "batch-3/a"), report("ds.other", "batch-3/ds.other/b")]),
                TaskResult(reports=[report("", "batch-3/c")])]
-    mode.finish(3, results)
+    mode.finish(3, results, [("t", 0, 0, 9)])
     assert loads == [("my-project.d.t", 3, ["batch-3/a", "batch-3/c"]),
                      ("my-project.ds.other", 3, ["batch-3/ds.other/b"])]
     assert store.names() == ["batch-30/x"]
     mode.abort(30)
     assert store.names() == [] and list(tmp_path.iterdir()) == []
+
+
+def test_the_spark_jobs_plan_is_each_range_its_tasks_were_given_once() -> None:
+    """A batch held for a refresh: its tasks report their ranges from both runs."""
+    first = [TaskResult(planned=[("t", 1, 5, 9)]), TaskResult(planned=[("t", 0, 0, 4)])]
+    rerun = [TaskResult(planned=[("t", 0, 0, 4)]), TaskResult(planned=[("t", 1, 5, 9)])]
+    assert modes.planned_ranges(first + rerun) == modes.planned_ranges(rerun) == [("t", 0, 0, 4), ("t", 1, 5, 9)]

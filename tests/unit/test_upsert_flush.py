@@ -101,8 +101,12 @@ def session(monkeypatch: pytest.MonkeyPatch, client: FakeClient, clock: Clock, *
     return s
 
 
-def merge_job_id(batch: int = 7, reports: list[str] = REPORTS, identity: str = "query-1") -> str:
-    return jobs.batch_job_id("firehose_bq_merge_", DESTINATION.api, identity, batch, staged_spans(reports))
+# The batch's plan: the Kafka ranges [start, end) its tasks were given (REPORTS staged within them).
+PLAN = [("t", 0, 10, 25), ("t", 1, 3, 4)]
+
+
+def merge_job_id(batch: int = 7, plan: list = PLAN, identity: str = "query-1") -> str:  # type: ignore[type-arg]
+    return jobs.batch_job_id("firehose_bq_merge_", DESTINATION.api, identity, batch, plan)
 
 
 def test_a_merge_slower_than_a_request_timeout_is_waited_for_and_never_submitted_twice(
@@ -119,7 +123,7 @@ def test_a_merge_slower_than_a_request_timeout_is_waited_for_and_never_submitted
             client.jobs[job_id].state = "DONE"
 
     s._sleep = finish_late
-    s.flush(7, REPORTS)
+    s.flush(7, REPORTS, PLAN)
 
     assert client.submitted == ["MERGE", "DELETE"], "one MERGE job, then the cleanup"
     assert client.jobs[job_id].polls > 1 and 90 < clock.now < 120
@@ -131,7 +135,7 @@ def test_a_merge_past_the_job_timeout_fails_the_flush_without_a_second_merge(mon
                 SINK_BIGQUERY_JOB_TIMEOUT_MS="2000")
 
     with pytest.raises(flush_mod.MergeFlushError, match="did not finish within 2 s") as failed:
-        s.flush(7, REPORTS)
+        s.flush(7, REPORTS, PLAN)
 
     # Retried within SINK_BIGQUERY_RETRY_DEADLINE_MS, each time finding the same job (its outcome is BigQuery's).
     assert client.submitted == ["MERGE"] and list(client.jobs) == [merge_job_id()]
@@ -144,7 +148,10 @@ def test_a_replayed_batch_whose_merge_ran_is_not_merged_again_but_its_rows_are_c
     client = FakeClient({done.job_id: done})
     caplog.set_level("INFO")
 
-    session(monkeypatch, client, Clock()).flush(7, list(reversed(REPORTS)))
+    # The replay staged other rows than the run that merged (one record went to the DLQ this time): it is
+    # the same batch, planned the same.
+    session(monkeypatch, client, Clock()).flush(7, [json.dumps([["t", 0, 10, 24, 14]]), REPORTS[1]],
+                                                list(reversed(PLAN)))
 
     assert client.submitted == ["DELETE"]
     assert f"already merged into {DESTINATION.api} by MERGE job {done.job_id}" in caplog.text
@@ -158,14 +165,14 @@ def test_a_merge_created_concurrently_is_taken_as_ours(monkeypatch: pytest.Monke
             return super().get_job(job_id, **kw)
 
     client = Racing({merge_job_id(): FakeJob(merge_job_id())})
-    session(monkeypatch, client, Clock()).flush(7, REPORTS)
+    session(monkeypatch, client, Clock()).flush(7, REPORTS, PLAN)
     assert client.submitted == ["MERGE", "DELETE"] and len(client.jobs) == 1
 
 
 def test_after_a_failed_merge_job_the_next_attempt_takes_the_next_id(monkeypatch: pytest.MonkeyPatch) -> None:
     base = merge_job_id()
     client = FakeClient({base: FakeJob(base, error_result={"reason": "backendError", "message": "boom"})})
-    session(monkeypatch, client, Clock()).flush(7, REPORTS)
+    session(monkeypatch, client, Clock()).flush(7, REPORTS, PLAN)
     assert sorted(client.jobs) == [base, f"{base}_retry1"] and client.submitted == ["MERGE", "DELETE"]
 
 
@@ -177,18 +184,18 @@ def test_a_merge_that_fails_stops_the_batch_with_its_error_type(monkeypatch: pyt
             return job
 
     with pytest.raises(flush_mod.MergeFlushError, match="SINK_4XX_ERROR: MERGE job .* failed: invalidQuery"):
-        session(monkeypatch, Failing(), Clock()).flush(7, REPORTS)
+        session(monkeypatch, Failing(), Clock()).flush(7, REPORTS, PLAN)
 
 
-def test_other_batches_records_or_checkpoints_get_other_merge_jobs() -> None:
+def test_other_batches_plans_or_checkpoints_get_other_merge_jobs() -> None:
     ids = {merge_job_id(), merge_job_id(batch=8), merge_job_id(identity="query-2"),
-           merge_job_id(reports=[json.dumps([["t", 0, 10, 24, 14]]), REPORTS[1]])}
+           merge_job_id(plan=[("t", 0, 10, 25)])}
     assert len(ids) == 4
 
 
 def test_a_batch_that_staged_nothing_runs_no_merge(monkeypatch: pytest.MonkeyPatch) -> None:
     client = FakeClient()
-    session(monkeypatch, client, Clock()).flush(7, [])
+    session(monkeypatch, client, Clock()).flush(7, [], PLAN)
     assert client.submitted == []
 
 

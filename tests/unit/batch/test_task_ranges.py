@@ -27,7 +27,7 @@ def ranges(*rows: tuple[str, int, int, int]) -> list[pa.RecordBatch]:
 
 def test_every_range_is_read_in_turn_and_only_when_asked_for() -> None:
     reads = Reads()
-    records = _records(reads, iter(ranges(("t", 0, 3, 5), ("t", 1, 0, 2))), None)  # type: ignore[arg-type]
+    records = _records(reads, [("t", 0, 3, 5), ("t", 1, 0, 2)], None)  # type: ignore[arg-type]
     assert next(records)["offset"].to_pylist() == [3, 4]
     assert reads.calls == [("t", 0, 3, 5)]  # a task that stops here leaves the second range unread
     assert next(records)["offset"].to_pylist() == [0, 1]
@@ -37,7 +37,28 @@ def test_every_range_is_read_in_turn_and_only_when_asked_for() -> None:
 def test_a_rerun_reads_only_the_held_partitions_from_where_they_stopped() -> None:
     reads = Reads()
     resume = {("t", 1): 6, ("u", 0): 9}
-    got = [b["offset"].to_pylist() for b in _records(reads, iter(ranges(("t", 0, 0, 5), ("t", 1, 2, 8),
-                                                                         ("u", 0, 4, 9))), resume)]  # type: ignore[arg-type]
+    got = [b["offset"].to_pylist() for b in _records(reads, [("t", 0, 0, 5), ("t", 1, 2, 8), ("u", 0, 4, 9)],
+                                                     resume)]  # type: ignore[arg-type]
     assert got == [[6, 7]]
     assert reads.calls == [("t", 1, 6, 8)]  # u/0 had nothing left past its resume offset
+
+
+def test_a_task_reports_the_ranges_it_was_given_whole_however_much_it_read(monkeypatch) -> None:  # noqa: ANN001
+    """They are the batch's plan, from which the driver derives its load and MERGE job ids: a task held for
+    a refresh, or its rerun from where it stopped, must report what a replay in one go reports."""
+    import json
+
+    from firehose_bq.batch import task as task_mod
+    from firehose_bq.batch.core import TaskResult
+
+    def holds_at_first_batch(sources, *args):  # noqa: ANN001, ANN202 - the batch core, holding at once
+        next(iter(sources))
+        return TaskResult(held="t/1@2", resume=[("t", 1, 2)])
+
+    monkeypatch.setattr(task_mod, "process_batch", holds_at_first_batch)
+    given = [("t", 0, 3, 5), ("t", 1, 2, 8)]
+    for resume in (None, {("t", 1): 6}):
+        [out] = task_mod.run_task(None, None, None, None, Reads(), resume, iter(ranges(*given)))  # type: ignore[arg-type]
+        result = TaskResult.from_json(out["result"][0].as_py())
+        assert result.planned == given
+        assert json.loads(result.to_json())["planned"] == [list(r) for r in given]
