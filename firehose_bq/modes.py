@@ -163,6 +163,11 @@ class FileLoadsMode(WriteMode):
         super().__init__(config, schema)
         self.staging = staging
         self._identity = identity
+        # Part of every load job's plan: which table a record goes to. A batch whose job for one table ran
+        # and whose job for another failed, replayed after the routing changed, could otherwise move a
+        # record of the failed table into the done one, whose job (same plan, same id) is not run again.
+        bq, ins = config.bigquery, config.input_schema
+        self._routing = ["routing", bq.dataset, bq.table, ins.class_header, ins.class_routes, ins.proto_class]
 
     def trigger_interval_ms(self) -> int:
         # One load job per table per trigger: the trigger is paced by the load-job quota.
@@ -184,7 +189,7 @@ class FileLoadsMode(WriteMode):
                     dataset, name = table.split(".", 1)
                     cfg = dataclasses.replace(cfg, dataset=dataset, table=name)
                 loader = file_loads.FileLoader(client, cfg, store, identity, handling_of(self.config))
-                loader.load(batch, file_loads.parse_staged(staged), plan)
+                loader.load(batch, file_loads.parse_staged(staged), [*plan, self._routing])
         # Only when every table's rows are in: a failure above leaves the files for the batch's replay.
         file_loads.discard(store, self.staging.batch(batch))
 

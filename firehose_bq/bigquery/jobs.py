@@ -114,11 +114,11 @@ def batch_job_id(prefix: str, table_ref: str, checkpoint: str, batch_id: int, pl
     letters' original offsets would not do: one record can be dead-lettered, replayed and dead-lettered
     again, and two batches holding it could then share an id while loading different records.
 
-    Outside this argument: a record that a replay sends to ANOTHER table than the first run did (routing
-    or SINK_BIGQUERY_MIXED_STREAMING_TABLES changed while a batch was half loaded: one table's job done,
-    another's failed). The first table's job is then found done without that record, and the second's
-    retry loads only that run's files. Do not change routing before a stopped job has committed its
-    last batch."""
+    The argument needs each record to go to the same table in every run: a record moved by a routing
+    change from a table whose job failed into one whose job is done would be in neither. So file loads
+    add the routing settings to the plan (modes.FileLoadsMode): after such a change every job id is new,
+    and the batch is loaded again (duplicates at most). Moving a table between streamed and loaded
+    (SINK_BIGQUERY_MIXED_STREAMING_TABLES) keeps its records' table, so it can only write them twice."""
     content = sorted(json.dumps(item, sort_keys=True) for item in plan)
     digest = hashlib.sha256(json.dumps([table_ref, checkpoint, batch_id, content]).encode()).hexdigest()[:24]
     table = _JOB_ID_UNSAFE.sub("_", table_ref.split(".", 1)[-1])[:200]

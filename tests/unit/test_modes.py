@@ -105,6 +105,7 @@ def test_settle_runs_the_driver_step_only_when_every_record_landed() -> None:
 
 def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     loads: list[tuple[str, int, list[str]]] = []
+    plans: list[list] = []  # type: ignore[type-arg]
 
     class Loader:
         def __init__(self, client: object, cfg: BigQueryConfig, store: LocalBlobStore, identity: str,
@@ -114,7 +115,9 @@ def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, mon
             self.table = cfg.table_ref
 
         def load(self, batch: int, staged: list[file_loads.StagedFile], plan: list) -> None:  # type: ignore[type-arg]
-            assert plan == [("t", 0, 0, 9)], "every table's job is identified by the batch's plan"
+            # Every table's job is identified by the batch's plan, and by where the routing sends records.
+            assert plan[:1] == [("t", 0, 0, 9)] and plan[1][0] == "routing"
+            plans.append(plan)
             loads.append((self.table, batch, [name for f in staged for name in f.objects]))
 
     monkeypatch.setattr(file_loads, "FileLoader", Loader)
@@ -134,6 +137,11 @@ def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, mon
     assert loads == [("my-project.d.t", 3, ["batch-3/a", "batch-3/c"]),
                      ("my-project.ds.other", 3, ["batch-3/ds.other/b"])]
     assert store.names() == ["batch-30/x"]
+    # Another routing, the same batch: other job ids (a record it moves between tables is loaded again).
+    rerouted = write_mode(config(SINK_BIGQUERY_WRITE_METHOD="file_loads", SINK_BIGQUERY_TABLE_NAME="t_${header.kind}"),
+                          staging=file_loads.StagingArea(str(tmp_path)), identity=lambda: "query-1")
+    rerouted.finish(3, [TaskResult(reports=[report("", "batch-3/a")])], [("t", 0, 0, 9)])
+    assert plans[-1] != plans[0]
     mode.abort(30)
     assert store.names() == [] and list(tmp_path.iterdir()) == []
 
