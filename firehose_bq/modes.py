@@ -232,6 +232,10 @@ class UpsertMode(WriteMode):
     def finish(self, batch: int, results: Sequence[TaskResult], plan: BatchPlan) -> None:
         self.session.flush(batch, [report for result in results for report in result.reports], plan)
 
+    def merged(self, batch: int, plan: BatchPlan) -> bool:
+        """Whether an earlier run's MERGE of `batch` (this identity, this plan) is done."""
+        return self.session.merged(batch, plan)
+
     def close(self) -> None:
         self.session.close()  # drops this run's intermediate table
 

@@ -174,6 +174,18 @@ class BatchJobs:
         raise SinkError(ErrorType.SINK_UNKNOWN_ERROR, f"{MAX_JOB_ATTEMPTS} {self._noun}s into {self._target} failed "
                         f"({base}...); stopping")
 
+    def done(self, base: str) -> Any | None:
+        """The job `base` (or its first `_retryN` not failed) that an earlier run created, waited for if it
+        runs; None when none of them exists or every one failed: nothing was written under `base`."""
+        for attempt in range(MAX_JOB_ATTEMPTS):
+            job = self.existing(attempt_job_id(base, attempt))
+            if job is None:
+                return None
+            self.wait(job)
+            if not job.error_result:
+                return job
+        return None
+
     def existing(self, job_id: str) -> Any | None:
         try:
             return self._client.get_job(job_id, **self._call)

@@ -11,12 +11,16 @@ twice does not duplicate rows.
 What still fails is dead-lettered again (attempt count + 1) before the DLQ position is committed;
 a message that fails the policy stops the replay without committing, like the streaming job.
 
-With file loads, a batch's load job and the commit of its DLQ position are two steps, and a crash
-between them must not load the batch's rows twice. So before its load the replay writes the batch down
-(`PendingBatch`: its number, its staged files, its position) in the staging area, under a prefix that is
-the same for every replay of this DLQ, and deletes it once the position is committed. A replay that
-finds one finishes that batch first, exactly as it was: the same load job id (found done, or run), then
-the commit. The streaming job needs none of this: Spark's checkpoint replays a batch with its number.
+With file loads and upsert/delete, a batch's driver step (load job, MERGE) and the commit of its DLQ
+position are two steps, and a crash between them must not write the batch's rows twice. So before that
+step the replay writes the batch down (`PendingBatch`: its number, its task results, its position) in the
+staging area, under a prefix that is the same for every replay of this DLQ, and deletes it once the
+position is committed. A replay that finds one finishes that batch first, with the same job id (derived
+from the number and the position): a file-loads batch exactly as it was (its load found done, or run
+from its staged files), then the commit; an upsert batch, whose staged rows went with that replay's
+intermediate table, is committed if its MERGE is found done, and otherwise read again (a MERGE that never
+ran merged nothing). The streaming job needs none of this: Spark's checkpoint replays a batch with its
+number.
 """
 
 from __future__ import annotations
@@ -38,9 +42,10 @@ from firehose_bq.bigquery.file_loads import discard, staging_area
 from firehose_bq.blobstore import BlobStore
 from firehose_bq.config import Config
 from firehose_bq.dlq.letters import DeadLetter, Position
-from firehose_bq.errors import FirehoseError
+from firehose_bq.errors import FirehoseError, SinkError
 from firehose_bq.metrics import BatchStats
-from firehose_bq.modes import FileLoadsMode, WriteMode, batch_stats, handling_of, reaches_driver_step, settle, write_mode
+from firehose_bq.modes import (FileLoadsMode, UpsertMode, WriteMode, batch_stats, handling_of, reaches_driver_step, settle,
+                               write_mode)
 from firehose_bq.source.batches import ARROW_SCHEMA
 from firehose_bq.source.kafka_client import READ_COMMITTED
 from firehose_bq.telemetry import Telemetry
@@ -214,8 +219,9 @@ def letters_batch(letters: list[DeadLetter]) -> pa.RecordBatch:
 
 
 class PendingBatch:
-    """The replayed file-loads batch whose load may have run but whose DLQ position is not committed yet,
-    as one JSON object in the staging area (`<prefix>pending.json`), beside the files it staged."""
+    """The replayed batch whose driver step (a file-loads batch's load, an upsert batch's MERGE) may have run
+    but whose DLQ position is not committed yet, as one JSON object in the staging area
+    (`<prefix>pending.json`, beside the files a file-loads batch staged)."""
 
     NAME = "pending.json"
 
@@ -254,8 +260,10 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
     identity = source.identity()
     staging = staging_area(cfg, prefix=f"dlq-replay-{hashlib.sha256(identity.encode()).hexdigest()[:16]}/")
     mode = write_mode(cfg, staging=staging, identity=lambda: f"dlq-replay:{identity}")
-    # The others stage nothing (and need no Cloud Storage client).
-    pending = PendingBatch(staging.store(), staging.prefix) if isinstance(mode, FileLoadsMode) else None
+    # The modes with a driver step keep a pending batch (file loads: its files and load; upsert: its MERGE);
+    # the others need none (and no Cloud Storage client).
+    pending = (PendingBatch(staging.store(), staging.prefix) if isinstance(mode, (FileLoadsMode, UpsertMode))
+               else None)
     handling = handling_of(cfg)
     summary = ReplaySummary()
     clients = Clients()  # every batch's writers borrow them, as a Spark worker's tasks do
@@ -307,6 +315,24 @@ def _finish_pending(pending: PendingBatch, mode: WriteMode, source: DlqSource) -
     if found is None:
         return 0
     batch, results, position = found
+    if isinstance(mode, UpsertMode):
+        # Its rows were staged in that replay's intermediate table, which is gone: a MERGE that ran is found
+        # by its id and the position committed; one that never ran (or failed) merged nothing, and the
+        # letters are read and merged again, numbered from this batch on.
+        try:
+            merged = mode.merged(batch, replay_plan(position))
+        except SinkError as exc:
+            raise FirehoseError(f"{exc} (looking for the MERGE of the batch an earlier replay left pending, "
+                                f"{pending.where()})") from exc
+        if not merged:
+            log.warning("an earlier replay stopped before merging batch %d: its letters are read again", batch)
+            pending.clear()
+            return batch
+        log.warning("an earlier replay stopped after merging batch %d and before committing it: committing it "
+                    "(its MERGE is not run again)", batch)
+        source.commit(position)
+        pending.clear()
+        return batch + 1
     log.warning("an earlier replay stopped after staging batch %d and before committing it: finishing it first "
                 "(a load job that already ran is found by its id and not run again)", batch)
     try:

@@ -187,6 +187,19 @@ class UpsertSession:
             log.info("batch %d: merged into %s in %.2f s (%s rows affected, job %s)", batch_id, plan.destination.api,
                      merged, getattr(run.job, "num_dml_affected_rows", None), run.job_id)
 
+    def merged(self, batch_id: int, batch_plan: BatchPlan) -> bool:
+        """Whether an earlier run merged batch `batch_id` of this identity and plan (its MERGE job is done,
+        waited for if it still runs): a replay that stopped between a MERGE and the commit of its position.
+        Raises SinkError when the job cannot be looked up."""
+        plan = self.schema.merge_plan
+        assert plan is not None, "the schema is planned before the first batch"
+        bq = self.config.bigquery
+        base = batch_job_id("firehose_bq_merge_", plan.destination.api, self._identity(), batch_id, batch_plan)
+        with make_client(bq) as client:
+            jobs = BatchJobs(client, "MERGE job", plan.destination.api, attempt_options(bq), bq.job_timeout_ms / 1000,
+                             self._sleep, self._clock)
+            return jobs.done(base) is not None
+
     def _cleanup(self, client: bigquery.Client, plan: MergePlan, batch_id: int) -> None:
         # Best effort (seed step 8): the rows are merged already, and the table is dropped at shutdown; so
         # one attempt, not the client's retries (a BigQuery gone after the MERGE must not hold the batch).

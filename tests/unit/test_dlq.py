@@ -268,3 +268,35 @@ def test_the_replay_summary_accounts_for_every_letter_read() -> None:
     stats.add_outcome("fallback", 7)
     text = ReplaySummary(stats).render()
     assert "dead letters read  9" in text and "sent to fallback   7" in text
+
+
+@pytest.mark.parametrize("merged", [True, False])
+def test_an_upsert_batch_left_pending_is_committed_if_merged_else_read_again(tmp_path: Path, merged: bool) -> None:
+    """Its staged rows went with the stopped replay's intermediate table: only its MERGE job tells."""
+    from firehose_bq.batch.core import TaskResult
+    from firehose_bq.dlq import replay as replay_module
+    from firehose_bq.modes import UpsertMode
+
+    class Merges(UpsertMode):
+        def __init__(self) -> None:  # no session: only `merged` is asked
+            self.asked: list[tuple[int, object]] = []
+
+        def merged(self, batch: int, plan: object) -> bool:
+            self.asked.append((batch, plan))
+            return merged
+
+    class Source:
+        committed: list[object] = []
+
+        def commit(self, position: object) -> None:
+            self.committed.append(position)
+
+    store = LocalBlobStore(tmp_path)
+    replay_module.PendingBatch(store, "p/").write(4, [TaskResult()], {"offsets": {"0": 9}})
+    pending, mode, source = replay_module.PendingBatch(store, "p/"), Merges(), Source()
+
+    first = replay_module._finish_pending(pending, mode, source)  # type: ignore[arg-type]
+
+    assert mode.asked == [(4, replay_module.replay_plan({"offsets": {"0": 9}}))]  # the same MERGE id
+    assert (first, source.committed) == ((5, [{"offsets": {"0": 9}}]) if merged else (4, []))
+    assert not pending.held and store.names() == []

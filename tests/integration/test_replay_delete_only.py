@@ -1,16 +1,14 @@
-"""REVIEW2 finding: a delete-only `replay-dlq` stopped between a batch's MERGE and the commit of its DLQ
-position appends that batch's values a second time on the next replay.
+"""A delete-only `replay-dlq` stopped between a batch's MERGE and the commit of its DLQ position appends
+nothing twice on the next replay (a review finding: it did).
 
 The stream keeps delete-only exact across such a crash because Spark replays the batch under the same
-batch id, so its MERGE job id (bigquery/jobs.py: table, identity, batch id, offsets) is found done. A
-replay numbers its batches from 0 every time (file loads alone resume the numbering from the pending
-batch, dlq/replay.py PendingBatch): the batch the crash left uncommitted comes back under another number,
-its MERGE id differs, and delete-only MERGE INSERTs every value again. README → Errors and the DLQ says a
-replay lands "exactly as the stream would have", and lists what a crashed replay writes twice for the
-other modes only.
+batch id, so its MERGE job id is found done. A replay numbers its batches from 0 every time, so the batch
+the crash left uncommitted came back under another number, its MERGE id differed, and the delete-only
+MERGE inserted every value again. Now the replay writes the batch down before its MERGE (PendingBatch, as
+for file loads), and the next replay commits it when its MERGE is found done.
 
 Letters are produced straight into the DLQ topic (no Spark): only the broker and the BigQuery emulator.
-Run: flock /tmp/firehose-heavy.lock .venv/bin/python -m pytest tests/integration/test_review2_replay_delete_only.py -q
+Run: flock /tmp/firehose-heavy.lock .venv/bin/python -m pytest tests/integration/test_replay_delete_only.py -q
 """
 
 from __future__ import annotations
@@ -48,9 +46,6 @@ def letters_of(cfg: Config) -> list[DeadLetter]:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="REVIEW2: replay batches are renumbered from 0 on every replay, so a "
-                                       "delete-only batch merged before a crash gets a new MERGE id and its "
-                                       "values are appended again")
 def test_a_delete_only_replay_stopped_after_a_merge_appends_nothing_twice(
         job_env: dict[str, str], bq_client: bigquery.Client, monkeypatch: pytest.MonkeyPatch) -> None:
     dlq_topic = f"dlq-{job_env['SOURCE_KAFKA_TOPIC']}"
@@ -84,7 +79,7 @@ def test_a_delete_only_replay_stopped_after_a_merge_appends_nothing_twice(
             again = replay(cfg, source)
         finally:
             source.close()
-        assert again.stats.messages == PER_BATCH  # the uncommitted batch, read again
+        assert again.stats.messages == 0  # the batch left pending is committed: its MERGE ran
 
         assert order_numbers() == Counter(f"ORD-{j:08d}" for j in range(LETTERS)), "each letter's value once"
     finally:
