@@ -17,6 +17,7 @@ from google.cloud import bigquery
 from kafka import KafkaProducer
 
 from firehose_bq import cli
+from firehose_bq.config import Config
 from firehose_bq.dlq.replay import DLQ_BATCH, KafkaDlqSource, replay
 from firehose_bq.errors import ErrorType
 from firehose_bq.pipeline import Pipeline
@@ -40,6 +41,16 @@ class StopsBeforeCommittingItsSecondBatch(KafkaDlqSource):
         if self.commits == 2:
             raise RuntimeError("killed between the driver step and the commit")
         super().commit(position)
+
+    @classmethod
+    def run_killed(cls, cfg: Config, dlq_topic: str, group: str) -> None:
+        """Run a replay of `dlq_topic` as `group` that is killed there."""
+        source = cls(cfg.source.brokers, dlq_topic, group, None)
+        try:
+            with pytest.raises(RuntimeError, match="killed between"):
+                replay(cfg, source)
+        finally:
+            source.close()
 
 
 @pytest.mark.parametrize("method", ["insertall", "storage_write", "file_loads"])
@@ -113,12 +124,7 @@ def test_a_file_loads_replay_that_stopped_after_its_load_finishes_that_batch_onc
         assert (summary.totals.dead_lettered, summary.totals.rows_written) == (letters, 0)
         fake.routes["/dlq.desc"] = job.paths["v2"].read_bytes()
 
-        source = StopsBeforeCommittingItsSecondBatch(cfg.source.brokers, dlq_topic, "replay-crash", None)
-        try:
-            with pytest.raises(RuntimeError, match="killed between"):
-                replay(cfg, source)
-        finally:
-            source.close()
+        StopsBeforeCommittingItsSecondBatch.run_killed(cfg, dlq_topic, "replay-crash")
         loaded = sum(table_ids(bq_client, cfg).values())
         assert 0 < loaded < letters  # two batches loaded, the first committed
 
