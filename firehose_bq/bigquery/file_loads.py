@@ -50,7 +50,7 @@ from google.cloud import bigquery
 from firehose_bq.bigquery.classify import classify_exception
 from firehose_bq.bigquery.client import REQUEST_ERRORS, attempt_options, call_options
 from firehose_bq.bigquery.conform import LiveTable
-from firehose_bq.bigquery.jobs import BatchJobs, BatchPlan, OffsetCover, OffsetRange, batch_job_id
+from firehose_bq.bigquery.jobs import BatchJobs, BatchPlan, batch_job_id
 from firehose_bq.blobstore import GCS_SCHEME, BlobStore, GcsOptions, open_blob_store
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.errors import ErrorType, RowError, SinkError
@@ -80,17 +80,15 @@ class StagedFile:
 
     objects: list[str] = field(default_factory=list)
     rows: int = 0
-    ranges: list[OffsetRange] = field(default_factory=list)
     schemas: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
-        return json.dumps({"objects": self.objects, "rows": self.rows, "schemas": self.schemas,
-                           "ranges": [[r.topic, r.partition, r.first, r.last, r.rows] for r in self.ranges]})
+        return json.dumps({"objects": self.objects, "rows": self.rows, "schemas": self.schemas})
 
     @classmethod
     def from_json(cls, text: str) -> StagedFile:
-        data = json.loads(text)
-        return cls(data["objects"], data["rows"], [OffsetRange(*r) for r in data["ranges"]], data["schemas"])
+        data = json.loads(text)  # a replay's pending batch from an older version also has "ranges": unused now
+        return cls(data["objects"], data["rows"], data["schemas"])
 
 
 @dataclass(frozen=True)
@@ -153,18 +151,15 @@ class StagingWriter:
         self._scratch: Path | None = None
         self._files: list[tuple[Path, str]] = []  # local Parquet files, each with its schema digest
         self._file: pq.ParquetWriter | None = None
-        self._cover = OffsetCover()
         self._closed = False
 
     def write(self, rows: pa.RecordBatch, insert_ids: pa.StringArray | None) -> list[RowError]:
+        """Stage the rows that fit the table; `insert_ids` go unused (the load job's id comes from the batch's
+        plan, bigquery/jobs.py, and a load job has no insertIds)."""
         assert not self._closed, "write after close"
-        if insert_ids is None:
-            raise ValueError("file loads need the rows' insert ids (their Kafka coordinates): the batch's load "
-                             "job id is derived from them")
         fitted = self._live.fit(rows)
         if fitted.rows.num_rows:
             self._stage(fitted.rows)
-            self._cover.add(insert_ids.take(pa.array(fitted.positions)))
             self.staged.rows += fitted.rows.num_rows
         return fitted.failures
 
@@ -196,7 +191,6 @@ class StagingWriter:
         finally:
             if self._scratch is not None:
                 shutil.rmtree(self._scratch, ignore_errors=True)
-        self.staged.ranges = self._cover.ranges()
 
     def _put_files(self) -> None:
         for path, digest in self._files:

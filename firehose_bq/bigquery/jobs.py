@@ -24,8 +24,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from google.api_core import exceptions as api_exceptions
 
 from firehose_bq.bigquery.classify import REASON_TYPES, classify_exception, classify_row_errors, describe_row_errors
@@ -43,45 +41,6 @@ MAX_JOB_ATTEMPTS = 20
 ERRORS_SHOWN = 5
 # Polling a running job: soon at first (small jobs take about a second), then less often.
 FIRST_POLL_S, MAX_POLL_S = 0.2, 5.0
-# insertId = topic_partition_offset (a topic name may hold `_`, the numbers cannot).
-_COORDINATES = r"^(?P<topic>.*)_(?P<partition>-?[0-9]+)_(?P<offset>-?[0-9]+)$"
-
-
-@dataclass(frozen=True)
-class OffsetRange:
-    """The Kafka records some rows hold from one partition: first and last offset, row count."""
-
-    topic: str
-    partition: int
-    first: int
-    last: int
-    rows: int
-
-
-class OffsetCover:
-    """The offset ranges, per Kafka partition, of the rows added so far (by their insert ids)."""
-
-    def __init__(self) -> None:
-        self._ranges: dict[tuple[str, int], list[int]] = {}  # (topic, partition) → [first, last, rows]
-
-    def add(self, insert_ids: pa.StringArray) -> None:
-        parts = pc.extract_regex(insert_ids, _COORDINATES)
-        if parts.null_count:
-            bad = insert_ids.filter(parts.is_null())[0]
-            raise ValueError(f"insert id {bad} is not topic_partition_offset")
-        coordinates = pa.table({"topic": parts.field("topic"), "partition": parts.field("partition").cast(pa.int64()),
-                                "offset": parts.field("offset").cast(pa.int64())})
-        spans = coordinates.group_by(["topic", "partition"]).aggregate(
-            [("offset", "min"), ("offset", "max"), ("offset", "count")])
-        for span in spans.to_pylist():
-            first, last, count = span["offset_min"], span["offset_max"], span["offset_count"]
-            known = self._ranges.setdefault((span["topic"], span["partition"]), [first, last, 0])
-            known[0], known[1], known[2] = min(known[0], first), max(known[1], last), known[2] + count
-
-    def ranges(self) -> list[OffsetRange]:
-        return [OffsetRange(t, p, first, last, rows) for (t, p), (first, last, rows) in sorted(self._ranges.items())]
-
-
 # What the driver planned a batch to read, fixed before its first run: JSON-able items in any order. The
 # streaming job: the Kafka ranges [topic, partition, start, end) Spark handed its tasks (the batch's
 # entry in the checkpoint's offset log); replay-dlq: the DLQ position its letters were read up to.

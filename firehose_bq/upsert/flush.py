@@ -46,7 +46,7 @@ from firehose_bq.retrying import retry_call
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec, plan_table, spec_of
 from firehose_bq.upsert import tables
 from firehose_bq.upsert.sql import MergePlan, TableRef, key_leaves
-from firehose_bq.upsert.writer import ChangelogTask, staged_spans
+from firehose_bq.upsert.writer import ChangelogTask, staged_rows
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ class UpsertSession:
 
     def flush(self, batch_id: int, reports: Sequence[str], batch_plan: BatchPlan) -> None:
         """Merge the batch's rows into the destination, then clear them from the intermediate table.
-        `reports`: the tasks' ChangelogTask reports (the Kafka offsets they staged); `batch_plan`: what the batch
+        `reports`: the tasks' ChangelogTask reports (how many rows they staged); `batch_plan`: what the batch
         was planned to read, from which the MERGE job id is derived (bigquery/jobs.py `batch_job_id`).
 
         The MERGE runs as one job per batch (found again by its id rather than run twice); a failed one,
@@ -155,8 +155,7 @@ class UpsertSession:
         retries of up to 40 minutes, are off inside it."""
         plan = self.schema.merge_plan
         assert plan is not None, "the schema is planned before the first batch"
-        spans = staged_spans(reports)
-        if not spans:
+        if not staged_rows(reports):
             log.info("batch %d: no rows staged, nothing to merge", batch_id)
             return
         bq = self.config.bigquery

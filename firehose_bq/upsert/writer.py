@@ -10,8 +10,8 @@ growing across micro-batches; a MERGE compares only rows of one batch, so within
 offset of a key is its latest record, whatever task wrote it. (Two partitions carrying one key break
 the changelog contract: Kafka gives no order between them, and neither can the sink.)
 
-Each task reports the Kafka offset ranges of the rows it staged: the driver merges only a batch that
-staged rows (`upsert/flush.py`). The MERGE job id comes from the batch's plan instead (bigquery/jobs.py).
+Each task reports how many rows it staged: the driver merges only a batch that staged rows
+(`upsert/flush.py`). The MERGE job id comes from the batch's plan (bigquery/jobs.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from firehose_bq.arrow_schema import TIMESTAMP
 from firehose_bq.batch.rows import Rows, Writable
 from firehose_bq.bigquery.client import Clients
 from firehose_bq.bigquery.insert_all import InsertAllWriter
-from firehose_bq.bigquery.jobs import OffsetCover
 from firehose_bq.config import BigQueryConfig
 from firehose_bq.errors import ErrorType, PartialWriteError, RowError
 from firehose_bq.routing import Destination
@@ -70,47 +69,29 @@ class ChangelogTask:
 
 
 class ChangelogWriter(InsertAllWriter):
-    """insertAll into the intermediate table, noting the Kafka offsets of the rows it wrote (not those that
-    failed: a record dead-lettered here and replayed later must not look merged already)."""
+    """insertAll into the intermediate table, counting the rows it wrote (not those that failed: a batch
+    whose every record was dead-lettered has nothing to merge)."""
 
     def __init__(self, client: bigquery.Client, cfg: BigQueryConfig) -> None:
         super().__init__(client, cfg)
-        self._cover = OffsetCover()
+        self.staged = 0
 
     def write(self, rows: pa.RecordBatch, insert_ids: pa.StringArray | None) -> list[RowError]:
-        if insert_ids is None:
-            raise ValueError("upsert staging needs the rows' insert ids (their Kafka coordinates): the batch's "
-                             "MERGE job id is derived from them")
         try:
             failures = super().write(rows, insert_ids)
         except PartialWriteError as exc:
-            self._written(insert_ids, [*exc.unsent, *(f.index for f in exc.failures)])
+            self.staged += rows.num_rows - len({*exc.unsent, *(f.index for f in exc.failures)})
             raise
-        self._written(insert_ids, [f.index for f in failures])
+        self.staged += rows.num_rows - len({f.index for f in failures})
         return failures
 
-    def _written(self, insert_ids: pa.StringArray, not_written: list[int]) -> None:
-        keep = np.ones(len(insert_ids), dtype=bool)
-        keep[not_written] = False
-        if keep.any():
-            self._cover.add(insert_ids.filter(pa.array(keep)))
-
     def report(self) -> str | None:
-        spans = [[r.topic, r.partition, r.first, r.last, r.rows] for r in self._cover.ranges()]
-        return json.dumps(spans) if spans else None
+        return json.dumps({"staged": self.staged}) if self.staged else None
 
 
-def staged_spans(reports: Iterable[str]) -> list[tuple[str, int, int, int, int]]:
-    """(topic, partition, first, last, rows) of what the tasks staged, one per partition: pieces of one
-    partition (a task run in two parts around a descriptor refresh) are joined, so the spans, and the
-    job id derived from them, do not depend on where a run paused."""
-    joined: dict[tuple[str, int], list[int]] = {}
-    for report in reports:
-        for topic, partition, first, last, rows in json.loads(report):
-            span = joined.setdefault((topic, int(partition)), [int(first), int(last), 0])
-            span[0], span[1], span[2] = min(span[0], int(first)), max(span[1], int(last)), span[2] + int(rows)
-    return [(t, p, *span) for (t, p), span in sorted(joined.items())]
-
+def staged_rows(reports: Iterable[str]) -> int:
+    """The rows the tasks' ChangelogWriters staged, in all."""
+    return sum(int(json.loads(report)["staged"]) for report in reports)
 
 
 def intermediate_rows(rows: Rows, source: pa.RecordBatch, batch: int) -> pa.RecordBatch:

@@ -16,7 +16,7 @@ from google.api_core import exceptions
 from google.cloud.bigquery import SchemaField as F
 
 from firehose_bq.bigquery import file_loads
-from firehose_bq.bigquery.file_loads import FileLoader, OffsetRange, StagedFile, StagingArea, StagingWriter
+from firehose_bq.bigquery.file_loads import FileLoader, StagedFile, StagingArea, StagingWriter
 from firehose_bq.blobstore import GcsOptions, LocalBlobStore
 from firehose_bq.config import FILE_LOADS_TRIGGER_MS, BigQueryConfig, Config
 from firehose_bq.errors import ConfigError, ErrorType, SinkError
@@ -135,12 +135,11 @@ def test_a_task_stores_one_parquet_object_in_the_tables_spelling_with_its_offset
     assert staged_rows(store, staged) == [{"I": 0, "s": "v0", "tags": []}, {"I": 1, "s": "v1", "tags": []},
                                           {"I": 2, "s": "v2", "tags": ["a", "ü"]}]
     assert staged.rows == 3 and len(staged.schemas) == 1
-    assert staged.ranges == [OffsetRange("t", 1, 10, 12, 3)]
     assert list(scratch.iterdir()) == [], "the local copy is gone"
     assert not client.closed, "the client is borrowed: its maker closes it"
 
 
-def test_rows_that_do_not_fit_fail_in_the_task_and_stay_out_of_the_file_and_its_ranges(scratch: Path) -> None:
+def test_rows_that_do_not_fit_fail_in_the_task_and_stay_out_of_the_file(scratch: Path) -> None:
     store = FakeGcs()
     writer = writer_in(store)
     failures = writer.write(rows([0, 1, 2], nope=[None, "x", None]), ids(4, [7, 8, 9]))
@@ -148,8 +147,7 @@ def test_rows_that_do_not_fit_fail_in_the_task_and_stay_out_of_the_file_and_its_
     writer.close()
 
     assert [(f.index, f.error_type) for f in failures] == [(1, ErrorType.SINK_4XX_ERROR)]
-    assert [r["I"] for r in staged_rows(store, writer.staged)] == [0, 2, 3]
-    assert writer.staged.ranges == [OffsetRange("a_topic_with_underscores", 5, 1, 1, 1), OffsetRange("t", 4, 7, 9, 2)]
+    assert [r["I"] for r in staged_rows(store, writer.staged)] == [0, 2, 3] and writer.staged.rows == 3
 
 
 def test_a_table_that_grows_during_the_task_starts_another_object(scratch: Path) -> None:
@@ -164,12 +162,11 @@ def test_a_table_that_grows_during_the_task_starts_another_object(scratch: Path)
     assert staged_rows(store, writer.staged) == [{"I": 0, "s": "v0"}, {"I": 1, "s": "v1", "coupon": "FREE"}]
 
 
-def test_staging_needs_the_rows_kafka_coordinates(scratch: Path) -> None:
+def test_staging_needs_no_insert_ids(scratch: Path) -> None:
+    # The load job's id comes from the batch's plan (bigquery/jobs.py), and a load job has no insertIds:
+    # SINK_BIGQUERY_ROW_INSERT_ID_ENABLE=false changes nothing here.
     writer = writer_in(FakeGcs())
-    with pytest.raises(ValueError, match="insert ids"):
-        writer.write(rows([0]), None)
-    with pytest.raises(ValueError, match="not topic_partition_offset"):
-        writer.write(rows([0]), pa.array(["no-coordinates"]))
+    assert writer.write(rows([0]), None) == [] and writer.staged.rows == 1
 
 
 def test_every_task_attempt_gets_its_own_object(scratch: Path) -> None:
@@ -202,7 +199,7 @@ def test_a_task_that_staged_no_rows_stores_nothing(scratch: Path) -> None:
 
 def test_writers_of_other_methods_stage_nothing() -> None:
     assert file_loads.staged_json(object()) is None
-    one = StagedFile(["batch-0/x.parquet"], 1, [], ["d"])
+    one = StagedFile(["batch-0/x.parquet"], 1, ["d"])
     assert file_loads.parse_staged([None, "", one.to_json()]) == [one]
 
 

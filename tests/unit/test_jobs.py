@@ -4,11 +4,9 @@ found, created and polled is tested through their users: test_file_loads.py, tes
 from __future__ import annotations
 
 
-import pyarrow as pa
 import pytest
 
 from firehose_bq.bigquery import jobs
-from firehose_bq.bigquery.jobs import OffsetCover, OffsetRange
 
 
 def test_a_job_id_is_the_same_for_the_same_batch_whatever_the_order_of_its_ranges() -> None:
@@ -28,13 +26,6 @@ def test_a_job_id_changes_with_the_table_checkpoint_batch_or_records() -> None:
 def test_attempt_ids() -> None:
     assert jobs.attempt_job_id("j", 0) == "j"
     assert jobs.attempt_job_id("j", 2) == "j_retry2"
-
-
-def test_offsets_are_covered_per_partition_across_calls() -> None:
-    cover = OffsetCover()
-    cover.add(pa.array(["t_0_5", "a_b_1_7", "t_0_3"]))
-    cover.add(pa.array(["t_0_9"]))
-    assert cover.ranges() == [OffsetRange("a_b", 1, 7, 7, 1), OffsetRange("t", 0, 3, 9, 3)]
 
 
 def test_the_job_timeout_is_still_read_under_its_file_loads_name() -> None:

@@ -18,12 +18,12 @@ from firehose_bq.errors import ErrorType, PartialWriteError, RowError
 from firehose_bq.upsert import flush as flush_mod
 from firehose_bq.upsert import writer as writer_mod
 from firehose_bq.upsert.sql import MergePlan, TableRef
-from firehose_bq.upsert.writer import ChangelogWriter, staged_spans
+from firehose_bq.upsert.writer import ChangelogWriter, staged_rows
 from tests.unit.test_config import MINIMAL
 
 DESTINATION = TableRef("proj-x1", "ds", "t")
 # What the tasks of batch 7 report: one partition, in two pieces (a task held around a descriptor refresh).
-REPORTS = [json.dumps([["t", 0, 10, 19, 10]]), json.dumps([["t", 0, 20, 24, 5], ["t", 1, 3, 3, 1]])]
+REPORTS = [json.dumps({"staged": 10}), json.dumps({"staged": 6})]  # what two tasks' ChangelogWriters staged
 
 
 class Clock:
@@ -150,7 +150,7 @@ def test_a_replayed_batch_whose_merge_ran_is_not_merged_again_but_its_rows_are_c
 
     # The replay staged other rows than the run that merged (one record went to the DLQ this time): it is
     # the same batch, planned the same.
-    session(monkeypatch, client, Clock()).flush(7, [json.dumps([["t", 0, 10, 24, 14]]), REPORTS[1]],
+    session(monkeypatch, client, Clock()).flush(7, [json.dumps({"staged": 9}), REPORTS[1]],
                                                 list(reversed(PLAN)))
 
     assert client.submitted == ["DELETE"]
@@ -199,11 +199,11 @@ def test_a_batch_that_staged_nothing_runs_no_merge(monkeypatch: pytest.MonkeyPat
     assert client.submitted == []
 
 
-def test_staged_spans_join_the_pieces_of_a_partition() -> None:
-    assert staged_spans(REPORTS) == [("t", 0, 10, 24, 15), ("t", 1, 3, 3, 1)]
+def test_staged_rows_add_up_the_tasks_reports() -> None:
+    assert staged_rows(REPORTS) == 16 and staged_rows([]) == 0
 
 
-def test_a_changelog_writer_reports_the_offsets_it_wrote_not_those_that_failed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_changelog_writer_reports_the_rows_it_wrote_not_those_that_failed(monkeypatch: pytest.MonkeyPatch) -> None:
     bad = [RowError(1, ErrorType.SINK_4XX_ERROR, "bad")]
     outcomes: list[Any] = [bad, PartialWriteError(ErrorType.SINK_5XX_ERROR, "down", unsent=(1,))]
 
@@ -215,9 +215,10 @@ def test_a_changelog_writer_reports_the_offsets_it_wrote_not_those_that_failed(m
 
     monkeypatch.setattr(writer_mod.InsertAllWriter, "write", write)
     w = object.__new__(ChangelogWriter)
-    w._cover = jobs.OffsetCover()
+    w.staged = 0
+    assert w.report() is None  # nothing staged: the batch has nothing to merge
     rows = pa.record_batch({"x": [1, 2, 3]})
     assert w.write(rows, pa.array(["t_0_5", "t_0_6", "t_0_7"])) == bad
     with pytest.raises(PartialWriteError):
         w.write(rows.slice(0, 2), pa.array(["t_0_8", "t_0_9"]))
-    assert json.loads(w.report() or "") == [["t", 0, 5, 8, 3]]
+    assert json.loads(w.report() or "") == {"staged": 3}  # 2 of the first call, 1 of the second
