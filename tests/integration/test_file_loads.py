@@ -131,7 +131,7 @@ def test_failed_load_job_stops_the_batch_with_its_errors(spark, file_loads_env, 
     pipeline.prepare()
     load = pipeline.mode.finish
 
-    def table_changes_then_load(batch: int, results: object) -> None:
+    def table_changes_then_load(batch: int, results: object, plan: object) -> None:
         # After the tasks staged their rows (fitted to the table as it was), the table changes so that
         # none of them fits: `order_number` becomes an INTEGER. Only the load job can find out.
         live = bq_client.get_table(cfg.bigquery.table_ref)
@@ -139,7 +139,7 @@ def test_failed_load_job_stops_the_batch_with_its_errors(spark, file_loads_env, 
                   for f in live.schema]
         bq_client.delete_table(live)
         bq_client.create_table(bigquery.Table(cfg.bigquery.table_ref, schema=schema))
-        load(batch, results)
+        load(batch, results, plan)
 
     pipeline.mode.finish = table_changes_then_load  # type: ignore[method-assign]
     with pytest.raises(FirehoseError) as failed:
