@@ -33,7 +33,7 @@ from google.protobuf import json_format, message_factory
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
-from firehose_bq.registry.confluent import WireFormatError, parse_frame
+from firehose_bq.registry.confluent import WireFormatError, frame_payload, message_indexes
 from firehose_bq.schema import UNSIGNED_64, Kind, SchemaOptions, column_name, field_kind, is_map, scalar_field
 
 Row = dict[str, Any]
@@ -392,7 +392,8 @@ def _collector_paused() -> Iterator[None]:
 
 
 def _parser(message_class: type[Message], confluent_framed: bool) -> Callable[[bytes], Message]:
-    """bytes → message. Raises DecodeError (or WireFormatError) for bytes that do not parse, ValueError
+    """bytes → message. Raises DecodeError (or WireFormatError: a malformed Confluent frame, or one naming
+    another message type) for bytes that do not parse, ValueError
     for a proto2 message that lacks required fields."""
     parse = message_class.FromString
     # upb parses proto2 messages that lack `required` fields; checking costs a C call per message, so
@@ -408,7 +409,9 @@ def _parser(message_class: type[Message], confluent_framed: bool) -> Callable[[b
 
     if confluent_framed:
         parse_payload = parse
-        return lambda data: parse_payload(data[parse_frame(data).payload_offset:])
+        # A frame naming another message of the schema is refused (WireFormatError), never parsed as this one.
+        expected, name = message_indexes(message_class.DESCRIPTOR), message_class.DESCRIPTOR.full_name
+        return lambda data: parse_payload(data[frame_payload(data, expected, name):])
     return parse
 
 

@@ -147,6 +147,9 @@ typedef struct {
     int32_t root_msg, root_col, nvar;
     int32_t struct_plan, value_plan, list_plan;
     int framed, detect_unknown;
+    /* framed: the message indexes a frame must name (registry/confluent.py message_indexes) */
+    int64_t *frame_path;
+    int32_t frame_depth;
 } PlanObject;
 
 /* ---------------------------------------------------------------- per-batch state */
@@ -1401,48 +1404,90 @@ static void rollback(Ctx *c, int64_t row) {
     c->nents = 0;
 }
 
-/* Confluent's frame (registry/confluent.py parse_frame): magic byte 0, 4-byte schema id, then a zig-zag
- * count of message indexes and the indexes. Returns the payload's offset, or -1. */
-static int64_t frame_payload(const uint8_t *d, size_t n, const char **why) {
-    if (n < 6 || d[0] != 0) {
-        *why = "not in Confluent's wire format (magic byte 0, schema id, message indexes)";
-        return -1;
-    }
-    size_t pos = 5;
-    unsigned __int128 value = 0;
-    int done = 0;
-    for (int shift = 0; shift < 64 && pos < n; shift += 7) {
-        uint8_t b = d[pos++];
-        value |= (unsigned __int128)(b & 0x7f) << shift;
+/* A zig-zag varint of at most 10 bytes as a signed 64-bit value, bits past 64 dropped (registry/confluent.py
+ * _read_zigzag). 0 when it does not end within 10 bytes or before `n`. */
+static int frame_varint(const uint8_t *d, size_t n, size_t *pos, int64_t *out) {
+    uint64_t value = 0;
+    for (int shift = 0; shift < 64 && *pos < n; shift += 7) {
+        uint8_t b = d[(*pos)++];
+        value |= (uint64_t)(b & 0x7f) << shift;
         if (!(b & 0x80)) {
-            done = 1;
-            break;
+            *out = (int64_t)(value >> 1) ^ -(int64_t)(value & 1);
+            return 1;
         }
     }
-    if (!done) {
-        *why = "truncated or overlong message-index varint";
-        return -1;
+    return 0;
+}
+
+#define SHOWN_INDEXES 8 /* registry/confluent.py SHOWN_INDEXES */
+
+/* `[1, 0]`, cut after SHOWN_INDEXES with `, ...` (confluent.py shown_indexes); `out` holds 8 * 21 + 8. */
+static void shown_indexes(char *out, const int64_t *idx, int64_t n) {
+    size_t at = 0;
+    out[at++] = '[';
+    for (int64_t k = 0; k < n && k < SHOWN_INDEXES; k++)
+        at += (size_t)sprintf(out + at, k ? ", %lld" : "%lld", (long long)idx[k]);
+    if (n > SHOWN_INDEXES) at += (size_t)sprintf(out + at, ", ...");
+    out[at++] = ']';
+    out[at] = 0;
+}
+
+/* The row's frame is refused: its DESERIALIZATION_ERROR is recorded. E_PARSE, or E_NOMEM. */
+static int64_t frame_refused(Ctx *c, const char *why) {
+    int rc = add_failure(c, c->row, FAIL_DESERIALIZATION, why);
+    return rc ? rc : E_PARSE;
+}
+
+/* Confluent's frame (registry/confluent.py frame_payload, messages included): magic byte 0, 4-byte schema
+ * id, then a zig-zag count of message indexes and the indexes, which must be the plan's `frame_path`.
+ * Returns the payload's offset, or what frame_refused returns. */
+static int64_t frame_payload(Ctx *c, const uint8_t *d, size_t n) {
+    const PlanObject *pl = c->plan;
+    if (n < 6 || d[0] != 0) {
+        return frame_refused(c, "not in Confluent's wire format (magic byte 0, schema id, message indexes)");
     }
-    if (value == 0) return (int64_t)pos;
-    if ((value & 1) || (value >> 1) > (unsigned __int128)(n - pos)) {
-        *why = "the message index count does not fit the message";
-        return -1;
-    }
-    uint64_t count = (uint64_t)(value >> 1);
-    for (uint64_t k = 0; k < count; k++) {
-        done = 0;
-        for (int shift = 0; shift < 64 && pos < n; shift += 7) {
-            if (!(d[pos++] & 0x80)) {
-                done = 1;
-                break;
-            }
+    uint32_t schema_id = (uint32_t)d[1] << 24 | (uint32_t)d[2] << 16 | (uint32_t)d[3] << 8 | d[4];
+    size_t pos = 5;
+    int64_t count;
+    if (!frame_varint(d, n, &pos, &count)) return frame_refused(c, "truncated or overlong message-index varint");
+    /* [0] in one byte is the common case; the indexes are only kept while they could still match */
+    int64_t zero = 0, kept[SHOWN_INDEXES];
+    const int64_t *got = &zero;
+    int64_t ngot = 1;
+    int same;
+    if (count == 0) {
+        same = pl->frame_depth == 1 && pl->frame_path[0] == 0;
+    } else {
+        if (count < 0 || (uint64_t)count > n - pos) {
+            snprintf(c->why, sizeof c->why, "message index count %lld does not fit a %zu-byte message",
+                     (long long)count, n);
+            return frame_refused(c, c->why);
         }
-        if (!done) {
-            *why = "truncated or overlong message-index varint";
-            return -1;
+        same = count == pl->frame_depth;
+        for (int64_t k = 0; k < count; k++) {
+            int64_t index;
+            if (!frame_varint(d, n, &pos, &index)) return frame_refused(c, "truncated or overlong message-index varint");
+            if (k < SHOWN_INDEXES) kept[k] = index;
+            if (same && index != pl->frame_path[k]) same = 0;
         }
+        got = kept;
+        ngot = count;
     }
-    return (int64_t)pos;
+    if (same) return (int64_t)pos;
+    char named[8 * 21 + 8], expected[8 * 21 + 8];
+    shown_indexes(named, got, ngot);
+    shown_indexes(expected, pl->frame_path, pl->frame_depth);
+    const char *fmt = "written as another message type: its Confluent frame names message indexes %s (schema id %u), "
+                      "the configured class %s is %s";
+    const char *name = pl->msgs[pl->root_msg].name;
+    /* the class name has no bound: the message is sized for it, never cut (it must equal the reference's) */
+    int len = snprintf(NULL, 0, fmt, named, schema_id, name, expected);
+    char *text = malloc((size_t)len + 1);
+    if (!text) return E_NOMEM;
+    snprintf(text, (size_t)len + 1, fmt, named, schema_id, name, expected);
+    int64_t rc = frame_refused(c, text);
+    free(text);
+    return rc;
 }
 
 static int decode_rows(Ctx *c, int64_t n, int64_t offset, const uint8_t *validity, const void *offsets, int large,
@@ -1470,12 +1515,9 @@ static int decode_rows(Ctx *c, int64_t n, int64_t offset, const uint8_t *validit
         c->row = i;
         c->why[0] = c->bad[0] = 0;
         if (pl->framed) {
-            const char *why = NULL;
-            int64_t at = frame_payload(p, (size_t)(end - p), &why);
-            if (at < 0) {
-                if ((rc = add_failure(c, i, FAIL_DESERIALIZATION, why))) return rc;
-                continue;
-            }
+            int64_t at = frame_payload(c, p, (size_t)(end - p));
+            if (at == E_NOMEM) return E_NOMEM;
+            if (at < 0) continue; /* refused: its failure is recorded */
             p += at;
         }
         snapshot(c);
@@ -1804,6 +1846,7 @@ static PyTypeObject BatchType = {
 /* ---------------------------------------------------------------- Python: Plan */
 
 static void plan_free_contents(PlanObject *pl) {
+    free(pl->frame_path);
     if (pl->cols) {
         for (int32_t k = 0; k < pl->ncols; k++) free(pl->cols[k].children);
         free(pl->cols);
@@ -2050,12 +2093,30 @@ static int parse_messages(PlanObject *pl, PyObject *messages) {
     return 0;
 }
 
+/* `framed`: the tuple of message indexes frames must name (None: values are not framed). */
+static int parse_frame_path(PlanObject *pl, PyObject *path) {
+    if (!PyTuple_Check(path) || PyTuple_GET_SIZE(path) < 1 || PyTuple_GET_SIZE(path) > 1000)
+        return bad_plan("framed: a tuple of message indexes, or None");
+    pl->frame_depth = (int32_t)PyTuple_GET_SIZE(path);
+    pl->frame_path = calloc((size_t)pl->frame_depth, sizeof(int64_t));
+    if (!pl->frame_path) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int32_t k = 0; k < pl->frame_depth; k++) {
+        long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(path, k));
+        if (v == -1 && PyErr_Occurred()) return -1;
+        pl->frame_path[k] = v;
+    }
+    return 0;
+}
+
 static PyObject *Plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"columns", "enums", "messages", "root_message", "root_column", "struct_plan",
                              "value_plan", "list_plan", "framed", "detect_unknown", NULL};
-    PyObject *columns, *enums, *messages;
-    int root_msg, root_col, struct_plan, value_plan, list_plan, framed, detect;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!iiiiipp", kwlist, &PyList_Type, &columns, &PyList_Type,
+    PyObject *columns, *enums, *messages, *framed;
+    int root_msg, root_col, struct_plan, value_plan, list_plan, detect;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!iiiiiOp", kwlist, &PyList_Type, &columns, &PyList_Type,
                                      &enums, &PyList_Type, &messages, &root_msg, &root_col, &struct_plan, &value_plan,
                                      &list_plan, &framed, &detect))
         return NULL;
@@ -2073,7 +2134,8 @@ static PyObject *Plan_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     pl->struct_plan = struct_plan;
     pl->value_plan = value_plan;
     pl->list_plan = list_plan;
-    pl->framed = framed;
+    pl->framed = framed != Py_None;
+    if (pl->framed && parse_frame_path(pl, framed)) goto fail;
     pl->detect_unknown = detect;
     for (int32_t k = 0; k < pl->ncols; k++)
         if (pl->cols[k].enum_id >= pl->nenums || (pl->cols[k].kind == C_ENUM && pl->cols[k].enum_id < 0)) {

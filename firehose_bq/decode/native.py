@@ -34,6 +34,7 @@ from firehose_bq.convert import _INVALID, _json
 from firehose_bq.decode import NativeUnavailable, native_unavailable
 from firehose_bq.decode.values import DecodedValues
 from firehose_bq.errors import ErrorType, RowError
+from firehose_bq.registry.confluent import message_indexes
 from firehose_bq.schema import WRAPPERS, Kind, SchemaOptions, bigquery_fields, field_kind, is_map, scalar_field
 
 FD = FieldDescriptor
@@ -300,8 +301,10 @@ class NativeDecoder:
         plan, root, root_column = build_plan(native, descriptor, depth, options, self._arrow_type)
         self._cuts = plan.cuts
         json_plans = [plan.json_plans.get(name, -1) for name in _JSON_KINDS]
+        # Framed values must name this class's message indexes (registry/confluent.py frame_payload).
+        frame = message_indexes(descriptor) if confluent_framed else None
         self._plan = native.Plan(plan.columns, plan.enums, plan.messages, root, root_column, *json_plans,
-                                 confluent_framed, detect_unknown_fields)
+                                 frame, detect_unknown_fields)
         self._reference_args = (message_class, depth, options, confluent_framed, detect_unknown_fields)
         self._reference: Any = None
         self.escaped_rows = 0  # rows handed to the reference decoder so far (see the module doc)

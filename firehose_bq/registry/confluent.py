@@ -3,7 +3,14 @@
 A framed message is: magic byte 0, the schema id (4 bytes, big-endian), the message indexes (a
 zig-zag varint count, then that many zig-zag varint indexes; a lone 0 means [0], the first message),
 then the protobuf payload. The indexes walk the schema file: the first picks a top-level message, each
-further one a nested message of the previous.
+further one a nested message of the previous. Counted as Confluent's Java serializer and registry count
+them (`ProtobufSchema.toMessageIndexes`, over the parsed schema text): message declarations only, so the
+entry types protoc makes for `map<,>` fields are not counted.
+
+Both value decoders (decode/native.py's C and convert.py's `_parser`) check a frame the same way
+(`frame_payload` here is the rule; `_native.c` mirrors it byte for byte, messages included): a value
+whose frame names another message of the schema than the class it is decoded as is refused, never
+decoded as that class.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 
 import grpc_tools
 from google.protobuf import descriptor_pb2, message
+from google.protobuf.descriptor import Descriptor
 
 from firehose_bq import redact
 from firehose_bq.descriptors import Descriptors
@@ -58,6 +66,42 @@ def parse_frame(data: bytes) -> Frame:
     return Frame(int.from_bytes(data[1:5], "big"), tuple(indexes), pos)
 
 
+def frame_payload(data: bytes, expected: tuple[int, ...], name: str) -> int:
+    """Where the payload of framed `data` starts, once its frame is known to name message `name`, whose
+    indexes are `expected` (`message_indexes`). WireFormatError for a malformed frame, and for one that
+    names another message: decoding that as `name` would turn it into a wrong row, silently."""
+    frame = parse_frame(data)
+    if frame.message_indexes != expected:
+        raise WireFormatError(
+            f"written as another message type: its Confluent frame names message indexes "
+            f"{shown_indexes(frame.message_indexes)} (schema id {frame.schema_id}), the configured class {name} "
+            f"is {shown_indexes(expected)}")
+    return frame.payload_offset
+
+
+# How many indexes an error message shows: a hostile frame may carry thousands.
+SHOWN_INDEXES = 8
+
+
+def shown_indexes(indexes: Sequence[int]) -> str:
+    """`[1, 0]`; longer lists cut after SHOWN_INDEXES with `, ...` (the C decoder writes the same text)."""
+    head = ", ".join(str(i) for i in indexes[:SHOWN_INDEXES])
+    return f"[{head}, ...]" if len(indexes) > SHOWN_INDEXES else f"[{head}]"
+
+
+def message_indexes(descriptor: Descriptor) -> tuple[int, ...]:
+    """The message indexes a Confluent serializer writes for messages of `descriptor` (module doc):
+    its position among the message declarations of its file, through each enclosing message."""
+    path = []
+    while descriptor.containing_type is not None:
+        parent = descriptor.containing_type
+        declared = [d for d in parent.nested_types if not d.GetOptions().map_entry]
+        path.append(declared.index(descriptor))
+        descriptor = parent
+    path.append(list(descriptor.file.message_types_by_name.values()).index(descriptor))
+    return tuple(reversed(path))
+
+
 def encode_frame(schema_id: int, message_indexes: Sequence[int], payload: bytes) -> bytes:
     indexes = [] if list(message_indexes) == [0] else [len(message_indexes), *message_indexes]
     varints = b"".join(_zigzag(i) for i in indexes) or b"\x00"
@@ -65,6 +109,8 @@ def encode_frame(schema_id: int, message_indexes: Sequence[int], payload: bytes)
 
 
 def _read_zigzag(data: bytes, pos: int) -> tuple[int, int]:
+    """A zig-zag varint of at most 10 bytes, as a signed 64-bit value (bits past 64 dropped, as
+    protobuf's own varints)."""
     value = shift = 0
     while shift < 64:
         if pos >= len(data):
@@ -74,6 +120,7 @@ def _read_zigzag(data: bytes, pos: int) -> tuple[int, int]:
         value |= (byte & 0x7F) << shift
         shift += 7
         if not byte & 0x80:
+            value &= 0xFFFFFFFFFFFFFFFF
             return (value >> 1) ^ -(value & 1), pos
     raise WireFormatError("truncated or overlong message-index varint")
 
@@ -103,7 +150,8 @@ class ConfluentSchema:
             if not 0 <= index < len(candidates):
                 raise SchemaError(f"schema id {self.schema_id} has no message at indexes {list(indexes)}")
             names.append(candidates[index].name)
-            candidates = candidates[index].nested_type
+            # map entries are not counted (module doc), as in `message_indexes`
+            candidates = [m for m in candidates[index].nested_type if not m.options.map_entry]
         return ".".join(names)
 
 

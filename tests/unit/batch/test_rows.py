@@ -14,7 +14,7 @@ from firehose_bq.decode.reference import ReferenceDecoder
 from firehose_bq.decode.unknown import UnknownFieldsJson
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import ErrorType
-from firehose_bq.registry.confluent import encode_frame
+from firehose_bq.registry.confluent import encode_frame, message_indexes
 from firehose_bq.schema import ADDITIONAL_PROPERTIES, KEY_COLUMN, METADATA_COLUMNS, MetadataColumns, SchemaOptions, \
     table_schema
 from firehose_bq.arrow_schema import arrow_schema
@@ -283,7 +283,7 @@ def test_additional_properties_hold_the_flagged_rows_unknown_fields(test_descrip
     if decoder == "native" and native_unavailable():
         pytest.skip(native_unavailable())
     cls = test_descriptors.message_class("testdata.AllTypes")
-    frame = (lambda v: encode_frame(3, [0], v)) if framed else (lambda v: v)
+    frame = (lambda v: encode_frame(3, message_indexes(cls.DESCRIPTOR), v)) if framed else (lambda v: v)
     plain = cls(f_string="a", r_message=[{"label": "x"}]).SerializeToString()
     inner_newer = b"\x0a\x01y" + b"\x38\x05"  # Inner{label: "y", <7: 5>}
     newer = (cls(f_string="b").SerializeToString() + b"\xa0\x06\x01"  # <100: 1>

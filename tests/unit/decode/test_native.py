@@ -21,7 +21,8 @@ from firehose_bq.decode import native_unavailable
 from firehose_bq.decode.native import NativeDecoder, UnsupportedShape
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import ErrorType, SchemaError
-from firehose_bq.registry.confluent import encode_frame
+from firehose_bq.decode.reference import ReferenceDecoder
+from firehose_bq.registry.confluent import WireFormatError, encode_frame, frame_payload, message_indexes
 from firehose_bq.schema import SchemaOptions
 from tests.unit.decode import wire
 from tests.unit.decode.compare import UNSUPPORTED, assert_same, decoders
@@ -70,7 +71,7 @@ def test_random_messages_agree(trees: dict[str, Descriptors], tree: str, name: s
                               st.binary(max_size=12)), max_size=12))
     def check(values: list[bytes | None]) -> None:
         if framed:
-            values = [None if v is None else encode_frame(7, [0], v) for v in values]
+            values = [None if v is None else encode_frame(7, message_indexes(desc), v) for v in values]
         assert_same(binary(values), *pair)
 
     check()
@@ -153,26 +154,64 @@ def test_sample_bookings_agree_in_big_batches(trees: dict[str, Descriptors]) -> 
     assert [f.index for f in got.failures] == [11] and got.values[7].as_py() is None
 
 
-@pytest.mark.parametrize("depth", [1, 2])
-def test_confluent_frames(trees: dict[str, Descriptors], depth: int) -> None:
-    tree = trees["registry"]
-    desc = tree.find_message("regtest.Order")
-    native, reference = decoders(tree, "regtest.Order", depth, SchemaOptions(), framed=True)
+# A top-level message that is not the file's first, and a nested one: their frames must say so.
+FRAMED = ["regtest.Header", "regtest.Order", "regtest.Order.Line.Note"]
 
-    @settings(max_examples=10, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
-    @given(st.lists(st.tuples(wire.message(desc, unknown=True), st.sampled_from([[0], [1], [1, 0], [1, 0, 0], [], [2**40], [-1]]),
-                              st.integers(0, 2**31 - 1), st.integers(0, 4)), max_size=30), st.integers(0, 2**32))
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("name", FRAMED)
+def test_confluent_frames(trees: dict[str, Descriptors], depth: int, name: str) -> None:
+    """Frames naming the class, other messages of its file, random and hostile index arrays, cut anywhere
+    (the header too), header noise, mutated: both decoders refuse the same rows with the same message."""
+    tree = trees["registry"]
+    desc = tree.find_message(name)
+    own = list(message_indexes(desc))
+    native, reference = decoders(tree, name, depth, SchemaOptions(), framed=True)
+    index_arrays = st.one_of(st.just(own), st.just(own), st.sampled_from([[0], [1], [1, 0], [1, 0, 0], [], [-1], [2**40]]),
+                             st.lists(st.integers(0, 3) | st.integers(-2**63, 2**63 - 1), max_size=12))
+
+    @settings(max_examples=25, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(st.lists(st.tuples(wire.message(desc, unknown=True), index_arrays, st.integers(0, 2**32 - 1),
+                              st.integers(0, 6)), max_size=30), st.integers(0, 2**32))
     def check(frames: list[tuple[bytes, list[int], int, int]], seed: int) -> None:
         rng = random.Random(seed)
-        values = [encode_frame(schema_id, indexes, payload) for payload, indexes, schema_id, _ in frames]
-        values = [mutate(rng, v) if roll == 0 else v for v, (*_, roll) in zip(values, frames)]
-        assert_same(binary(values), native, reference)
+        values: list[bytes | None] = []
+        for payload, indexes, schema_id, roll in frames:
+            value = encode_frame(schema_id, indexes, payload)
+            if roll == 0:
+                value = mutate(rng, value)
+            elif roll == 1:
+                value = value[:rng.randrange(len(value) + 1)]
+            elif roll == 2:  # magic byte and id, then noise where the indexes go
+                value = b"\x00" + rng.randbytes(4 + rng.randrange(12)) + payload
+            values.append(value)
+        assert_frames_agree(values, native, reference, name, tuple(own))
 
     check()
     values: list[bytes | None] = [None, b"", b"\x00", b"\x01\x00\x00\x00\x01\x00", b"\x00\x00\x00\x00\x01", b"\x00\x00\x00\x00\x01\x01",
                b"\x00\x00\x00\x00\x01\x02", b"\x00\x00\x00\x00\x01\x04\x02", b"\x00\x00\x00\x00\x01" + b"\xff" * 10,
-               b"\x00\x00\x00\x00\x01" + b"\x80" * 9 + b"\x00", b"\x00\x00\x00\x00\x01\x03\x0a\x00"]
-    assert_same(binary(values), native, reference)
+               b"\x00\x00\x00\x00\x01" + b"\x80" * 9 + b"\x00", b"\x00\x00\x00\x00\x01\x03\x0a\x00",
+               b"\x00\x00\x00\x00\x01\x02" + b"\xff" * 9 + b"\x01", b"\x00\x00\x00\x00\x01\x7e" + b"\x02" * 63,
+               b"\x00\xff\xff\xff\xff\x12" + b"\x02" * 9, encode_frame(1, own, b""), encode_frame(1, [len(own)], b""),
+               encode_frame(1, own + [0], b""), encode_frame(1, own[:-1], b"")]
+    assert_frames_agree(values, native, reference, name, tuple(own))
+
+
+def assert_frames_agree(values: list[bytes | None], native: NativeDecoder, reference: ReferenceDecoder,
+                        name: str, expected: tuple[int, ...]) -> None:
+    """Native == reference, and every row whose frame `frame_payload` refuses fails in both with its text."""
+    got = assert_same(binary(values), native, reference)
+    want = reference.decode(binary(values))
+    for i, value in enumerate(values):
+        if value is None:
+            continue
+        try:
+            frame_payload(value, expected, name)
+        except WireFormatError as exc:
+            for out in (got, want):
+                failure = next(f for f in out.failures if f.index == i)
+                assert (failure.error_type, failure.message) == (ErrorType.DESERIALIZATION_ERROR, str(exc))
+            assert not got.values[i].is_valid
 
 
 def test_sliced_large_binary_and_empty_inputs(trees: dict[str, Descriptors]) -> None:

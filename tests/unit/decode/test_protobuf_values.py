@@ -299,6 +299,27 @@ def test_confluent_frames_are_stripped_and_bad_frames_are_deserialization_errors
     assert failures(out) == [(1, DESER), (2, DESER)]
 
 
+def test_a_frame_naming_another_message_type_is_a_deserialization_error_not_a_row(
+        decode: Decode, test_descriptors: Descriptors) -> None:
+    """The acceptance run's bug: another message type of the schema's file (or of another schema), decoded
+    as the configured class because the header was skipped, landed as a wrong row. Its frame says so."""
+    from firehose_bq.registry.confluent import encode_frame, message_indexes
+
+    cls = test_descriptors.message_class("testdata.AllTypes")
+    own = list(message_indexes(cls.DESCRIPTOR))
+    payload = cls(f_string="s").SerializeToString()  # bytes that parse as the class: only the frame tells
+    spelled_out = b"\x00\x00\x00\x00\x07" + bytes([2 * len(own)]) + bytes(2 * i for i in own)
+    values = [encode_frame(7, own, payload), spelled_out + payload, encode_frame(7, [own[0] + 1], payload),
+              encode_frame(7, [*own, 0], payload), encode_frame(7, own[:-1] or [5], payload),
+              b"\x00\x00\x00\x00\x07\x06\x02" + payload]  # three indexes announced, then cut
+    out = decode(cls, values, framed=True)
+    assert [r["f_string"] if r else None for r in out.values.to_pylist()] == ["s", "s", None, None, None, None]
+    assert failures(out) == [(2, DESER), (3, DESER), (4, DESER), (5, DESER)]
+    assert out.failures[0].message == (
+        f"written as another message type: its Confluent frame names message indexes [{own[0] + 1}] (schema id 7), "
+        f"the configured class testdata.AllTypes is {own}")
+
+
 def test_unknown_fields_are_detected_recursively(decode: Decode, all_types) -> None:
     inner_unknown = b"\x8a\x01\x03\xf8\x01\x07"  # f_message (17) holding an unknown field 31 = 7
     top_unknown = all_types(f_string="s").SerializeToString() + b"\xf8\x03\x01"  # field 63 = 1

@@ -17,7 +17,7 @@ from firehose_bq.decode.reference import ReferenceDecoder
 from firehose_bq.decode.unknown import UnknownFieldsJson
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import ErrorType, SchemaError
-from firehose_bq.registry.confluent import encode_frame
+from firehose_bq.registry.confluent import WireFormatError, encode_frame, message_indexes
 from tests.unit.decode import protos, wire
 from tests.unit.decode.wire import END_GROUP, I32, I64, START_GROUP, VARINT, length_delimited, tag, varint
 
@@ -108,10 +108,19 @@ def test_known_extensions_are_reached_by_their_full_name(trees: dict[str, Descri
     assert encoded(trees, "testdata.Extendable", value) == {"15": [3]}
 
 
-@pytest.mark.parametrize("indexes", [[0], [1, 0]])
-def test_confluent_framed_values(trees: dict[str, Descriptors], indexes: list[int]) -> None:
+def test_confluent_framed_values(trees: dict[str, Descriptors]) -> None:
+    """The frames the decoders accept, and only those: the class's own message indexes."""
+    cls = trees["testdata"].message_class("testdata.Inner")
+    own = list(message_indexes(cls.DESCRIPTOR))
     payload = length_delimited(1, b"x") + tag(9, VARINT) + b"\x2a"
-    assert encoded(trees, "testdata.Inner", encode_frame(12, indexes, payload), framed=True) == {"9": [42]}
+    assert encoded(trees, "testdata.Inner", encode_frame(12, own, payload), framed=True) == {"9": [42]}
+    other = encode_frame(12, [own[0] + 1], payload)
+    with pytest.raises(WireFormatError, match=r"another message type: .* names message indexes \[\d+\] \(schema id 12\)"):
+        encoded(trees, "testdata.Inner", other, framed=True)
+    json_column, failures = UnknownFieldsJson(cls, True).column(pa.array([other, b"\x00\x00"], pa.binary()), [0, 1])
+    assert json_column.to_pylist() == [None, None]
+    assert [(f.index, f.error_type) for f in failures] == [(0, ErrorType.DESERIALIZATION_ERROR),
+                                                           (1, ErrorType.DESERIALIZATION_ERROR)]
 
 
 def test_column_scatters_the_flagged_rows_and_fails_what_does_not_parse(trees: dict[str, Descriptors]) -> None:

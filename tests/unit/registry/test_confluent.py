@@ -7,9 +7,11 @@ import urllib.error
 
 import pytest
 
+from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import SchemaError
 from firehose_bq.registry.config import RegistryConfig, Secret
-from firehose_bq.registry.confluent import ConfluentRegistry, Frame, WireFormatError, encode_frame, parse_frame
+from firehose_bq.registry.confluent import ConfluentRegistry, ConfluentSchema, Frame, WireFormatError, compile_proto, encode_frame, \
+    frame_payload, message_indexes, parse_frame, shown_indexes
 from tests.unit.registry.fixtures import MONEY_PROTO, ORDER_PROTO, FakeGet
 
 URL = "http://sr.test:8081"
@@ -45,6 +47,57 @@ def test_encoding_and_parsing_round_trip(indexes: list[int]) -> None:
 def test_malformed_frames_are_wire_format_errors(data: bytes, problem: str) -> None:
     with pytest.raises(WireFormatError, match=problem):
         parse_frame(data)
+
+
+def test_index_varints_are_64_bit_like_protobufs() -> None:
+    # ten bytes, the last one's high bits past 64: dropped, as protobuf drops them
+    assert parse_frame(b"\x00\x00\x00\x00\x07\x02" + b"\xff" * 9 + b"\x7f").message_indexes == (-2**63,)
+    with pytest.raises(WireFormatError, match="overlong"):
+        parse_frame(b"\x00\x00\x00\x00\x07\x02" + b"\x80" * 10 + b"\x00")
+
+
+# Confluent's Java rule (ProtobufSchema.toMessageIndexes over the schema text): message declarations only,
+# so the map entry protoc makes for `counts` (declared before `Inner`) is not counted.
+MAPS_PROTO = """syntax = "proto3";
+package maps;
+enum Kind { A = 0; }
+message First { map<string, int32> counts = 1; message Inner { message Deep {} map<string, Deep> deep = 1; }
+                message Other {} }
+message Second {}
+"""
+
+
+@pytest.fixture(scope="module")
+def maps_schema() -> Descriptors:
+    return Descriptors((compile_proto("maps.proto", {"maps.proto": MAPS_PROTO}, "test"),), ("test",))
+
+
+@pytest.mark.parametrize("name, indexes", [("maps.First", (0,)), ("maps.Second", (1,)), ("maps.First.Inner", (0, 0)),
+                                           ("maps.First.Other", (0, 1)), ("maps.First.Inner.Deep", (0, 0, 0))])
+def test_message_indexes_count_declared_messages_only(maps_schema: Descriptors, name: str,
+                                                      indexes: tuple[int, ...]) -> None:
+    assert message_indexes(maps_schema.find_message(name)) == indexes
+    schema = ConfluentSchema(3, maps_schema, "maps.proto")
+    assert schema.message_name(indexes) == name  # the registry's lookup walks the same way back
+
+
+def test_a_frame_naming_another_message_is_refused_with_both_paths(maps_schema: Descriptors) -> None:
+    expected, name = message_indexes(maps_schema.find_message("maps.First.Other")), "maps.First.Other"
+    assert frame_payload(encode_frame(3, [0, 1], b"\x08\x01"), expected, name) == 8
+    assert frame_payload(b"\x00\x00\x00\x00\x03\x04\x00\x02rest", expected, name) == 8  # [0, 1] spelled out
+    with pytest.raises(WireFormatError) as refused:
+        frame_payload(encode_frame(3, [1], b""), expected, name)
+    assert str(refused.value) == ("written as another message type: its Confluent frame names message indexes [1] "
+                                  "(schema id 3), the configured class maps.First.Other is [0, 1]")
+    # [0] counts as [0] however it is spelled: the lone byte 0, or count 1 then 0
+    assert frame_payload(b"\x00\x00\x00\x00\x03\x02\x00", (0,), "maps.First") == 7
+    assert frame_payload(b"\x00\x00\x00\x00\x03\x00", (0,), "maps.First") == 6
+
+
+def test_shown_indexes_are_cut_for_hostile_frames() -> None:
+    assert shown_indexes([]) == "[]" and shown_indexes([1, -2]) == "[1, -2]"
+    assert shown_indexes(list(range(8))) == "[0, 1, 2, 3, 4, 5, 6, 7]"
+    assert shown_indexes(list(range(9))) == "[0, 1, 2, 3, 4, 5, 6, 7, ...]"
 
 
 def schema_json(text: str, references: list[dict[str, object]] | None = None, kind: str = "PROTOBUF") -> bytes:
