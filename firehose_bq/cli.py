@@ -183,7 +183,7 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
     from firehose_bq.pipeline import Pipeline
     from firehose_bq.sink_schema import descriptor_cache
-    from firehose_bq.spark import spark_session, start_workers, stop_session
+    from firehose_bq.spark import refuse_speculation, spark_session, start_workers, stop_session
     from firehose_bq.telemetry import Telemetry
 
     # The descriptors and the source before Spark: an unreachable registry or broker fails in seconds,
@@ -194,6 +194,7 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     try:
         _check_source(cfg)
         spark = spark_session(cfg.spark)
+        refuse_speculation(spark)
         workers = start_workers(spark)
         if cache is None:
             pipeline = Pipeline(cfg, spark, telemetry=telemetry)

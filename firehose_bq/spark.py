@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 
 from firehose_bq import worker_daemon
 from firehose_bq.config import SparkConfig
-from firehose_bq.errors import FirehoseError
+from firehose_bq.errors import ConfigError, FirehoseError
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,15 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None)
     spark.sparkContext.setLogLevel("WARN")
     add_worker_env(spark.sparkContext.environment, WORKER_MALLOC_ENV, os.environ)
     return spark
+
+
+def refuse_speculation(spark: SparkSession) -> None:
+    """ConfigError when Spark may run a second attempt of a slow task (`spark.speculation`): both attempts
+    write. Storage Write appends keep both copies (no insertIds), and both attempts store their dead
+    letters; Spark keeps one attempt's result, not one attempt's side effects."""
+    if str(spark.sparkContext.getConf().get("spark.speculation", "false")).strip().lower() == "true":
+        raise ConfigError(["spark.speculation=true: a speculative copy of a task writes its rows and dead letters "
+                           "a second time (Storage Write keeps both); set spark.speculation=false for this job"])
 
 
 def choose_checkpoint_manager(spark: SparkSession, location: str) -> None:
