@@ -56,7 +56,12 @@ class DlqConfig:
     )
     kafka_topic: str = setting("DLQ_KAFKA_TOPIC", "DLQ topic (KAFKA writer).", "firehose-retry-topic")
     kafka_acks: str = setting(
-        "DLQ_KAFKA_ACKS", "Producer acks of the DLQ writer.", "all", choices=("all", "1", "0")
+        "DLQ_KAFKA_ACKS",
+        "Producer acks of the DLQ writer. all: a letter counts as written once every in-sync replica has it; "
+        "1: once the leader has it (a leader lost right after can lose letters whose source offsets are "
+        "committed); 0: as soon as it is sent (letters can be lost without an error). Anything but all gives up "
+        "the guarantee that every message ends in the table or the DLQ.",
+        "all", choices=("all", "1", "0")
     )
     blob_storage_type: str = setting(
         "DLQ_BLOB_STORAGE_TYPE", "Where BLOB files go: a LOCAL directory or a GCS bucket.", LOCAL,
