@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 
 from bench.localstack import local_stack, produce_fast
@@ -65,7 +66,8 @@ def direct_file_load(cfg: BigQueryConfig, batches: list[Writable]) -> None:
         writer = file_loads.StagingWriter(clients.bigquery_client(cfg), cfg, store, "batch-0/")
         write_all(writer, batches, "staging")
         with make_client(cfg) as client:
-            file_loads.FileLoader(client, cfg, store, "bench-direct").load(0, [writer.staged])
+            # A plan of its own (the job id comes from it): a round's load must not find an earlier one's.
+            file_loads.FileLoader(client, cfg, store, "bench-direct").load(0, [writer.staged], [uuid.uuid4().hex])
 
 
 DIRECT: dict[str, Callable[[BigQueryConfig, list[Writable]], None]] = {

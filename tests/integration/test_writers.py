@@ -140,7 +140,10 @@ def writer_of(method: str, cfg: BigQueryConfig, root: Path) -> Write:
                 writer.close()
         if method == "file_loads":
             with make_client(cfg) as client:
-                FileLoader(client, cfg, LocalBlobStore(root), "checkpoint").load(0, [writer.staged])
+                # A plan of its own per write: the job id comes from it (bigquery/jobs.py), and another
+                # write's done job under the same id would count as this one's.
+                FileLoader(client, cfg, LocalBlobStore(root), "checkpoint").load(0, [writer.staged],
+                                                                                 [uuid.uuid4().hex])
         return failures
 
     return write
@@ -233,7 +236,8 @@ def test_a_load_of_files_staged_before_and_after_the_table_grew(stack_env, bq_cl
             for n in f.objects] == ["attributes", "coupon"]
 
     with make_client(cfg) as client:
-        outcome = FileLoader(client, cfg, store, "checkpoint").load(7, [before.staged, after.staged])
+        outcome = FileLoader(client, cfg, store, "checkpoint").load(7, [before.staged, after.staged],
+                                                                    [uuid.uuid4().hex])
 
     assert outcome is not None and outcome.rows == 4
     coupons = [None, None, "FREE", None]
