@@ -4,7 +4,6 @@ file is dead-lettered with a clear error, never written as the configured class 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -37,10 +36,7 @@ def test_another_message_type_of_the_schema_is_dead_lettered_and_the_others_land
         tmp_path: Path) -> None:
     fake, _server = registry
     topic = job_env["SOURCE_KAFKA_TOPIC"]
-    fake.routes[f"/schemas/ids/{SCHEMA_ID}"] = json.dumps(
-        {"schema": SHOP_PROTO, "schemaType": "PROTOBUF", "references": []}).encode()
-    fake.routes[f"/subjects/{topic}-value/versions/latest"] = json.dumps(
-        {"id": SCHEMA_ID, "version": 1, "schema": SHOP_PROTO}).encode()
+    fake.register_confluent(f"{topic}-value", 1, SCHEMA_ID, SHOP_PROTO)
     env = {k: v for k, v in job_env.items() if k != "SCHEMA_REGISTRY_STENCIL_URLS"}
     cfg = Config.from_env({**env, "INPUT_SCHEMA_PROTO_CLASS": "shop.Click", "SINK_BIGQUERY_TABLE_NAME": "clicks",
                            "SCHEMA_REGISTRY_CONFLUENT_URL": fake.url, "SCHEMA_REGISTRY_STENCIL_CACHE_AUTO_REFRESH": "false",
