@@ -27,6 +27,9 @@ class Descriptors:
 
     sets: tuple[bytes, ...]
     sources: tuple[str, ...] = ()
+    # Confluent registry: the ids of every version of the subject, the schema ids a framed record may carry
+    # (batch/rows.py). None: no such check (Stencil, files).
+    schema_ids: frozenset[int] | None = None
     _pool: descriptor_pool.DescriptorPool | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -35,6 +38,8 @@ class Descriptors:
         digest = hashlib.sha256()
         for blob in self.sets:
             digest.update(hashlib.sha256(blob).digest())
+        if self.schema_ids is not None:  # a new version with the same text is a change: its id is allowed now
+            digest.update(",".join(map(str, sorted(self.schema_ids))).encode())
         return digest.hexdigest()[:16]
 
     def pool(self) -> descriptor_pool.DescriptorPool:
@@ -66,7 +71,7 @@ class Descriptors:
 
     def __getstate__(self) -> dict[str, object]:
         # The pool is a C object: workers rebuild it from the bytes.
-        return {"sets": self.sets, "sources": self.sources, "_pool": None}
+        return {"sets": self.sets, "sources": self.sources, "schema_ids": self.schema_ids, "_pool": None}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         for key, value in state.items():

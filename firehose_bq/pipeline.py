@@ -184,13 +184,16 @@ class Pipeline:
         results = self._tasks(df, batch_id, self._spec(batch_id, hold))
         held = [r.held for r in results if r.held]
         if held:
-            # Some task met fields its descriptors lack and stopped before that source batch: refresh, then
-            # run again from where each held task stopped. What the first run settled stays settled (its
-            # rows, letters and staged files count), so nothing is written twice, whatever the write mode.
+            # Some task met fields (or a Confluent schema id) its descriptors lack and stopped before that
+            # source batch: refresh, then run again from where each held task stopped. What the first run
+            # settled stays settled (its rows, letters and staged files count), so nothing is written twice,
+            # whatever the write mode.
             assert self._refresh is not None
-            changed = self._refresh(f"unknown fields in {held[0]}")
-            log.info("batch %d: unknown fields at %s; registry refresh %s", batch_id, held[0],
-                     "brought new descriptors" if changed else f"brought nothing new: {self._unknown_fate()}")
+            changed = self._refresh(held[0])
+            log.info("batch %d: %s; registry refresh %s", batch_id, held[0],
+                     "brought new descriptors" if changed else
+                     f"brought nothing new: unknown fields: {self._unknown_fate()}; unknown schema ids: "
+                     f"DESERIALIZATION_ERROR")
             if not changed:
                 interval = self.config.registry.unknown_fields_refresh_min_interval_ms / 1000
                 self._accept_unknown_until = time.monotonic() + interval

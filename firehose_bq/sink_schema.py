@@ -21,7 +21,7 @@ from firehose_bq.bigquery.tables import ensure_dataset, ensure_table, table_defi
 from firehose_bq.config import Config
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import FirehoseError, SinkError
-from firehose_bq.registry.cache import DescriptorCache, Fetch, fetch_retrying
+from firehose_bq.registry.cache import DescriptorCache, Fetch, confluent_fetch, fetch_retrying
 from firehose_bq.registry.confluent import ConfluentRegistry
 from firehose_bq.registry.stencil import StencilFetcher
 from firehose_bq.routing import Destination, Router
@@ -46,6 +46,8 @@ class SinkSpec:
     # Stop before writing a batch holding fields the descriptors lack, so the driver can refresh them.
     hold_on_unknown_fields: bool = False
     confluent_framed: bool = False
+    # The Confluent subject whose versions' ids (`descriptors.schema_ids`) a framed value may carry.
+    schema_subject: str | None = None
     # False = decode only, write nothing (benchmarks measure the pipeline without a sink).
     write: bool = True
     decoder: str = "auto"  # INPUT_SCHEMA_PROTO_DECODER: auto | native | python
@@ -116,6 +118,7 @@ def spec_of(cfg: Config, loaded: Descriptors, proto_class: str) -> SinkSpec:
     router = cfg.router
     return SinkSpec(loaded, proto_class, metadata_of(cfg), options_of(cfg), cfg.input_schema.key_class,
                     confluent_framed=bool(cfg.registry.confluent_url), decoder=cfg.input_schema.decoder,
+                    schema_subject=cfg.confluent_subject if cfg.registry.confluent_url else None,
                     router=router, tables=None if router.is_static else TableKeeper(cfg),
                     additional_properties=cfg.bigquery.additional_properties)
 
@@ -226,8 +229,7 @@ def load_descriptors(config: Config) -> Descriptors:
     registry = ConfluentRegistry.from_config(config.registry)
     fetch: Fetch
     if registry is not None:
-        confluent, subject = registry, config.confluent_subject
-        fetch = lambda: confluent.latest(subject).descriptors  # noqa: E731
+        fetch = confluent_fetch(registry, config.confluent_subject)
     else:
         # Through the Stencil fetcher: headers, timeout and refresh strategy as the running job uses them.
         fetch = StencilFetcher(config.input_schema.stencil_urls, config.registry).fetch

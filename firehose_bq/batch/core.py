@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from firehose_bq.batch.rows import RowBuilder, Rows, Writable, insert_ids
+from firehose_bq.batch.rows import RowBuilder, Rows, SchemaIds, Writable, framed_schema_id, insert_ids
 from firehose_bq.bigquery.client import Clients
 from firehose_bq.bigquery.writers import RowWriter
 from firehose_bq.decode import make_value_decoder
@@ -74,8 +74,9 @@ class TaskResult:
 
     stats: BatchStats = field(default_factory=BatchStats)
     fatal: str | None = None  # the task stopped: nothing of its batch may be committed
-    # `topic/partition@offset` of the first record carrying fields the descriptors lack, when the task
-    # was told to hold there (the driver refreshes the descriptors and runs the rest of the batch again).
+    # Why the task held, with `topic/partition@offset` of the first record carrying fields or a schema id
+    # the descriptors lack ("unknown schema id 9 at t/0@12"), when it was told to hold there (the driver
+    # refreshes the descriptors and runs the rest of the batch again).
     held: str | None = None
     reports: list[str] = field(default_factory=list)  # the mode's TaskPlan.report, one per writer that has one
     # With `held`: where the task stopped, per Kafka partition (topic, partition, first offset not done).
@@ -123,7 +124,10 @@ def row_builder(spec: SinkSpec, changelog: bool, proto_class: str = "",
                               confluent_framed=False, detect_unknown_fields=True, prefer=spec.decoder)
            if spec.key_class else None)
     unknown = UnknownFieldsJson(message_class, spec.confluent_framed) if spec.additional_properties else None
-    return RowBuilder(values, spec.metadata, key, changelog=changelog, unknown=unknown)
+    ids = spec.descriptors.schema_ids
+    schema_ids = (SchemaIds(spec.schema_subject, ids)
+                  if spec.confluent_framed and spec.schema_subject and ids is not None else None)
+    return RowBuilder(values, spec.metadata, key, changelog=changelog, unknown=unknown, schema_ids=schema_ids)
 
 
 class _Task:
@@ -166,9 +170,9 @@ class _Task:
                 refused.append((destination, part))
                 continue
             rows = builder.build(part, load_time_us)
-            if rows.unknown_fields and self.spec.hold_on_unknown_fields:
+            if (rows.unknown_fields or rows.unknown_schema_ids) and self.spec.hold_on_unknown_fields:
                 # Nothing of this source batch is written or counted: the second run starts with it.
-                self.result.held = _where(part, rows.unknown_fields[0])
+                self.result.held = _held(part, rows)
                 self.result.resume = _starts(source)
                 return False
             decoded.append((destination, part, rows))
@@ -401,6 +405,14 @@ def _starts(source: pa.RecordBatch) -> list[tuple[str, int, int]]:
     firsts = pa.Table.from_batches([source]).group_by(["topic", "partition"]).aggregate([("offset", "min")])
     return sorted(zip(firsts["topic"].to_pylist(), firsts["partition"].to_pylist(), firsts["offset_min"].to_pylist(),
                       strict=True))
+
+
+def _held(source: pa.RecordBatch, rows: Rows) -> str:
+    """Why a task holds: the first record in `source` with unknown fields or an unknown schema id."""
+    first = min(rows.unknown_fields[:1] + rows.unknown_schema_ids[:1])
+    if first in rows.unknown_schema_ids[:1]:
+        return f"unknown schema id {framed_schema_id(source['value'][first].as_py())} at {_where(source, first)}"
+    return f"unknown fields at {_where(source, first)}"
 
 
 def _where(source: pa.RecordBatch, index: int) -> str:

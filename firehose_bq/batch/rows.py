@@ -4,7 +4,9 @@ The value decoder turns the `value` column into one struct slot per record; this
 the table holds besides the message: the Kafka key as the RECORD `message_key` (decoded the same way)
 and the Kafka metadata columns, all built column-wise in Arrow from the source's own columns; with
 additional_properties on, the unknown fields of the records the decoder flagged (decode/unknown.py). Both
-decoders flag unknown fields, the key's as the value's: a key cut short is a different key. Records
+decoders flag unknown fields, the key's as the value's: a key cut short is a different key. A
+Confluent-framed value must carry the schema id of a version of its subject (`SchemaIds`), checked here
+once for both decoders (which check the frame's message indexes). Records
 that failed are left out of `Rows`; each becomes a `RowError` naming its index in the source batch,
 which is how a row is identified from here to the policy (`Rows.sources`).
 """
@@ -76,6 +78,28 @@ METADATA_VALUES: dict[str, Callable[[pa.RecordBatch, int], pa.Array]] = {
 }
 
 
+# How many allowed ids an unknown schema id's message lists: a subject may have hundreds of versions.
+SHOWN_IDS = 20
+
+
+@dataclass(frozen=True)
+class SchemaIds:
+    """The schema ids a Confluent-framed value may carry: those of the versions of `subject`."""
+
+    subject: str
+    ids: frozenset[int]
+
+    def refusal(self, schema_id: int) -> str:
+        known = sorted(self.ids)
+        shown = ", ".join(map(str, known[:SHOWN_IDS])) + (", ..." if len(known) > SHOWN_IDS else "")
+        return f"schema id {schema_id} is not a version of subject {self.subject} (known: {shown})"
+
+
+def framed_schema_id(value: bytes) -> int:
+    """The schema id of a Confluent-framed value (bytes 1..4, big-endian)."""
+    return int.from_bytes(value[1:5], "big")
+
+
 @dataclass
 class Rows:
     """The records of one source batch that decoded, as table columns, and what became of the others.
@@ -96,6 +120,9 @@ class Rows:
     # `key_unknown_fields` those whose key did (additional_properties keeps only the value's).
     unknown_fields: list[int] = field(default_factory=list)
     key_unknown_fields: list[int] = field(default_factory=list)
+    # Source indices of the records whose Confluent frame carries a schema id that is no version of the
+    # subject (as far as the descriptors know): failed (DESERIALIZATION_ERROR), and a reason to refresh.
+    unknown_schema_ids: list[int] = field(default_factory=list)
     deletes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # per row: a tombstone
     additional: pa.Array | None = None
 
@@ -144,10 +171,14 @@ class RowBuilder:
     MERGE groups by the key's columns, so keys differing only in those fields would collapse into one
     row. (It is still in `unknown_fields`, so a task holding on them refreshes the descriptors first.)
     `unknown` (additional_properties on): what writes the flagged records' unknown fields into the column
-    `Rows.additional`; the others' slots are NULL."""
+    `Rows.additional`; the others' slots are NULL. `schema_ids` (Confluent-framed values): a value that
+    decoded but whose frame names another schema id is a DESERIALIZATION_ERROR listed in
+    `Rows.unknown_schema_ids`: an id of an unrelated subject's schema with the same message indexes would
+    otherwise decode, silently, into a wrong row."""
 
     def __init__(self, values: ValueDecoder, metadata: MetadataColumns, key: ValueDecoder | None = None,
-                 changelog: bool = False, unknown: UnknownFieldsJson | None = None) -> None:
+                 changelog: bool = False, unknown: UnknownFieldsJson | None = None,
+                 schema_ids: SchemaIds | None = None) -> None:
         if changelog and key is None:
             raise ValueError("a changelog needs the key's decoder")
         self._values = values
@@ -155,6 +186,12 @@ class RowBuilder:
         self._metadata = metadata
         self._changelog = changelog
         self._unknown = unknown
+        self._schema_ids = schema_ids
+        # The allowed ids as the frame holds them, for one vectorized membership test per batch (an id a
+        # registry answered outside 4 unsigned bytes is in no frame).
+        self._id_bytes = (pa.array([i.to_bytes(4, "big") for i in sorted(schema_ids.ids) if 0 <= i < 2 ** 32],
+                                   pa.binary())
+                          if schema_ids is not None else None)
 
     def build(self, source: pa.RecordBatch, load_time_us: int) -> Rows:
         decoded = self._values.decode(source["value"])
@@ -163,6 +200,13 @@ class RowBuilder:
         for f in failures:
             failed[f.index] = True
         null_values = source["value"].is_null().to_numpy(zero_copy_only=False)
+        unknown_ids = self._unknown_ids(source["value"], failed | null_values)
+        if unknown_ids:
+            assert self._schema_ids is not None
+            failures += [RowError(i, ErrorType.DESERIALIZATION_ERROR,
+                                  self._schema_ids.refusal(framed_schema_id(source["value"][i].as_py())))
+                         for i in unknown_ids]
+            failed[unknown_ids] = True
         if not self._changelog:
             for i in np.flatnonzero(null_values & ~failed):
                 failures.append(RowError(int(i), ErrorType.INVALID_MESSAGE_ERROR, TOMBSTONE))
@@ -206,9 +250,18 @@ class RowBuilder:
             values = decoded.values
         unknown = sorted({*decoded.unknown_fields, *key_unknown}) if key_unknown else decoded.unknown_fields
         return Rows(values, key, metadata, self._metadata.namespace, sources, load_time_us, failures,
-                    unknown, key_unknown,
+                    unknown, key_unknown, unknown_ids,
                     deletes=null_values[sources] if self._changelog else np.zeros(len(sources), dtype=bool),
                     additional=additional)
+
+    def _unknown_ids(self, values: pa.Array, skip: np.ndarray) -> list[int]:
+        """Source indices of the values, but those in `skip`, whose frame's schema id is not allowed. A
+        value that decoded has a well-formed frame (at least 6 bytes, magic byte 0): no length check."""
+        if self._id_bytes is None:
+            return []
+        ids = pc.binary_slice(values.cast(pa.binary()), 1, 5)
+        allowed = pc.fill_null(pc.is_in(ids, value_set=self._id_bytes), True).to_numpy(zero_copy_only=False)
+        return np.flatnonzero(~allowed & ~skip).tolist()
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,18 @@ def fetch_retrying(fetch: Fetch, backoff: Backoff, what: str,
                       sleep=sleep)
 
 
+def confluent_fetch(registry: ConfluentRegistry, subject: str) -> Fetch:
+    """Fetches `subject`'s latest schema, with the ids of all its versions (`Descriptors.schema_ids`): a
+    version registered since is a change of descriptors, so it reaches the tasks like a new schema does."""
+    def fetch() -> Descriptors:
+        latest = registry.latest(subject)
+        # The latest id too: a version registered between the two requests is in one of them.
+        ids = registry.subject_ids(subject) | {latest.schema_id}
+        return dataclasses.replace(latest.descriptors, schema_ids=ids)
+
+    return fetch
+
+
 @dataclass(frozen=True)
 class CacheStats:
     fetches: int = 0  # refresh attempts, including the first load (retries inside one are not counted)
@@ -81,8 +93,8 @@ class DescriptorCache:
     @classmethod
     def for_confluent(cls, registry: ConfluentRegistry, subject: str, config: RegistryConfig) -> DescriptorCache:
         """The subject's latest schema, refreshed like Stencil URLs are (a new version = new descriptors)."""
-        return cls._configured(lambda: registry.latest(subject).descriptors,
-                               f"{redact.url(registry.url)} subject {subject}", config)
+        return cls._configured(confluent_fetch(registry, subject), f"{redact.url(registry.url)} subject {subject}",
+                               config)
 
     @classmethod
     def _configured(cls, fetch: Fetch, source: str, config: RegistryConfig) -> DescriptorCache:

@@ -168,6 +168,8 @@ class ConfluentRegistry:
         self._lock = threading.Lock()  # also makes concurrent first requests for one id compile it once
         self._schemas: dict[int, ConfluentSchema] = {}
         self._classes: dict[tuple[int, tuple[int, ...]], type[message.Message]] = {}
+        # subject → {version: schema id}: a registered version never changes, so each is fetched once.
+        self._versions: dict[str, dict[int, int]] = {}
 
     @classmethod
     def from_config(cls, config: RegistryConfig) -> ConfluentRegistry | None:
@@ -205,6 +207,28 @@ class ConfluentRegistry:
             raise SchemaError(f"subject {subject!r}: {self._shown}{path} answered without a schema `id`")
         return self.schema(body["id"])
 
+    def subject_ids(self, subject: str) -> frozenset[int]:
+        """The schema ids of every version registered under `subject`, soft-deleted ones included (records
+        written with them are still in the topics). Only versions not seen before are fetched; versions
+        that are gone (hard-deleted) are dropped."""
+        quoted = urllib.parse.quote(subject, safe="")
+        path = f"/subjects/{quoted}/versions?deleted=true"
+        listed = self._get_body(path, f"the versions of subject {subject!r}")
+        if not isinstance(listed, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in listed):
+            raise SchemaError(f"subject {subject!r}: {self._shown}{path} did not answer a list of version numbers")
+        with self._lock:
+            known = dict(self._versions.get(subject, {}))
+        ids = {v: known[v] for v in listed if v in known}
+        for version in sorted(set(listed) - set(known)):
+            where = f"version {version} of subject {subject!r}"
+            body = self._get_json(f"/subjects/{quoted}/versions/{version}?deleted=true", where)
+            if not isinstance(body.get("id"), int):
+                raise SchemaError(f"{where}: {self._shown} answered without a schema `id`")
+            ids[version] = body["id"]
+        with self._lock:
+            self._versions[subject] = ids
+        return frozenset(ids.values())
+
     def _schema_locked(self, schema_id: int) -> ConfluentSchema:
         if schema_id not in self._schemas:
             self._schemas[schema_id] = self._load(schema_id)
@@ -236,6 +260,13 @@ class ConfluentRegistry:
         return ConfluentSchema(schema_id, Descriptors((compiled,), (source,)), main_file)
 
     def _get_json(self, path: str, what: str) -> dict[str, Any]:
+        """A schema's JSON object (`schema` text, `id`, `references`, ...)."""
+        body = self._get_body(path, what)
+        if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
+            raise SchemaError(f"{what}: {self._shown}{path} answered without a `schema` text")
+        return body
+
+    def _get_body(self, path: str, what: str) -> Any:
         headers = {"Accept": "application/vnd.schemaregistry.v1+json, application/json"}
         if self._user_info is not None:
             headers["Authorization"] = "Basic " + base64.b64encode(self._user_info.reveal().encode()).decode()
@@ -245,8 +276,6 @@ class ConfluentRegistry:
             raise transport.failure(f"cannot fetch {what} from the Confluent registry at {self._shown}", exc) from exc
         except ValueError as exc:
             raise SchemaError(f"{what}: {self._shown}{path} did not answer JSON: {exc}") from exc
-        if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
-            raise SchemaError(f"{what}: {self._shown}{path} answered without a `schema` text")
         return body
 
 

@@ -128,6 +128,17 @@ class FakeRegistry:
         self.routes.update({f"{path}/versions/{n}": blob for n, blob in versions.items()})
         self.routes[f"{path}/versions"] = json.dumps({"versions": sorted(versions)}).encode()
 
+    def register_confluent(self, subject: str, version: int, schema_id: int, text: str) -> None:
+        """A Confluent registry's routes for `subject`'s new latest `version`: the schema by id, the version
+        (by number and as `latest`) and the list of versions, as the job asks for them."""
+        schema = {"schema": text, "schemaType": "PROTOBUF", "references": []}
+        versions = f"/subjects/{subject}/versions"
+        self.routes[f"/schemas/ids/{schema_id}"] = json.dumps(schema).encode()
+        entry = json.dumps({**schema, "subject": subject, "version": version, "id": schema_id}).encode()
+        self.routes[f"{versions}/{version}?deleted=true"] = self.routes[f"{versions}/latest"] = entry
+        known = json.loads(self.routes.get(f"{versions}?deleted=true", b"[]"))
+        self.routes[f"{versions}?deleted=true"] = json.dumps(sorted({*known, version})).encode()
+
     def paths(self) -> list[str]:
         return [path for path, _ in self.requests]
 

@@ -4,16 +4,18 @@ file is dead-lettered with a clear error, never written as the configured class 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from google.cloud import bigquery
 from kafka import KafkaProducer
 
+from firehose_bq.blobstore import open_blob_store
 from firehose_bq.config import Config
 from firehose_bq.descriptors import Descriptors
+from firehose_bq.dlq.blob_source import BlobDlqSource
 from firehose_bq.dlq.letters import DeadLetter
+from firehose_bq.dlq.replay import replay
 from firehose_bq.errors import ErrorType
 from firehose_bq.pipeline import Pipeline
 from firehose_bq.registry.confluent import compile_proto, encode_frame
@@ -37,10 +39,7 @@ def test_another_message_type_of_the_schema_is_dead_lettered_and_the_others_land
         tmp_path: Path) -> None:
     fake, _server = registry
     topic = job_env["SOURCE_KAFKA_TOPIC"]
-    fake.routes[f"/schemas/ids/{SCHEMA_ID}"] = json.dumps(
-        {"schema": SHOP_PROTO, "schemaType": "PROTOBUF", "references": []}).encode()
-    fake.routes[f"/subjects/{topic}-value/versions/latest"] = json.dumps(
-        {"id": SCHEMA_ID, "version": 1, "schema": SHOP_PROTO}).encode()
+    fake.register_confluent(f"{topic}-value", 1, SCHEMA_ID, SHOP_PROTO)
     env = {k: v for k, v in job_env.items() if k != "SCHEMA_REGISTRY_STENCIL_URLS"}
     cfg = Config.from_env({**env, "INPUT_SCHEMA_PROTO_CLASS": "shop.Click", "SINK_BIGQUERY_TABLE_NAME": "clicks",
                            "SCHEMA_REGISTRY_CONFLUENT_URL": fake.url, "SCHEMA_REGISTRY_STENCIL_CACHE_AUTO_REFRESH": "false",
@@ -80,6 +79,58 @@ def test_another_message_type_of_the_schema_is_dead_lettered_and_the_others_land
             assert letter.error.error_type == ErrorType.DESERIALIZATION_ERROR
             assert says in letter.error.message, letter.error.message
             assert letter.value == values[offset]  # as it was: a replay once the producer is fixed needs it
+    finally:
+        cache.stop()
+        producer.close()
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_a_schema_id_of_no_version_is_dead_lettered_after_a_refresh_and_lands_once_registered(
+        spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
+        tmp_path: Path) -> None:
+    """A Click framed with id 9 (another subject's schema, the same indexes) parses as a Click: only the id
+    tells. It holds the batch for one refresh, is dead-lettered while the subject has no version 9, then
+    lands (new records, and the letter through replay-dlq) once a version with that id is registered."""
+    fake, _server = registry
+    topic = job_env["SOURCE_KAFKA_TOPIC"]
+    subject = f"{topic}-value"
+    fake.register_confluent(subject, 1, SCHEMA_ID, SHOP_PROTO)
+    env = {k: v for k, v in job_env.items() if k != "SCHEMA_REGISTRY_STENCIL_URLS"}
+    cfg = Config.from_env({**env, "INPUT_SCHEMA_PROTO_CLASS": "shop.Click", "SINK_BIGQUERY_TABLE_NAME": "clicks",
+                           "SCHEMA_REGISTRY_CONFLUENT_URL": fake.url, "SCHEMA_REGISTRY_STENCIL_CACHE_AUTO_REFRESH": "false",
+                           "SCHEMA_REGISTRY_UNKNOWN_FIELDS_REFRESH_MIN_INTERVAL_MS": "0",
+                           "DLQ_SINK_ENABLE": "true", "DLQ_WRITER_TYPE": "BLOB",
+                           "DLQ_BLOB_LOCAL_DIRECTORY": str(tmp_path / "dlq")})
+    shop = Descriptors((compile_proto("shop.proto", {"shop.proto": SHOP_PROTO}, "test"),), ("test",))
+    click = shop.message_class("shop.Click")
+    ensure_topic(cfg.source.brokers, topic, 1)
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    listed = f"/subjects/{subject}/versions?deleted=true"
+    cache = descriptor_cache(cfg).start()
+    try:
+        for schema_id, name in ((SCHEMA_ID, "c0"), (9, "x1"), (SCHEMA_ID, "c2")):
+            producer.send(topic, encode_frame(schema_id, [0], click(id=name, n=1).SerializeToString()),
+                          partition=0).get(timeout=10)
+        before = fake.paths().count(listed)
+        summary = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now).run(available_now=True)
+
+        assert (summary.totals.rows_written, summary.totals.dead_lettered, summary.totals.failed) == (2, 1, 0)
+        assert fake.paths().count(listed) == before + 1  # the one refresh the held batch asked for
+        letters = [DeadLetter.from_json(line) for f in sorted((tmp_path / "dlq").rglob("*.jsonl"))
+                   for line in f.read_text().splitlines()]
+        assert [(x.error.offset, x.error.error_type, x.error.message) for x in letters] == [
+            (1, ErrorType.DESERIALIZATION_ERROR, f"schema id 9 is not a version of subject {subject} (known: 5)")]
+
+        fake.register_confluent(subject, 2, 9, SHOP_PROTO)  # the same text under a new id: a new version
+        producer.send(topic, encode_frame(9, [0], click(id="c3", n=1).SerializeToString()), partition=0).get(timeout=10)
+        again = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now).run(available_now=True)
+        assert (again.totals.rows_written, again.totals.dead_lettered) == (1, 0)
+        assert cache.get().schema_ids == {SCHEMA_ID, 9}
+
+        replayed = replay(cfg, BlobDlqSource(open_blob_store(str(tmp_path / "dlq")), None))
+        assert (replayed.stats.rows_written, replayed.stats.dead_lettered) == (1, 0)
+        rows = sorted(r["id"] for r in bq_client.query(f"SELECT id FROM `{cfg.bigquery.table_ref}`"))
+        assert rows == ["c0", "c2", "c3", "x1"]
     finally:
         cache.stop()
         producer.close()

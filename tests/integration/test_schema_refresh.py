@@ -169,8 +169,6 @@ def test_unknown_fields_refresh_the_descriptors_before_the_message_is_written(
 def test_confluent_framed_topic_follows_the_subjects_latest_schema(
         spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
         tmp_path: Path) -> None:
-    import json
-
     from firehose_bq import descriptors
     from firehose_bq.registry.confluent import encode_frame
 
@@ -179,10 +177,7 @@ def test_confluent_framed_topic_follows_the_subjects_latest_schema(
 
     def register(schema_id: int, version: str) -> None:
         text = (PROTOS / version / "evo" / "event.proto").read_text()
-        fake.routes[f"/schemas/ids/{schema_id}"] = json.dumps(
-            {"schema": text, "schemaType": "PROTOBUF", "references": []}).encode()
-        fake.routes[f"/subjects/{topic}-value/versions/latest"] = json.dumps(
-            {"id": schema_id, "version": schema_id, "schema": text}).encode()
+        fake.register_confluent(f"{topic}-value", schema_id, schema_id, text)
 
     register(1, "v1")
     env = {k: v for k, v in job_env.items() if k != "SCHEMA_REGISTRY_STENCIL_URLS"}

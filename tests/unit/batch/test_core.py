@@ -19,6 +19,7 @@ from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.errors import ErrorType, RowError, SchemaEvolutionError, SinkError
 from firehose_bq.modes import table_rows
 from firehose_bq.policy import ErrorHandling
+from firehose_bq.registry.confluent import encode_frame, message_indexes
 from firehose_bq.routing import Destination, router_of
 from firehose_bq.schema import MetadataColumns
 from firehose_bq.sink_schema import SinkSpec
@@ -257,7 +258,7 @@ def test_a_keys_unknown_fields_hold_the_task_for_a_refresh(test_descriptors: Des
     batch = source_batch(values(test_descriptors, "a", "b"), keys=[key, key + NEWER], offsets=[7, 8])
     plan = FakePlan(changelog=changelog)
     result = process_batch([batch], keyed(test_descriptors, "python", hold_on_unknown_fields=True), plan, handling())
-    assert result.held == "t/0@8" and result.resume == [("t", 0, 7)]
+    assert result.held == "unknown fields at t/0@8" and result.resume == [("t", 0, 7)]
     assert not plan.writer.written and not letters and result.stats.messages == 0
 
 
@@ -272,7 +273,7 @@ def test_holding_on_unknown_fields_settles_what_came_before_and_says_where_to_re
                            handling())
     # The first source batch is settled (its row written, its bad record dead-lettered); nothing of the
     # held one is, and the second run starts at its first offset.
-    assert result.held == "t/0@4" and result.resume == [("t", 0, 3)]
+    assert result.held == "unknown fields at t/0@4" and result.resume == [("t", 0, 3)]
     assert [r["label"] for r in plan.writer.written] == ["a"] and [x.error.offset for x in letters] == [2]
     assert (result.stats.messages, result.stats.rows_written, result.stats.dead_lettered) == (2, 1, 1)
 
@@ -462,3 +463,39 @@ def test_a_table_that_cannot_be_used_fails_its_records_alone(test_descriptors: D
         (ErrorType.ROUTING_ERROR, 2, "ds.legacy_v1"), (ErrorType.ROUTING_ERROR, 3, "ds.legacy_v1")] * 2
     assert "column label of ds.legacy_v1 is INTEGER" in letters[0].error.message
     assert (result.stats.messages, result.stats.rows_written, result.stats.dead_lettered) == (6, 2, 4)
+
+
+def framed(descriptors: Descriptors, schema_id: int, label: str) -> bytes:
+    cls = descriptors.message_class("testdata.Inner")
+    return encode_frame(schema_id, message_indexes(cls.DESCRIPTOR), cls(label=label).SerializeToString())
+
+
+def confluent_spec(descriptors: Descriptors, ids: set[int], **changes: Any) -> SinkSpec:
+    return spec(replace(descriptors, schema_ids=frozenset(ids)), confluent_framed=True, schema_subject="orders-value",
+                **changes)
+
+
+def test_an_unknown_schema_id_holds_the_task_like_unknown_fields(test_descriptors: Descriptors,
+                                                                 letters: list[DeadLetter]) -> None:
+    first = source_batch([framed(test_descriptors, 1, "a")], offsets=[1])
+    held = source_batch([framed(test_descriptors, 2, "b"), framed(test_descriptors, 9, "c")], offsets=[2, 3])
+    plan = FakePlan()
+    result = process_batch([first, held], confluent_spec(test_descriptors, {1, 2}, hold_on_unknown_fields=True),
+                           plan, handling())
+    assert result.held == "unknown schema id 9 at t/0@3" and result.resume == [("t", 0, 2)]
+    assert [r["label"] for r in plan.writer.written] == ["a"] and not letters
+
+
+def test_a_schema_id_still_unknown_is_dead_lettered_and_lands_once_the_version_is_known(
+        test_descriptors: Descriptors, letters: list[DeadLetter]) -> None:
+    batch = source_batch([framed(test_descriptors, 1, "a"), framed(test_descriptors, 9, "c")], offsets=[1, 2])
+    plan = FakePlan()
+    result = process_batch([batch], confluent_spec(test_descriptors, {5, 1, 2}), plan, handling())
+    assert result.held is None and [r["label"] for r in plan.writer.written] == ["a"]
+    assert [(x.error.offset, x.error.error_type, x.error.message) for x in letters] == [
+        (2, ErrorType.DESERIALIZATION_ERROR, "schema id 9 is not a version of subject orders-value (known: 1, 2, 5)")]
+    # replay-dlq's spec: fresh descriptors, whose subject has version 9 by now
+    again = FakePlan()
+    process_batch([source_batch([letters[0].value], offsets=[2])], confluent_spec(test_descriptors, {1, 2, 5, 9}),
+                  again, handling())
+    assert [r["label"] for r in again.writer.written] == ["c"]

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pytest
 
-from firehose_bq.batch.rows import KEY_UNKNOWN, METADATA_VALUES, NULL_KEY, TOMBSTONE, RowBuilder, insert_ids
+from firehose_bq.batch.rows import KEY_UNKNOWN, METADATA_VALUES, NULL_KEY, TOMBSTONE, RowBuilder, SchemaIds, insert_ids
 from firehose_bq.decode import make_value_decoder, native_unavailable
 from firehose_bq.decode.reference import ReferenceDecoder
 from firehose_bq.decode.unknown import UnknownFieldsJson
@@ -314,3 +314,38 @@ def test_without_additional_properties_there_is_no_column(test_descriptors: Desc
     newer = inner(label="x").SerializeToString() + b"\xa0\x06\x01"
     rows = builder(test_descriptors, "testdata.Inner").build(source_batch([newer]), LOAD_US)
     assert rows.additional is None and ADDITIONAL_PROPERTIES not in rows.table().schema.names
+
+
+@pytest.mark.parametrize("decoder", ["native", "python"])
+def test_a_frame_with_a_schema_id_of_no_version_of_the_subject_is_refused(test_descriptors: Descriptors,
+                                                                          decoder: str) -> None:
+    """Same message indexes, another subject's schema id: the bytes would decode, into a wrong row."""
+    if decoder == "native" and native_unavailable():
+        pytest.skip(native_unavailable())
+    cls = test_descriptors.message_class("testdata.Inner")
+    indexes = message_indexes(cls.DESCRIPTOR)
+    ok, newer = cls(label="a").SerializeToString(), cls(label="b").SerializeToString() + b"\xa0\x06\x01"
+    source = source_batch([encode_frame(1, indexes, ok), encode_frame(9, indexes, ok), b"\x00\x00",
+                           encode_frame(5, indexes, newer), encode_frame(2 ** 32 - 1, indexes, newer), None,
+                           encode_frame(9, [7], ok)], offsets=list(range(10, 17)))
+    allowed = SchemaIds("orders-value", frozenset({5, 1, 2}))
+    values = make_value_decoder(cls, confluent_framed=True, detect_unknown_fields=True, prefer=decoder)
+    rows = RowBuilder(values, MetadataColumns(), schema_ids=allowed).build(source, LOAD_US)
+    assert rows.unknown_schema_ids == [1, 4] and rows.sources.tolist() == [0, 3]
+    assert rows.unknown_fields == [3, 4]
+    refused = "schema id {} is not a version of subject orders-value (known: 1, 2, 5)"
+    by_index = {f.index: (f.error_type, f.message) for f in rows.failures}
+    assert [by_index[i] for i in (1, 4)] == [(ErrorType.DESERIALIZATION_ERROR, refused.format(9)),
+                                            (ErrorType.DESERIALIZATION_ERROR, refused.format(2 ** 32 - 1))]
+    # a malformed frame and one naming another message keep their own error; a NULL value is a tombstone
+    assert by_index[2][0] is ErrorType.DESERIALIZATION_ERROR and "not a version" not in by_index[2][1]
+    assert "message indexes [7]" in by_index[6][1] and by_index[5] == (ErrorType.INVALID_MESSAGE_ERROR, TOMBSTONE)
+    assert [r["label"] for r in rows.table().to_pylist()] == ["a", "b"]
+    unchecked = RowBuilder(values, MetadataColumns()).build(source, LOAD_US)
+    assert unchecked.unknown_schema_ids == [] and unchecked.sources.tolist() == [0, 1, 3, 4]
+
+
+def test_an_unknown_schema_ids_message_lists_a_long_history_cut() -> None:
+    ids = SchemaIds("s", frozenset(range(100, 130)))
+    assert ids.refusal(7) == ("schema id 7 is not a version of subject s (known: "
+                              + ", ".join(map(str, range(100, 120))) + ", ...)")

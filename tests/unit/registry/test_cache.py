@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import pickle
 import threading
 import time
 import urllib.error
@@ -12,8 +14,9 @@ import pytest
 
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import RegistryUnavailableError, SchemaError
-from firehose_bq.registry.cache import DescriptorCache
+from firehose_bq.registry.cache import DescriptorCache, confluent_fetch
 from firehose_bq.registry.config import RegistryConfig
+from firehose_bq.registry.confluent import ConfluentRegistry
 from firehose_bq.registry.stencil import StencilFetcher
 from firehose_bq.retrying import Backoff
 from tests.unit.registry.fixtures import FakeGet, regtest_set, with_new_field
@@ -257,3 +260,31 @@ def test_settings_give_the_background_refresh_minutes_and_a_waited_for_fetch_one
     assert config.quick_backoff() == Backoff(attempts=2, first_s=1)
     # A dead registry stops the start within two request timeouts and the one wait.
     assert config.quick_backoff().bound_s(config.fetch_timeout_ms / 1000) == 21
+
+
+def test_schema_ids_count_towards_the_fingerprint_only_when_set_and_survive_pickling() -> None:
+    with_ids = Descriptors((b"v1",), (SOURCE,), schema_ids=frozenset({1, 2}))
+    assert V1.fingerprint == Descriptors((b"v1",), ("elsewhere",), schema_ids=None).fingerprint
+    assert len({V1.fingerprint, with_ids.fingerprint,
+                Descriptors((b"v1",), schema_ids=frozenset({1, 2, 3})).fingerprint}) == 3
+    assert pickle.loads(pickle.dumps(with_ids)).schema_ids == {1, 2}
+
+
+def test_a_confluent_subjects_new_version_is_a_change_even_with_the_same_schema_text() -> None:
+    """The tasks learn a version's id through the listeners, like a new schema: a producer may register
+    the same text under a new id (another subject's version, re-registered after a hard delete)."""
+    url = "http://sr.test"
+    text = "syntax = 'proto3'; package o; message Order { string id = 1; }"
+    schema = json.dumps({"id": 5, "schema": text, "schemaType": "PROTOBUF"}).encode()
+    versions = f"{url}/subjects/orders-value/versions"
+    get = FakeGet({f"{versions}/latest": schema, f"{url}/schemas/ids/5": schema,
+                   # the first list is older than the latest version: its id is allowed all the same
+                   f"{versions}?deleted=true": [b"[1]", b"[1]", b"[1, 2, 3]"],
+                   f"{versions}/1?deleted=true": json.dumps({"id": 4, "schema": text}).encode(),
+                   f"{versions}/2?deleted=true": schema,
+                   f"{versions}/3?deleted=true": json.dumps({"id": 9, "schema": text}).encode()})
+    fetch = confluent_fetch(ConfluentRegistry(url, user_info=None, timeout_s=1, get=get), "orders-value")
+    first, again, third = fetch(), fetch(), fetch()
+    assert (first.schema_ids, third.schema_ids) == ({4, 5}, {4, 5, 9})
+    assert first.fingerprint == again.fingerprint != third.fingerprint and first.sets == third.sets
+    assert first.message_class("o.Order").DESCRIPTOR.full_name == "o.Order"

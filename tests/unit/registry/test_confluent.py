@@ -165,3 +165,36 @@ def test_from_config_is_off_without_a_url() -> None:
     assert ConfluentRegistry.from_config(RegistryConfig()) is None
     on = ConfluentRegistry.from_config(RegistryConfig(confluent_url=URL + "/", confluent_basic_auth="u:p"))
     assert on is not None and on.url == URL
+
+
+def version_json(schema_id: int) -> bytes:
+    return json.dumps({"subject": "orders-value", "id": schema_id, "schema": "syntax = 'proto3';",
+                       "schemaType": "PROTOBUF"}).encode()
+
+
+VERSIONS = "/subjects/orders-value/versions?deleted=true"
+
+
+def test_subject_ids_fetch_each_version_once_and_forget_the_ones_that_are_gone() -> None:
+    confluent, get = registry({VERSIONS: [b"[1, 2]", b"[2, 3]"],
+                               "/subjects/orders-value/versions/1?deleted=true": version_json(7),
+                               "/subjects/orders-value/versions/2?deleted=true": version_json(8),
+                               "/subjects/orders-value/versions/3?deleted=true": version_json(11)})
+    assert confluent.subject_ids("orders-value") == {7, 8}
+    assert confluent.subject_ids("orders-value") == {8, 11}  # version 1 hard-deleted, version 3 new
+    versions = [url.removeprefix(URL) for url in get.urls() if url != URL + VERSIONS]
+    assert versions == [f"/subjects/orders-value/versions/{v}?deleted=true" for v in (1, 2, 3)]
+    assert get.urls().count(URL + VERSIONS) == 2
+
+
+@pytest.mark.parametrize("listed, version, problem", [
+    (b'{"error_code": 40401}', None, "did not answer a list of version numbers"),
+    (b'[1, "2"]', None, "did not answer a list of version numbers"),
+    (b"[1]", json.dumps({"schema": "syntax = 'proto3';"}).encode(),
+     "version 1 of subject 'orders-value': .* answered without a schema `id`"),
+    (b"[1]", urllib.error.URLError("refused"), "cannot fetch version 1 of subject 'orders-value'"),
+])
+def test_unusable_version_lists_are_schema_errors(listed: bytes, version: object, problem: str) -> None:
+    confluent, _ = registry({VERSIONS: listed, "/subjects/orders-value/versions/1?deleted=true": version})
+    with pytest.raises(SchemaError, match=problem):
+        confluent.subject_ids("orders-value")
