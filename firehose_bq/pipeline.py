@@ -24,7 +24,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from firehose_bq import logs
-from firehose_bq.batch.core import TaskResult
+from firehose_bq.batch.core import UNKNOWN_FIELDS_AT, UNKNOWN_SCHEMA_ID, TaskResult
 from firehose_bq.batch.task import RESULT_SCHEMA, Resume, run_task
 from firehose_bq.config import Config
 from firehose_bq.errors import FirehoseError
@@ -191,9 +191,7 @@ class Pipeline:
             assert self._refresh is not None
             changed = self._refresh(held[0])
             log.info("batch %d: %s; registry refresh %s", batch_id, held[0],
-                     "brought new descriptors" if changed else
-                     f"brought nothing new: unknown fields: {self._unknown_fate()}; unknown schema ids: "
-                     f"DESERIALIZATION_ERROR")
+                     "brought new descriptors" if changed else f"brought nothing new: {self._held_fate(held)}")
             if not changed:
                 interval = self.config.registry.unknown_fields_refresh_min_interval_ms / 1000
                 self._accept_unknown_until = time.monotonic() + interval
@@ -232,6 +230,14 @@ class Pipeline:
         if stats.unknown_fields:
             log.warning("batch %d: %d message(s) carry fields that no known descriptor version has: %s",
                         batch_id, stats.unknown_fields, self._unknown_fate())
+
+    def _held_fate(self, held: list[str]) -> str:
+        """What becomes of the records a batch held for (core.py `_held`: unknown fields, unknown schema ids)
+        when the refresh brought nothing new."""
+        fates = [self._unknown_fate()] if any(h.startswith(UNKNOWN_FIELDS_AT) for h in held) else []
+        if any(h.startswith(UNKNOWN_SCHEMA_ID) for h in held):
+            fates.append("schema ids still unknown: DESERIALIZATION_ERROR")
+        return "; ".join(fates)
 
     def _unknown_fate(self) -> str:
         """What becomes of fields no descriptor knows, for the log lines about them."""

@@ -407,12 +407,18 @@ def _starts(source: pa.RecordBatch) -> list[tuple[str, int, int]]:
                       strict=True))
 
 
+# How TaskResult.held begins, by why the task held (the driver's log line tells them apart).
+UNKNOWN_FIELDS_AT = "unknown fields at"
+UNKNOWN_SCHEMA_ID = "unknown schema id"
+
+
 def _held(source: pa.RecordBatch, rows: Rows) -> str:
     """Why a task holds: the first record in `source` with unknown fields or an unknown schema id."""
     first = min(rows.unknown_fields[:1] + rows.unknown_schema_ids[:1])
     if first in rows.unknown_schema_ids[:1]:
-        return f"unknown schema id {framed_schema_id(source['value'][first].as_py())} at {_where(source, first)}"
-    return f"unknown fields at {_where(source, first)}"
+        schema_id = framed_schema_id(source["value"][first].as_py())
+        return f"{UNKNOWN_SCHEMA_ID} {schema_id} at {_where(source, first)}"
+    return f"{UNKNOWN_FIELDS_AT} {_where(source, first)}"
 
 
 def _where(source: pa.RecordBatch, index: int) -> str:

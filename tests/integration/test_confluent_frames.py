@@ -4,6 +4,7 @@ file is dead-lettered with a clear error, never written as the configured class 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -87,7 +88,7 @@ def test_another_message_type_of_the_schema_is_dead_lettered_and_the_others_land
 
 def test_a_schema_id_of_no_version_is_dead_lettered_after_a_refresh_and_lands_once_registered(
         spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
-        tmp_path: Path) -> None:
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A Click framed with id 9 (another subject's schema, the same indexes) parses as a Click: only the id
     tells. It holds the batch for one refresh, is dead-lettered while the subject has no version 9, then
     lands (new records, and the letter through replay-dlq) once a version with that id is registered."""
@@ -112,10 +113,13 @@ def test_a_schema_id_of_no_version_is_dead_lettered_after_a_refresh_and_lands_on
             producer.send(topic, encode_frame(schema_id, [0], click(id=name, n=1).SerializeToString()),
                           partition=0).get(timeout=10)
         before = fake.paths().count(listed)
+        caplog.set_level(logging.INFO, logger="firehose_bq.pipeline")
         summary = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now).run(available_now=True)
 
         assert (summary.totals.rows_written, summary.totals.dead_lettered, summary.totals.failed) == (2, 1, 0)
         assert fake.paths().count(listed) == before + 1  # the one refresh the held batch asked for
+        # The log names the fate of what the batch held for, not that of unknown fields it never saw.
+        assert "registry refresh brought nothing new: schema ids still unknown: DESERIALIZATION_ERROR" in caplog.text
         letters = [DeadLetter.from_json(line) for f in sorted((tmp_path / "dlq").rglob("*.jsonl"))
                    for line in f.read_text().splitlines()]
         assert [(x.error.offset, x.error.error_type, x.error.message) for x in letters] == [
