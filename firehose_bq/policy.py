@@ -24,8 +24,12 @@ their type is). The rule that keeps a fault of the table from costing 2n request
 batch (IsolationBudget, for a request of n rows, L = ⌈log2 n⌉):
 
 - a row is isolated only if a row of the same request went in without it; until one did, at most 2L+2
-  refused requests (one bad row is alone after L+1): more, or none going in at all (a request of one row),
-  and the original error stops the job as before: every row is refused, so the table is at fault;
+  refused requests (one bad row is alone after L+1): more, or none going in at all, and the original
+  error stops the job as before: every row is refused, so the table is at fault;
+- a request of one row has nothing to tell its row from the table: the row fails as isolated, its
+  message saying so. Stopping would stop again on every restart (the replayed batch holds that row
+  alone again), which a quiet partition, one record per micro-batch, makes the common case; and a table
+  that refuses every row still stops the job at its first request of two or more;
 - 16·(L+1) requests isolate 8 bad rows wherever they are; with more, the pieces still to be written are
   then sent once each (at most L+1 more requests), and the rows of those refused fail together, their
   message saying so (the DLQ by default, whose replay, in smaller batches, isolates them again): stopping
@@ -348,8 +352,13 @@ class _Write:
         the request error that ended it: None when every row was written or failed on its own; another
         (an outage meanwhile: the policy retries what is owed, or stops); or `error` itself, as the job's
         reason to stop, when the rule (module docstring) finds the table, not a row, at fault."""
-        if len(unsent) < 2:  # a request of one row: nothing to tell it from the table
-            return [], [], _not_isolated(error, len(unsent), 0)
+        if len(unsent) == 1:  # nothing to tell the row from the table (module docstring): the row fails
+            log.warning("a write request of one row was rejected as a whole (%s); the row fails as isolated",
+                        error, extra={"error_type": error.error_type})
+            return [RowError(unsent[0], error.error_type, "BigQuery rejected as a whole a request holding only this "
+                             f"row (a refused row cannot be told from a refusing table): {error.message}")], [], None
+        if not unsent:
+            return [], [], _not_isolated(error, 0, 0)
         budget = IsolationBudget.of(len(unsent))
         first_call = self.calls
         stack = list(reversed(_halves(unsent)))  # depth first, each piece's first half before its second

@@ -1,5 +1,6 @@
 """One row makes BigQuery refuse a whole Storage Write append: the job isolates it into the DLQ, writes
-every other row once and commits, instead of stopping on it at every restart.
+every other row once and commits, instead of stopping on it at every restart; a micro-batch of that row
+alone dead-letters it too.
 
 No row that passes the sink's own checks makes the emulator refuse an append as invalid: its Arrow path
 checks nothing per value but a DATETIME text, which both JSON decoders check first (TIME and INTERVAL
@@ -90,6 +91,18 @@ def test_a_row_refused_with_its_whole_append_is_dead_lettered_and_the_rest_lands
         assert settled(cfg)
         again = Pipeline(cfg, spark).run(available_now=True)
         assert again.totals.messages == 0 and len(read_blobs(tmp_path / "dlq")) == 1
+
+        # A quiet partition: the poison record is its micro-batch's only one, the append its only row.
+        producer = KafkaProducer(bootstrap_servers=cfg.source.brokers, max_request_size=2 << 20)
+        alone = sample.booking(GOOD + 1, cls)
+        alone.signature = os.urandom(POISON_BYTES)
+        producer.send(topic, alone.SerializeToString(), key=b"alone", partition=0).get(timeout=30)
+        producer.close()
+        quiet = Pipeline(cfg, spark).run(available_now=True)
+        assert (quiet.totals.messages, quiet.totals.dead_lettered, quiet.totals.failed) == (1, 1, 0)
+        letter = next(x for x in read_blobs(tmp_path / "dlq") if x.key == b"alone")
+        assert letter.error.offset == GOOD + 1 and "a request holding only this row" in letter.error.message
+        assert settled(cfg)
     finally:
         client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
         client.close()

@@ -95,11 +95,21 @@ def test_a_table_refusing_every_row_stops_the_job_after_a_few_requests_dead_lett
     assert writer.stored == []
 
 
-def test_a_refused_request_of_one_row_stops_the_job_at_once() -> None:
+def test_a_refused_request_of_one_row_fails_its_row_at_once_instead_of_stopping_on_every_restart() -> None:
+    """A quiet partition's micro-batch of one record: its replay after a stop would hold it alone again."""
     writer = PoisonWriter(poison={"0"})
+    done, waits = run(handling(), writer, batch(["0"]))
+
+    assert [(e.index, e.error_type) for e in done.dead] == [(0, ErrorType.SINK_4XX_ERROR)]
+    assert "a request holding only this row" in done.dead[0].message and INVALID in done.dead[0].message
+    assert (done.written, done.failed, waits, len(writer.calls)) == (0, [], [], 1)
+
+
+def test_a_table_refusing_every_row_still_stops_the_job_on_a_request_of_two() -> None:
+    writer = PoisonWriter(table_refuses=True)
     with pytest.raises(SinkError, match="the table, not a row"):
-        run(handling(), writer, batch(["0"]))
-    assert len(writer.calls) == 1
+        run(handling(), writer, batch(["0", "1"]))
+    assert writer.stored == []
 
 
 def test_more_poison_rows_than_the_budget_fail_in_parts_and_the_rest_is_written_once() -> None:
