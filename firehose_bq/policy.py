@@ -375,6 +375,7 @@ class _Write:
             # Past the budget, the pieces left are sent once each, no longer halved (at most one per level).
             exhausted = spent >= budget.requests
             piece = stack.pop()
+            self.retried.update(piece)  # sent again: the refused request had them (the summary counts them)
             more, left, piece_error = self._send(self.pending.of_sources(piece))
             rejected += more
             accepted = accepted or len(more) + len(left) < len(piece)
