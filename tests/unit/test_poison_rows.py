@@ -83,6 +83,19 @@ def test_adjacent_poison_rows_are_each_isolated() -> None:
     assert sorted(e.index for e in done.dead) == [0, 1, 2] and len(writer.stored) == 61
 
 
+@pytest.mark.parametrize("n", [100, 500, 10_000])
+def test_a_run_of_adjacent_poison_rows_at_the_front_is_isolated_not_taken_for_a_refusing_table(n: int) -> None:
+    """A producer's burst of bad records: depth first, every piece of the first half is refused until past
+    the run; taken for a table refusing every row, it stopped the job, and again on every restart."""
+    poison = {str(i) for i in range(ISOLATION_ROWS)}
+    writer = PoisonWriter(poison=poison)
+    done, _ = run(handling(), writer, batch(ids(n)))
+
+    assert sorted(str(e.index) for e in done.dead) == sorted(poison) and done.failed == []
+    assert sorted(writer.stored, key=int) == ids(n)[ISOLATION_ROWS:]  # each once
+    assert len(writer.calls) <= 1 + IsolationBudget.of(n).requests
+
+
 def test_a_table_refusing_every_row_stops_the_job_after_a_few_requests_dead_lettering_none() -> None:
     writer = PoisonWriter(table_refuses=True)
     with pytest.raises(SinkError) as stopped:
@@ -118,8 +131,8 @@ def test_more_poison_rows_than_the_budget_fail_in_parts_and_the_rest_is_written_
     done, _ = run(handling(), writer, batch(ids(10_000)))
 
     budget = IsolationBudget.of(10_000)
-    # Within the budget, then each piece left once: at most one per level of the halving.
-    assert len(writer.calls) <= 1 + budget.requests + log2(10_000) + 1
+    # Within the budget, then each piece left once: at most one per level of each half's halving.
+    assert len(writer.calls) <= 1 + budget.requests + 2 * (log2(10_000) + 1)
     dead = {str(e.index) for e in done.dead}
     assert poison <= dead  # no bad row written, none lost
     assert set(writer.stored) | dead == set(ids(10_000)) and not set(writer.stored) & dead
