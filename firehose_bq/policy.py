@@ -383,7 +383,8 @@ class _Write:
             if piece_error is None:
                 continue
             if not self._isolates(piece_error):  # an outage meanwhile: what is not in the table yet is owed
-                owed = left + [i for rest in stack for i in rest] + [i for i, _ in alone]
+                owed = (left + [i for rest in stack for i in rest] + [i for i, _ in alone]
+                        + [i for i, _, _ in unresolved])
                 return rejected, sorted(owed), piece_error
             refused += 1
             if len(left) == 1:

@@ -203,6 +203,33 @@ def test_an_outage_during_isolation_resends_only_what_is_not_in_the_table() -> N
     assert sorted(writer.stored, key=int) == [i for i in ids(100) if i != "80"]
 
 
+def test_an_outage_after_the_budget_ran_out_loses_no_row_of_the_parts_refused_before_it() -> None:
+    """Parts refused once the budget ran out are failed together only at the end: an outage before then ends
+    the isolation, and their rows, not in the table, are owed like every other; dropped, the batch was
+    committed without them (neither written nor dead-lettered)."""
+    poison = {str(i) for i in range(7, 1_000, 37)}  # 27 bad rows: more than the budget isolates
+    calls = len(run_calls(PoisonWriter(poison=poison), 1_000))
+
+    class OutageAtTheEnd(PoisonWriter):  # BigQuery is down for the isolation's last request, then back
+        def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
+            if len(self.calls) == calls - 1:
+                self.calls.append(rows["id"].to_pylist())
+                raise SinkError(ErrorType.SINK_RETRYABLE_ERROR, "Connection refused")
+            return super().write(rows, insert_ids)
+
+    writer = OutageAtTheEnd(poison=poison)
+    done, waits = run(handling(), writer, batch(ids(1_000)))
+
+    dead = {str(e.index) for e in done.dead}
+    assert set(writer.stored) | dead == set(ids(1_000)) and not set(writer.stored) & dead and poison <= dead
+    assert len(writer.stored) == len(set(writer.stored)) and done.failed == [] and len(waits) == 1
+
+
+def run_calls(writer: PoisonWriter, n: int) -> list[list[str]]:
+    run(handling(), writer, batch(ids(n)))
+    return writer.calls
+
+
 def test_requests_written_before_the_refused_one_are_not_sent_again() -> None:
     writer = PoisonWriter(poison={"1234"}, chunk=500)
     done, _ = run(handling(), writer, batch(ids(10_000)))
