@@ -15,8 +15,9 @@ One kind of whole failure can be a message's fault: BigQuery refusing the reques
 and no stream; never notFound, permissions, a stream's state, quotas or 5xx; bigquery/classify.py), of a
 type not retried. Stopping on it would stop again on every restart, for one row the writers' checks did
 not catch. So its rows are isolated, within the attempt: the rows the request left unsent are written in
-two halves, a half refused the same way in two halves again (depth first), until a row that is refused
-alone is the only one left of its piece. Such a row becomes a RowError of the refusal's type, saying the
+two halves, a half refused the same way in two halves again (depth first; once a row is alone before any
+went in, the request's other half next, as a run of adjacent bad rows would otherwise look like a refusing
+table), until a row that is refused alone is the only one left of its piece. Such a row becomes a RowError of the refusal's type, saying the
 request was rejected as a whole and it was isolated, and then follows the lists above (the DLQ by
 default); every other row is written once (a half that went in is never sent again), keeping its
 insertId, and rows a half's write rejected on their own are handled like any row failure (retried when
@@ -31,7 +32,7 @@ batch (IsolationBudget, for a request of n rows, L = ⌈log2 n⌉):
   alone again), which a quiet partition, one record per micro-batch, makes the common case; and a table
   that refuses every row still stops the job at its first request of two or more;
 - 16·(L+1) requests isolate 8 bad rows wherever they are; with more, the pieces still to be written are
-  then sent once each (at most L+1 more requests), and the rows of those refused fail together, their
+  then sent once each (at most 2L+2 more requests), and the rows of those refused fail together, their
   message saying so (the DLQ by default, whose replay, in smaller batches, isolates them again): stopping
   would stop again on every restart, writing the pieces that went in once more each time;
 - an error of another kind meanwhile (an outage) ends the isolation: the rows not yet in the table are
@@ -372,7 +373,8 @@ class _Write:
             spent = self.calls - first_call
             if refused >= budget.until_accepted and not accepted:
                 return [], [], _not_isolated(error, len(unsent), spent)
-            # Past the budget, the pieces left are sent once each, no longer halved (at most one per level).
+            # Past the budget, the pieces left are sent once each, no longer halved (at most one per level of
+            # each half of the request).
             exhausted = spent >= budget.requests
             piece = stack.pop()
             self.retried.update(piece)  # sent again: the refused request had them (the summary counts them)
@@ -382,11 +384,17 @@ class _Write:
             if piece_error is None:
                 continue
             if not self._isolates(piece_error):  # an outage meanwhile: what is not in the table yet is owed
-                owed = left + [i for rest in stack for i in rest] + [i for i, _ in alone]
+                owed = (left + [i for rest in stack for i in rest] + [i for i, _ in alone]
+                        + [i for i, _, _ in unresolved])
                 return rejected, sorted(owed), piece_error
             refused += 1
             if len(left) == 1:
                 alone.append((left[0], piece_error))
+                if not accepted and stack:
+                    # Depth first, a run of adjacent bad rows has piece after piece of it refused before any
+                    # row goes in, as a refusing table would: the farthest piece (the other half of the
+                    # request) tells them apart now, in one request.
+                    stack.append(stack.pop(0))
             elif exhausted:
                 unresolved.extend((i, len(left), piece_error) for i in left)
             else:

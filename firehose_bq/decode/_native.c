@@ -1421,13 +1421,17 @@ static int frame_varint(const uint8_t *d, size_t n, size_t *pos, int64_t *out) {
 
 #define SHOWN_INDEXES 8 /* registry/confluent.py SHOWN_INDEXES */
 
-/* `[1, 0]`, cut after SHOWN_INDEXES with `, ...` (confluent.py shown_indexes); `out` holds 8 * 21 + 8. */
+/* What shown_indexes writes at most: `[`, SHOWN_INDEXES indexes of up to 20 characters (INT64_MIN, which a
+ * hostile frame's varints can spell) each after `, ` but the first, `, ...`, `]` and the NUL. */
+#define SHOWN_INDEXES_SIZE (1 + SHOWN_INDEXES * 22 - 2 + 5 + 1 + 1)
+
+/* `[1, 0]`, cut after SHOWN_INDEXES with `, ...` (confluent.py shown_indexes); `out` holds SHOWN_INDEXES_SIZE. */
 static void shown_indexes(char *out, const int64_t *idx, int64_t n) {
     size_t at = 0;
     out[at++] = '[';
     for (int64_t k = 0; k < n && k < SHOWN_INDEXES; k++)
-        at += (size_t)sprintf(out + at, k ? ", %lld" : "%lld", (long long)idx[k]);
-    if (n > SHOWN_INDEXES) at += (size_t)sprintf(out + at, ", ...");
+        at += (size_t)snprintf(out + at, SHOWN_INDEXES_SIZE - at, k ? ", %lld" : "%lld", (long long)idx[k]);
+    if (n > SHOWN_INDEXES) at += (size_t)snprintf(out + at, SHOWN_INDEXES_SIZE - at, ", ...");
     out[at++] = ']';
     out[at] = 0;
 }
@@ -1474,7 +1478,7 @@ static int64_t frame_payload(Ctx *c, const uint8_t *d, size_t n) {
         ngot = count;
     }
     if (same) return (int64_t)pos;
-    char named[8 * 21 + 8], expected[8 * 21 + 8];
+    char named[SHOWN_INDEXES_SIZE], expected[SHOWN_INDEXES_SIZE];
     shown_indexes(named, got, ngot);
     shown_indexes(expected, pl->frame_path, pl->frame_depth);
     const char *fmt = "written as another message type: its Confluent frame names message indexes %s (schema id %u), "

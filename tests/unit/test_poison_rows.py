@@ -84,6 +84,19 @@ def test_adjacent_poison_rows_are_each_isolated() -> None:
     assert sorted(e.index for e in done.dead) == [0, 1, 2] and len(writer.stored) == 61
 
 
+@pytest.mark.parametrize("n", [100, 500, 10_000])
+def test_a_run_of_adjacent_poison_rows_at_the_front_is_isolated_not_taken_for_a_refusing_table(n: int) -> None:
+    """A producer's burst of bad records: depth first, every piece of the first half is refused until past
+    the run; taken for a table refusing every row, it stopped the job, and again on every restart."""
+    poison = {str(i) for i in range(ISOLATION_ROWS)}
+    writer = PoisonWriter(poison=poison)
+    done, _ = run(handling(), writer, batch(ids(n)))
+
+    assert sorted(str(e.index) for e in done.dead) == sorted(poison) and done.failed == []
+    assert sorted(writer.stored, key=int) == ids(n)[ISOLATION_ROWS:]  # each once
+    assert len(writer.calls) <= 1 + IsolationBudget.of(n).requests
+
+
 def test_a_table_refusing_every_row_stops_the_job_after_a_few_requests_dead_lettering_none() -> None:
     writer = PoisonWriter(table_refuses=True)
     with pytest.raises(SinkError) as stopped:
@@ -119,8 +132,8 @@ def test_more_poison_rows_than_the_budget_fail_in_parts_and_the_rest_is_written_
     done, _ = run(handling(), writer, batch(ids(10_000)))
 
     budget = IsolationBudget.of(10_000)
-    # Within the budget, then each piece left once: at most one per level of the halving.
-    assert len(writer.calls) <= 1 + budget.requests + log2(10_000) + 1
+    # Within the budget, then each piece left once: at most one per level of each half's halving.
+    assert len(writer.calls) <= 1 + budget.requests + 2 * (log2(10_000) + 1)
     dead = {str(e.index) for e in done.dead}
     assert poison <= dead  # no bad row written, none lost
     assert set(writer.stored) | dead == set(ids(10_000)) and not set(writer.stored) & dead
@@ -189,6 +202,33 @@ def test_an_outage_during_isolation_resends_only_what_is_not_in_the_table() -> N
     assert writer.calls[:3] == [ids(100), ids(50), ids(100)[50:]]
     assert writer.calls[3] == ids(100)[50:]  # the retry: the first half is in, never sent again
     assert sorted(writer.stored, key=int) == [i for i in ids(100) if i != "80"]
+
+
+def test_an_outage_after_the_budget_ran_out_loses_no_row_of_the_parts_refused_before_it() -> None:
+    """Parts refused once the budget ran out are failed together only at the end: an outage before then ends
+    the isolation, and their rows, not in the table, are owed like every other; dropped, the batch was
+    committed without them (neither written nor dead-lettered)."""
+    poison = {str(i) for i in range(7, 1_000, 37)}  # 27 bad rows: more than the budget isolates
+    calls = len(run_calls(PoisonWriter(poison=poison), 1_000))
+
+    class OutageAtTheEnd(PoisonWriter):  # BigQuery is down for the isolation's last request, then back
+        def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
+            if len(self.calls) == calls - 1:
+                self.calls.append(rows["id"].to_pylist())
+                raise SinkError(ErrorType.SINK_RETRYABLE_ERROR, "Connection refused")
+            return super().write(rows, insert_ids)
+
+    writer = OutageAtTheEnd(poison=poison)
+    done, waits = run(handling(), writer, batch(ids(1_000)))
+
+    dead = {str(e.index) for e in done.dead}
+    assert set(writer.stored) | dead == set(ids(1_000)) and not set(writer.stored) & dead and poison <= dead
+    assert len(writer.stored) == len(set(writer.stored)) and done.failed == [] and len(waits) == 1
+
+
+def run_calls(writer: PoisonWriter, n: int) -> list[list[str]]:
+    run(handling(), writer, batch(ids(n)))
+    return writer.calls
 
 
 def test_requests_written_before_the_refused_one_are_not_sent_again() -> None:

@@ -320,6 +320,20 @@ def test_a_frame_naming_another_message_type_is_a_deserialization_error_not_a_ro
         f"the configured class testdata.AllTypes is {own}")
 
 
+def test_a_hostile_frame_of_huge_message_indexes_is_refused_with_the_same_text_by_both_decoders(
+        decode: Decode, test_descriptors: Descriptors) -> None:
+    """Nine indexes of INT64_MIN (ten-byte varints): the eight shown take 20 characters each. The C decoder
+    wrote them into a buffer sized for 19 (a stack overflow, into its other message's text)."""
+    cls = test_descriptors.message_class("testdata.Legacy")
+    int64_min = b"\xff" * 9 + b"\x01"  # zig-zag: -2**63
+    value = b"\x00\x00\x00\x00\x07" + bytes([2 * 9]) + int64_min * 9 + cls(id="x").SerializeToString()
+    out = decode(cls, [value], framed=True)
+    assert failures(out) == [(0, DESER)]
+    shown = ", ".join([str(-2 ** 63)] * 8)
+    assert out.failures[0].message == (f"written as another message type: its Confluent frame names message indexes "
+                                       f"[{shown}, ...] (schema id 7), the configured class testdata.Legacy is [0]")
+
+
 def test_unknown_fields_are_detected_recursively(decode: Decode, all_types) -> None:
     inner_unknown = b"\x8a\x01\x03\xf8\x01\x07"  # f_message (17) holding an unknown field 31 = 7
     top_unknown = all_types(f_string="s").SerializeToString() + b"\xf8\x03\x01"  # field 63 = 1
