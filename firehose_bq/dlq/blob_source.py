@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 from firehose_bq.blobstore import BlobStore
 from firehose_bq.dlq.letters import DeadLetter, Position
+from firehose_bq.errors import FirehoseError
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class BlobDlqSource:
             if name not in self._names:
                 continue  # committed meanwhile (a pending batch a replay finished first)
             text = self._texts.pop(name) if name in self._texts else self._store.get(name).decode()
-            letters = [DeadLetter.from_json(line) for line in _lines(text)]
+            letters = _letters(self._store.uri(name), text)
             if left is not None and len(letters) > left:
                 return  # an object is handled whole or not at all: the rename is its commit
             yield letters, {"object": name}
@@ -79,6 +80,20 @@ class BlobDlqSource:
         if name not in self._texts:
             self._texts[name] = self._store.get(name).decode()
         return self._texts[name]
+
+
+def _letters(where: str, text: str) -> list[DeadLetter]:
+    """An object's letters. A line that is none (an object cut short, or edited by hand) stops the replay
+    naming it, as a Kafka record without dead-letter headers does: skipping it would lose a message."""
+    letters = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                letters.append(DeadLetter.from_json(line))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise FirehoseError(f"{where}, line {number}: not a firehose-bq dead letter "
+                                    f"({type(exc).__name__}: {exc})") from None
+    return letters
 
 
 def _lines(text: str) -> list[str]:

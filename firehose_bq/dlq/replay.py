@@ -275,11 +275,16 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
             discard(pending.store, staging.prefix)  # what a crashed replay staged and never loaded
         bar = tqdm(total=source.total(), unit="msg", desc="replay-dlq", disable=not progress)
         try:
+            # A stream batch run again after a crash dead-letters its messages again, a batch or more after
+            # the first copies: what this run handled is skipped in its later batches too. The attempt is
+            # part of the identity, since a letter this run dead-lettered again must be read again.
+            handled: set[tuple[str, int, int, int]] = set()
             for number, (read, position) in enumerate(source.batches(), start=first):
                 # The same message dead-lettered twice (a batch replayed after a crash) is one message.
-                letters = list({_coords(x): x for x in read}.values())
+                letters = [x for x in {_coords(x): x for x in read}.values() if _identity(x) not in handled]
                 if len(letters) < len(read):
-                    log.info("%d duplicate dead letter(s) in this batch replayed once", len(read) - len(letters))
+                    log.info("%d duplicate dead letter(s) in this batch (copies of one in it or replayed earlier in "
+                             "this run) replayed once", len(read) - len(letters))
                 with logs.log_context(batch_id=number):
                     results = [process_batch([letters_batch(letters)], spec, mode.task(number), handling, clients)]
                     stats = batch_stats(results)
@@ -290,6 +295,7 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
                         pending.write(number, results, position)
                     settle(mode, number, results, stats, replay_plan(position))
                 source.commit(position)  # only now: every letter of the batch is in the table or the DLQ again
+                handled.update(_identity(x) for x in letters)
                 if pending is not None:
                     pending.clear()
                 bar.update(len(read))
@@ -354,3 +360,8 @@ def replay_plan(position: Position) -> list[Position]:
 
 def _coords(letter: DeadLetter) -> tuple[str, int, int]:
     return letter.error.topic, letter.error.partition, letter.error.offset
+
+
+def _identity(letter: DeadLetter) -> tuple[str, int, int, int]:
+    """One dead-lettering of one message: its copies (a stream batch run twice) share it."""
+    return (*_coords(letter), letter.attempt)

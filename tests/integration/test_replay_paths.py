@@ -53,6 +53,19 @@ class StopsBeforeCommittingItsSecondBatch(KafkaDlqSource):
             source.close()
 
 
+def file_loads_job_of_newer_messages(fake: FakeRegistry, job_env: dict[str, str], tmp_path: Path,
+                                     count: int) -> DlqJob:
+    """A file-loads DLQ job whose topic holds `count` messages of the newer schema, all on partition 0."""
+    job = DlqJob.start(fake, job_env, tmp_path, SINK_BIGQUERY_WRITE_METHOD="file_loads",
+                       SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS="0")
+    producer = KafkaProducer(bootstrap_servers=job.cfg.source.brokers)
+    for i in range(count):
+        producer.send(job.topic, job.v2(id=f"new{i}", amount=i, tags=[f"t{i}"]).SerializeToString(), partition=0)
+    producer.flush()
+    producer.close()
+    return job
+
+
 @pytest.mark.parametrize("method", ["insertall", "storage_write", "file_loads"])
 def test_replay_lands_dead_letters_once_through_each_write_path(
         method: str, spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object],
@@ -109,15 +122,9 @@ def test_a_file_loads_replay_that_stopped_after_its_load_finishes_that_batch_onc
     as a kill would leave it), on its second batch: the next replay reads from the first batch's commit,
     where that batch is now its first. Its load must still be found done, not run again."""
     fake, _server = registry
-    job = DlqJob.start(fake, job_env, tmp_path, SINK_BIGQUERY_WRITE_METHOD="file_loads",
-                       SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS="0")
-    cfg, topic, dlq_topic, v2 = job.cfg, job.topic, job.dlq_topic, job.v2
     letters = 3 * DLQ_BATCH  # a replay reads the DLQ in batches of at most DLQ_BATCH letters
-    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
-    for i in range(letters):
-        producer.send(topic, v2(id=f"new{i}", amount=i, tags=[f"t{i}"]).SerializeToString(), partition=0)
-    producer.flush()
-    producer.close()
+    job = file_loads_job_of_newer_messages(fake, job_env, tmp_path, letters)
+    cfg, dlq_topic = job.cfg, job.dlq_topic
     cache = DescriptorCache.for_stencil(cfg.input_schema.stencil_urls, cfg.registry).start()
     try:
         summary = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now).run(available_now=True)
@@ -140,6 +147,41 @@ def test_a_file_loads_replay_that_stopped_after_its_load_finishes_that_batch_onc
             assert source.total() == 0  # every position committed
         finally:
             source.close()
+    finally:
+        cache.stop()
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_letters_of_a_batch_the_stream_ran_twice_are_replayed_once(
+        spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
+        tmp_path: Path) -> None:
+    """The stream killed after its tasks dead-lettered a batch and before Spark committed it runs that
+    batch again on restart, which dead-letters its messages again: the DLQ holds each of them twice, the
+    copies a whole batch apart, so in different replay batches. File loads promise nothing twice, yet each
+    replay batch loaded its copies: after a SIGKILL of `firehose-bq run` and a replay, every such row was
+    in the table twice."""
+    fake, _server = registry
+    letters = DLQ_BATCH + 100
+    job = file_loads_job_of_newer_messages(fake, job_env, tmp_path, letters)
+    cfg, dlq_topic = job.cfg, job.dlq_topic
+    cache = DescriptorCache.for_stencil(cfg.input_schema.stencil_urls, cfg.registry).start()
+    try:
+        for run in range(2):
+            summary = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now).run(
+                available_now=True)
+            assert (summary.totals.dead_lettered, summary.totals.rows_written) == (letters, 0)
+            if run == 0:  # what a kill between the tasks and the commit leaves: the batch planned, not committed
+                (Path(cfg.spark.checkpoint_location) / "commits" / "0").unlink()
+        assert len(read_topic(cfg.source.brokers, dlq_topic)) == 2 * letters
+        fake.routes["/dlq.desc"] = job.paths["v2"].read_bytes()
+
+        source = KafkaDlqSource(cfg.source.brokers, dlq_topic, "replay-twice", None)
+        try:
+            done = replay(cfg, source)
+        finally:
+            source.close()
+        assert (done.stats.rows_written, done.stats.dead_lettered, done.stats.failed) == (letters, 0, 0)
+        assert table_ids(bq_client, cfg) == Counter(f"new{i}" for i in range(letters))
     finally:
         cache.stop()
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)

@@ -13,7 +13,7 @@ from firehose_bq.dlq.config import DlqConfig
 from firehose_bq.dlq.letters import H_ATTEMPT, H_EXCEPTION, H_NULLS, H_OFFSET, H_ROUTE, H_TYPE, DeadLetter
 from firehose_bq.blobstore import LocalBlobStore
 from firehose_bq.dlq.writers import BlobDlqWriter, dead_letter
-from firehose_bq.errors import DeadLetterError, ErrorType, MessageError
+from firehose_bq.errors import DeadLetterError, ErrorType, FirehoseError, MessageError
 from tests.unit.clock import Clock
 
 LETTER = DeadLetter(MessageError(ErrorType.SINK_4XX_ERROR, "orders", 2, 41, "invalid at ts: out of range"),
@@ -157,6 +157,18 @@ def test_blob_replay_with_a_limit_takes_whole_objects_only(tmp_path: Path) -> No
     BlobDlqWriter(store).write([LETTER, LETTER])
     source = BlobDlqSource(store, max_messages=1)
     assert source.total() == 1 and list(source.batches()) == []
+
+
+@pytest.mark.parametrize("line", ['{"truncated": ', '{"error_type": "SINK_4XX_ERROR"}', '[1, 2]',
+                                  LETTER.to_json().replace('"SINK_4XX_ERROR"', '"NO_SUCH_TYPE"')])
+def test_a_line_that_is_no_dead_letter_stops_the_replay_naming_its_object_and_line(tmp_path: Path, line: str) -> None:
+    """A letters object cut short or edited by hand: the replay stops with where it is, as the Kafka source
+    does for a record without dead-letter headers, instead of a bare JSON traceback on every run."""
+    store = LocalBlobStore(tmp_path)
+    store.put("orders/2026-11-24/bad.jsonl", f"{LETTER.to_json()}\n{line}\n".encode())
+    with pytest.raises(FirehoseError, match=r"orders/2026-11-24/bad\.jsonl, line 2: not a firehose-bq dead letter"):
+        list(BlobDlqSource(store, max_messages=None).batches())
+    assert store.names() == ["orders/2026-11-24/bad.jsonl"]  # not committed: nothing skipped
 
 
 def test_blob_location_is_the_directory_or_the_bucket_and_prefix() -> None:
