@@ -29,7 +29,8 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -278,7 +279,7 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
             # A stream batch run again after a crash dead-letters its messages again, a batch or more after
             # the first copies: what this run handled is skipped in its later batches too. The attempt is
             # part of the identity, since a letter this run dead-lettered again must be read again.
-            handled: set[tuple[str, int, int, int]] = set()
+            handled = RecentLetters.for_stream(cfg.spark.max_offsets_per_trigger)
             for number, (read, position) in enumerate(source.batches(), start=first):
                 # The same message dead-lettered twice (a batch replayed after a crash) is one message.
                 letters = [x for x in {_coords(x): x for x in read}.values() if _identity(x) not in handled]
@@ -295,7 +296,7 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
                         pending.write(number, results, position)
                     settle(mode, number, results, stats, replay_plan(position))
                 source.commit(position)  # only now: every letter of the batch is in the table or the DLQ again
-                handled.update(_identity(x) for x in letters)
+                handled.add(_identity(x) for x in letters)
                 if pending is not None:
                     pending.clear()
                 bar.update(len(read))
@@ -312,6 +313,36 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
                 discard(pending.store, staging.prefix)
         summary.seconds = time.monotonic() - started
     return summary
+
+
+class RecentLetters:
+    """The identities of the letters a replay handled last, `size` of them at most: a replay that follows a
+    DLQ for days must not hold every letter it ever read. The copies a stream batch's rerun writes lie
+    within two of its batches' letters of the first ones (the rest of the first run's, then the rerun's),
+    and a stream batch reads at most SPARK_MAX_OFFSETS_PER_TRIGGER records (the replay runs with the job's
+    settings), so twice that, plus one replay batch, is enough; unlimited batches get UNLIMITED."""
+
+    UNLIMITED = 1_000_000  # about 200 MB of identities (measured: 190 MiB)
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._order: deque[tuple[str, int, int, int]] = deque()
+        self._set: set[tuple[str, int, int, int]] = set()
+
+    @classmethod
+    def for_stream(cls, max_offsets_per_trigger: int) -> RecentLetters:
+        return cls(2 * max_offsets_per_trigger + DLQ_BATCH if max_offsets_per_trigger > 0 else cls.UNLIMITED)
+
+    def __contains__(self, identity: tuple[str, int, int, int]) -> bool:
+        return identity in self._set
+
+    def add(self, identities: Iterable[tuple[str, int, int, int]]) -> None:
+        for identity in identities:
+            if identity not in self._set:
+                self._set.add(identity)
+                self._order.append(identity)
+        while len(self._order) > self.size:
+            self._set.discard(self._order.popleft())
 
 
 def _finish_pending(pending: PendingBatch, mode: WriteMode, source: DlqSource) -> int:

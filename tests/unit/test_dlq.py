@@ -312,3 +312,16 @@ def test_an_upsert_batch_left_pending_is_committed_if_merged_else_read_again(tmp
     assert mode.asked == [(4, replay_module.replay_plan({"offsets": {"0": 9}}))]  # the same MERGE id
     assert (first, source.committed) == ((5, [{"offsets": {"0": 9}}]) if merged else (4, []))
     assert not pending.held and store.names() == []
+
+
+def test_a_replay_remembers_the_letters_it_handled_last_and_no_more() -> None:
+    from firehose_bq.dlq.replay import DLQ_BATCH, RecentLetters
+
+    recent = RecentLetters(3)
+    recent.add([("t", 0, 1, 1), ("t", 0, 2, 1), ("t", 0, 1, 1)])  # a copy is one identity
+    assert ("t", 0, 1, 1) in recent and ("t", 0, 1, 2) not in recent  # dead-lettered again: read again
+    recent.add([("t", 0, 3, 1), ("t", 1, 1, 1)])
+    assert ("t", 0, 1, 1) not in recent and all(i in recent for i in [("t", 0, 2, 1), ("t", 0, 3, 1), ("t", 1, 1, 1)])
+    # Copies of a stream batch's letters lie within two of its batches: sized from the job's settings.
+    assert RecentLetters.for_stream(100_000).size == 200_000 + DLQ_BATCH
+    assert RecentLetters.for_stream(-1).size == RecentLetters.UNLIMITED
