@@ -68,8 +68,9 @@ def batch_job_id(prefix: str, table_ref: str, checkpoint: str, batch_id: int, pl
     log entry, which holds a new partition's start too (source/kafka_source.py), and a range whose
     records retention deleted since stops the reader instead of shrinking the run; compaction can only
     remove records an earlier run already covered. replay-dlq numbers its batches from 0 in every run, so
-    its plan is the DLQ position (DLQ offsets or blob objects are never read twice once committed, and a
-    crashed replay's batch is finished from its pending record first, with the same position); the
+    its plan is the DLQ position and the replay run (DLQ offsets or blob objects are read twice only on
+    purpose, a replay group reset, which must write again; a crashed replay's batch is finished from its
+    pending record first, with the same position and run); the
     letters' original offsets would not do: one record can be dead-lettered, replayed and dead-lettered
     again, and two batches holding it could then share an id while loading different records.
 

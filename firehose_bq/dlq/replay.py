@@ -16,7 +16,7 @@ position are two steps, and a crash between them must not write the batch's rows
 step the replay writes the batch down (`PendingBatch`: its number, its task results, its position) in the
 staging area, under a prefix that is the same for every replay of this DLQ, and deletes it once the
 position is committed. A replay that finds one finishes that batch first, with the same job id (derived
-from the number and the position): a file-loads batch exactly as it was (its load found done, or run
+from the number, the position and the replay run that wrote it): a file-loads batch exactly as it was (its load found done, or run
 from its staged files), then the commit; an upsert batch, whose staged rows went with that replay's
 intermediate table, is committed if its MERGE is found done, and otherwise read again (a MERGE that never
 ran merged nothing). The streaming job needs none of this: Spark's checkpoint replays a batch with its
@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -230,17 +231,20 @@ class PendingBatch:
         self.store, self._name = store, prefix + self.NAME  # the staging area's store
         self.held = False  # written or found, and not cleared: a replay must finish it before reading on
 
-    def write(self, batch: int, results: Sequence[TaskResult], position: Position) -> None:
-        record = {"batch": batch, "results": [r.to_json() for r in results], "position": position}
+    def write(self, batch: int, results: Sequence[TaskResult], position: Position, run: str) -> None:
+        record = {"batch": batch, "results": [r.to_json() for r in results], "position": position, "run": run}
         self.store.put(self._name, json.dumps(record).encode())
         self.held = True
 
-    def read(self) -> tuple[int, list[TaskResult], Position] | None:
+    def read(self) -> tuple[int, list[TaskResult], Position, str | None] | None:
+        """The pending batch: its number, task results, DLQ position and the replay run that wrote it (None:
+        written before runs were recorded)."""
         if self._name not in self.store.names(self._name):
             return None
         record = json.loads(self.store.get(self._name))
         self.held = True
-        return record["batch"], [TaskResult.from_json(r) for r in record["results"]], record["position"]
+        results = [TaskResult.from_json(r) for r in record["results"]]
+        return record["batch"], results, record["position"], record.get("run")
 
     def clear(self) -> None:
         self.store.delete_prefix(self._name)
@@ -256,6 +260,7 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
     from tqdm import tqdm
 
     started = time.monotonic()
+    run = uuid.uuid4().hex  # this replay's jobs are its own (replay_plan)
     # File loads stage under a prefix of this DLQ's own (the same in every replay of it, so that a replay
     # finds what a crashed one left pending) and load once per replayed batch.
     identity = source.identity()
@@ -293,8 +298,8 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
                     if telemetry is not None:
                         telemetry.observe_replay(stats)
                     if pending is not None and reaches_driver_step(results, stats):
-                        pending.write(number, results, position)
-                    settle(mode, number, results, stats, replay_plan(position))
+                        pending.write(number, results, position, run)
+                    settle(mode, number, results, stats, replay_plan(position, run))
                 source.commit(position)  # only now: every letter of the batch is in the table or the DLQ again
                 handled.add(_identity(x) for x in letters)
                 if pending is not None:
@@ -351,13 +356,13 @@ def _finish_pending(pending: PendingBatch, mode: WriteMode, source: DlqSource) -
     found = pending.read()
     if found is None:
         return 0
-    batch, results, position = found
+    batch, results, position, run = found
     if isinstance(mode, UpsertMode):
         # Its rows were staged in that replay's intermediate table, which is gone: a MERGE that ran is found
         # by its id and the position committed; one that never ran (or failed) merged nothing, and the
         # letters are read and merged again, numbered from this batch on.
         try:
-            merged = mode.merged(batch, replay_plan(position))
+            merged = mode.merged(batch, replay_plan(position, run))
         except SinkError as exc:
             raise FirehoseError(f"{exc} (looking for the MERGE of the batch an earlier replay left pending, "
                                 f"{pending.where()})") from exc
@@ -373,7 +378,7 @@ def _finish_pending(pending: PendingBatch, mode: WriteMode, source: DlqSource) -
     log.warning("an earlier replay stopped after staging batch %d and before committing it: finishing it first "
                 "(a load job that already ran is found by its id and not run again)", batch)
     try:
-        settle(mode, batch, results, batch_stats(results), replay_plan(position))
+        settle(mode, batch, results, batch_stats(results), replay_plan(position, run))
     except FirehoseError as exc:
         raise FirehoseError(f"{exc} (the batch an earlier replay left pending, {pending.where()}; delete that "
                             "object to read its letters again instead, if they must be staged anew)") from exc
@@ -382,11 +387,15 @@ def _finish_pending(pending: PendingBatch, mode: WriteMode, source: DlqSource) -
     return batch + 1
 
 
-def replay_plan(position: Position) -> list[Position]:
+def replay_plan(position: Position, run: str | None) -> list[Position]:
     """A replayed batch's plan (its jobs' identity, bigquery/jobs.py): the DLQ position its letters were read
-    up to, never read again once committed. Batch numbers start from 0 in every replay, and one record can
-    be in two replays' batches (dead-lettered again): its original coordinates would not tell them apart."""
-    return [position]
+    up to, never read again once committed, and the replay run that read them. Batch numbers start from 0
+    in every replay, and one record can be in two replays' batches (dead-lettered again): its original
+    coordinates would not tell them apart. The run: a replay of letters replayed before (the group's
+    offsets reset, `.replayed` files renamed back) reads the same positions on purpose, and must load and
+    merge again rather than find the earlier replay's jobs done and commit without writing; a crashed
+    replay's batch keeps its run through its pending record."""
+    return [position] if run is None else [position, {"replay_run": run}]
 
 
 def _coords(letter: DeadLetter) -> tuple[str, int, int]:

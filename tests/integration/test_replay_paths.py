@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from google.cloud import bigquery
+from google.protobuf.timestamp_pb2 import Timestamp
 from kafka import KafkaProducer
 
 from firehose_bq import cli
@@ -185,3 +186,60 @@ def test_letters_of_a_batch_the_stream_ran_twice_are_replayed_once(
     finally:
         cache.stop()
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+@pytest.mark.parametrize("method", ["file_loads", "upsert"])
+def test_letters_replayed_again_on_purpose_land_again(
+        method: str, spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object],
+        bq_client: bigquery.Client, tmp_path: Path) -> None:
+    """The rows of a replay are gone (a table restored from a snapshot, a DELETE), and the user replays
+    the letters again by resetting the replay group's offsets. The second replay reads the same DLQ
+    positions: with them alone as its jobs' identity it found the first replay's load or MERGE done and
+    committed every batch without writing a row."""
+    fake, _server = registry
+    extra = ({"SINK_BIGQUERY_WRITE_METHOD": "file_loads"} if method == "file_loads" else
+             {"SINK_BIGQUERY_UPSERT_ENABLED": "true", "SINK_BIGQUERY_KAFKA_KEY_FIELD_NAME": "event_key",
+              "INPUT_SCHEMA_PROTO_KEY_CLASS": "google.protobuf.Timestamp"})  # in the set, no repeated field
+    job = DlqJob.start(fake, job_env, tmp_path, SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS="0", **extra)
+    cfg, dlq_topic = job.cfg, job.dlq_topic
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    for i in range(NEWER):
+        producer.send(job.topic, job.v2(id=f"new{i}", amount=i, tags=[f"t{i}"]).SerializeToString(),
+                      key=Timestamp(seconds=1_000 + i).SerializeToString(), partition=0)
+    producer.flush()
+    producer.close()
+    cache = DescriptorCache.for_stencil(cfg.input_schema.stencil_urls, cfg.registry).start()
+    try:
+        summary = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now).run(available_now=True)
+        assert (summary.totals.dead_lettered, summary.totals.rows_written) == (NEWER, 0)
+        fake.routes["/dlq.desc"] = job.paths["v2"].read_bytes()
+        landed = Counter(f"new{i}" for i in range(NEWER))
+        for attempt in range(2):
+            source = KafkaDlqSource(cfg.source.brokers, dlq_topic, "replay-again", None)
+            try:
+                done = replay(cfg, source)
+            finally:
+                source.close()
+            assert (done.stats.messages, done.stats.rows_written, done.stats.failed) == (NEWER, NEWER, 0), attempt
+            assert table_ids(bq_client, cfg) == landed, attempt
+            # The rows are gone, and the replay group starts over (what `kafka-consumer-groups
+            # --reset-offsets --to-earliest` does).
+            bq_client.query(f"DELETE FROM `{cfg.bigquery.table_ref}` WHERE TRUE").result()
+            reset_group(cfg.source.brokers, "replay-again", dlq_topic)
+    finally:
+        cache.stop()
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def reset_group(brokers: str, group: str, topic: str) -> None:
+    """Commit offset 0 of every partition of `topic` for `group`."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.structs import OffsetAndMetadata
+
+    consumer = KafkaConsumer(bootstrap_servers=brokers, group_id=group, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        consumer.assign(partitions)
+        consumer.commit({tp: OffsetAndMetadata(0, "", -1) for tp in partitions})
+    finally:
+        consumer.close()

@@ -224,10 +224,10 @@ def test_a_pending_replay_batch_round_trips_through_the_staging_area(tmp_path: P
     pending = PendingBatch(store, "dlq-replay-ab/")
     assert pending.read() is None and not pending.held
     result = TaskResult(reports=['{"table": "d.t", "staged": {}}'])
-    pending.write(3, [result], {"offsets": {"0": 17}})
+    pending.write(3, [result], {"offsets": {"0": 17}}, "run1")
     assert pending.held
     again = PendingBatch(store, "dlq-replay-ab/")  # the next replay
-    assert again.read() == (3, [result], {"offsets": {"0": 17}})
+    assert again.read() == (3, [result], {"offsets": {"0": 17}}, "run1")  # finished with that run's job ids
     assert again.held  # until it is finished: a replay that fails to finish it must leave it there
     again.clear()
     assert again.read() is None and store.names() == []
@@ -304,12 +304,12 @@ def test_an_upsert_batch_left_pending_is_committed_if_merged_else_read_again(tmp
             self.committed.append(position)
 
     store = LocalBlobStore(tmp_path)
-    replay_module.PendingBatch(store, "p/").write(4, [TaskResult()], {"offsets": {"0": 9}})
+    replay_module.PendingBatch(store, "p/").write(4, [TaskResult()], {"offsets": {"0": 9}}, "run1")
     pending, mode, source = replay_module.PendingBatch(store, "p/"), Merges(), Source()
 
     first = replay_module._finish_pending(pending, mode, source)  # type: ignore[arg-type]
 
-    assert mode.asked == [(4, replay_module.replay_plan({"offsets": {"0": 9}}))]  # the same MERGE id
+    assert mode.asked == [(4, replay_module.replay_plan({"offsets": {"0": 9}}, "run1"))]  # the same MERGE id
     assert (first, source.committed) == ((5, [{"offsets": {"0": 9}}]) if merged else (4, []))
     assert not pending.held and store.names() == []
 
@@ -325,3 +325,17 @@ def test_a_replay_remembers_the_letters_it_handled_last_and_no_more() -> None:
     # Copies of a stream batch's letters lie within two of its batches: sized from the job's settings.
     assert RecentLetters.for_stream(100_000).size == 200_000 + DLQ_BATCH
     assert RecentLetters.for_stream(-1).size == RecentLetters.UNLIMITED
+
+
+def test_a_replay_of_letters_replayed_before_gets_jobs_of_its_own() -> None:
+    """Letters read again on purpose (the replay group's offsets reset) sit at the same DLQ positions: with the
+    position alone as the plan, their load or MERGE was found done and the batch committed unwritten."""
+    from firehose_bq.bigquery.jobs import batch_job_id
+    from firehose_bq.dlq.replay import replay_plan
+
+    position = {"offsets": {"0": 500}}
+    ids = {batch_job_id("firehose_", "p.d.t", "dlq-replay:dlq@g", 0, replay_plan(position, run))
+           for run in ("run1", "run2")}
+    assert len(ids) == 2
+    # A pending batch written before runs were recorded keeps the id its load or MERGE ran under.
+    assert replay_plan(position, None) == [position]
