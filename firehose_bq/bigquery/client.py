@@ -45,10 +45,12 @@ def attempt_options(cfg: BigQueryConfig) -> dict[str, object]:
 
 
 def make_client(cfg: BigQueryConfig, creds: Credentials | None = None) -> bigquery.Client:
-    """A BigQuery (REST) client; `creds` None = cfg's credentials (`credentials`)."""
+    """A BigQuery (REST) client; `creds` None = cfg's credentials (`credentials`). Its location is the
+    datasets' (ensure_dataset refuses one elsewhere): jobs.get finds a job outside the US and EU
+    multi-regions only when told where it ran, and a batch's MERGE or load job must be found again."""
     options = ClientOptions(api_endpoint=cfg.api_endpoint) if cfg.api_endpoint else None
     return bigquery.Client(project=cfg.project_id, credentials=creds if creds is not None else credentials(cfg),
-                           client_options=options)
+                           client_options=options, location=cfg.dataset_location or None)
 
 
 def make_write_client(cfg: BigQueryConfig, creds: Credentials | None = None) -> BigQueryWriteClient:

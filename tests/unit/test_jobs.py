@@ -39,3 +39,25 @@ def test_the_job_timeout_is_still_read_under_its_file_loads_name() -> None:
     assert config.Config.from_env({**old, "SINK_BIGQUERY_JOB_TIMEOUT_MS": "5000"}).bigquery.job_timeout_ms == 5000
     with pytest.raises(ConfigError, match="SINK_BIGQUERY_JOB_TIMEOUT_MS: set differently under its former name"):
         config.Config.from_env({**old, "SINK_BIGQUERY_JOB_TIMEOUT_MS": "9000"})
+
+
+def test_a_batch_job_is_looked_up_in_the_datasets_location() -> None:
+    # jobs.get finds a job outside the US and EU multi-regions only when told its location: without it a
+    # MERGE or load job done before a crash reads as missing, its creation then answers 409, and the
+    # replayed batch stops the job on every restart (regional datasets: europe-west2, us-central1...).
+    from firehose_bq.bigquery.client import attempt_options, make_client
+    from firehose_bq.config import BigQueryConfig
+
+    cfg = BigQueryConfig(project_id="p", dataset="d", table="t", api_endpoint="http://127.0.0.1:1",
+                         dataset_location="asia-southeast1")
+    client = make_client(cfg)
+    requests: list[dict] = []
+
+    def call_api(retry: object, **request: object) -> dict:
+        requests.append(request)
+        return {"jobReference": {"projectId": "p", "jobId": "j", "location": "asia-southeast1"},
+                "configuration": {"query": {"query": "SELECT 1"}}, "status": {"state": "DONE"}}
+
+    client._call_api = call_api  # noqa: SLF001 (the one request a lookup makes)
+    assert jobs.BatchJobs(client, "MERGE job", cfg.table_ref, attempt_options(cfg), 10).existing("j") is not None
+    assert requests[0]["query_params"]["location"] == "asia-southeast1"

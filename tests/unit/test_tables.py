@@ -38,6 +38,18 @@ def test_fields_missing_from_the_proto_are_kept() -> None:
     assert [x.name for x in merge_schema(current, [f("a")])] == ["old", "a"]
 
 
+def test_required_fields_missing_from_the_proto_relax_to_nullable_also_nested() -> None:
+    # A proto2 `required` field deleted from the proto: the rows written from then on have no value for
+    # it, and a column left REQUIRED would refuse every one of them (to the DLQ, or a MERGE that fails).
+    current = [f("gone", mode="REQUIRED"), f("a"), f("n", "RECORD", fields=(f("x", mode="REQUIRED"), f("y")))]
+    merged = merge_schema(current, [f("a"), f("n", "RECORD", fields=(f("y"),))])
+    assert [(x.name, x.mode) for x in merged] == [("gone", "NULLABLE"), ("a", "NULLABLE"), ("n", "NULLABLE")]
+    assert [(x.name, x.mode) for x in merged[2].fields] == [("x", "NULLABLE"), ("y", "NULLABLE")]
+    assert schema_changes(current, merged) == ["relax gone REQUIRED -> NULLABLE", "relax n.x REQUIRED -> NULLABLE"]
+    # A JSON table's columns that its schema file lacks are still filled by the documents: they stay.
+    assert merge_schema(current, [f("a"), f("n", "RECORD", fields=(f("y"),))], relax_missing=False) == current
+
+
 def test_required_relaxes_to_nullable_but_never_tightens() -> None:
     assert merge_schema([f("a", mode="REQUIRED")], [f("a")])[0].mode == "NULLABLE"
     assert merge_schema([f("a")], [f("a", mode="REQUIRED")])[0].mode == "NULLABLE"
