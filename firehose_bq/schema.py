@@ -128,7 +128,10 @@ def field_kind(fd: FieldDescriptor, depth: int = 1, max_depth: int = MAX_RECORD_
     if fd.type != FD.TYPE_MESSAGE:
         return Kind.SCALAR
     kind = Kind.MAP if is_map(fd) else WELL_KNOWN_TYPES.get(fd.message_type.full_name, Kind.RECORD)
-    return Kind.CUT if kind in NESTED_KINDS and depth >= max_depth else kind
+    # BigQuery has no RECORD without fields (google.protobuf.Empty, a oneof's marker message): such a
+    # message is its JSON text, "{}" when set, as a cut one is.
+    empty = kind is Kind.RECORD and not fd.message_type.fields
+    return Kind.CUT if kind in NESTED_KINDS and (depth >= max_depth or empty) else kind
 
 
 def scalar_field(fd: FieldDescriptor) -> FieldDescriptor:
@@ -223,7 +226,9 @@ class _Builder:
 
     def _description(self, fd: FieldDescriptor, kind: Kind, depth: int) -> str:
         text = self._comment(fd)
-        if kind is Kind.CUT:
+        if kind is Kind.CUT and not fd.message_type.fields:
+            text = f"{fd.message_type.full_name} as JSON: a message without fields ({{}} when set). {text}".strip()
+        elif kind is Kind.CUT:
             why = "the message is recursive" if self._is_recursive(fd.message_type) else "it nests deeper"
             text = f"{fd.message_type.full_name} as JSON: cut at depth {depth} because {why}. {text}".strip()
         return text if len(text) <= DESCRIPTION_LIMIT else text[:DESCRIPTION_LIMIT - 1] + "…"

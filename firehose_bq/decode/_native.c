@@ -406,14 +406,21 @@ static inline uint64_t key_order(int vt, uint64_t u) {
     }
 }
 
-/* The next tag's field number and wire type; a malformed tag and field number 0 do not parse. */
-static inline int next_tag(Ctx *c, const uint8_t **pp, const uint8_t *end, uint32_t *num, uint32_t *wt) {
+/* The next tag's field number and wire type; a malformed tag does not parse, nor does field number 0
+ * unless `zero_ok` (upb reads it as an unknown field of a message without fields: google.protobuf.Empty,
+ * a oneof's marker). */
+static inline int next_tag_in(Ctx *c, const uint8_t **pp, const uint8_t *end, uint32_t *num, uint32_t *wt,
+                              int zero_ok) {
     uint32_t tag;
     if (**pp < 0x80) tag = *(*pp)++;
     else if (rd_tag(pp, end, &tag)) return perr(c, "malformed tag");
     *num = tag >> 3;
     *wt = tag & 7;
-    return *num ? OK : perr(c, "field number 0");
+    return *num || zero_ok ? OK : perr(c, "field number 0");
+}
+
+static inline int next_tag(Ctx *c, const uint8_t **pp, const uint8_t *end, uint32_t *num, uint32_t *wt) {
+    return next_tag_in(c, pp, end, num, wt, 0);
 }
 
 /* ---------------------------------------------------------------- skipping unknown fields */
@@ -1244,7 +1251,7 @@ static int decode_msg(Ctx *c, const MsgPlan *mp, const uint8_t *p, const uint8_t
     int rc;
     while (p < end) {
         uint32_t num, wt;
-        if ((rc = next_tag(c, &p, end, &num, &wt))) return rc;
+        if ((rc = next_tag_in(c, &p, end, &num, &wt, mp->nfields == 0))) return rc;
         int32_t fi = field_index(mp, num);
         if (fi < 0) {
             if ((rc = skip_value(c, &p, end, wt, num, level))) return rc;

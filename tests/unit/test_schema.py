@@ -272,3 +272,15 @@ def test_key_message_is_a_nullable_record_column(test_descriptors: Descriptors) 
     assert [c["name"] for c in schema] == ["id", "count", "tags", "message_key", *MetadataColumns.NAMES]
     assert schema[3] == col("message_key", "RECORD", description="Kafka message key (testdata.Key); NULL for a "
                             "null key", fields=[col("id", "STRING"), col("day", "DATE")])
+
+
+def test_a_message_without_fields_is_its_json_text(test_descriptors: Descriptors) -> None:
+    """BigQuery has no RECORD without fields: google.protobuf.Empty or a oneof's marker message made the
+    table impossible to create, and the job could not start."""
+    got = columns(test_descriptors, "testdata.Markers")
+    marker = "testdata.Marker as JSON: a message without fields ({} when set)."
+    assert got["nothing"] == col("nothing", "STRING", description="google.protobuf.Empty as JSON: a message "
+                                 "without fields ({} when set).")
+    assert got["marks"] == col("marks", "STRING", "REPEATED", description=marker)
+    assert got["active"] == col("active", "STRING", description=marker)
+    assert got["by_name"]["fields"][1] == col("value", "STRING", description=marker)

@@ -340,3 +340,18 @@ def test_unknown_fields_are_detected_recursively(decode: Decode, all_types) -> N
     out = decode(all_types, [all_types(f_string="s"), inner_unknown, top_unknown])
     assert out.unknown_fields == [1, 2] and out.failures == []
     assert out.values.to_pylist()[1]["f_message"] == {"label": "", "counts": []}
+
+
+def test_a_message_without_fields_is_its_json_text_and_null_when_unset(decode: Decode,
+                                                                        test_descriptors: Descriptors) -> None:
+    markers, marker = (test_descriptors.message_class(f"testdata.{n}") for n in ("Markers", "Marker"))
+    empty = test_descriptors.message_class("google.protobuf.Empty")
+    got = rows(decode, markers, markers(nothing=empty(), marks=[marker(), marker()], active=marker(),
+                                        by_name={"a": marker()}, id="x"), markers(other="o"))
+    assert got[0] == {"nothing": "{}", "marks": ["{}", "{}"], "active": "{}", "deleted": None, "other": None,
+                      "by_name": [{"key": "a", "value": "{}"}], "id": "x"}
+    assert got[1] == {"nothing": None, "marks": [], "active": None, "deleted": None, "other": "o",
+                      "by_name": [], "id": ""}
+    # upb reads field number 0 in a message without fields as an unknown field; so does the native decoder.
+    out = decode(marker, [b"\x00\x01", b"\x03\x04", b"\x04", b"\x03\x0c"])
+    assert failures(out) == [(2, DESER), (3, DESER)] and out.unknown_fields == [0, 1]
