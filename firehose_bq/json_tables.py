@@ -79,7 +79,8 @@ def ensure_json_table(client: bigquery.Client, cfg: Config, destination: Destina
                               f"Written by firehose-bq from JSON messages of Kafka topic(s) "
                               f"{', '.join(cfg.source.topics)}.")
     ensure_dataset(client, bq.project_id, destination.dataset, bq.dataset_location, cfg.table.dataset_labels, **call)
-    return list(ensure_table(client, wanted, **call).schema)
+    source = f"SINK_BIGQUERY_TABLE_SCHEMA_FILE {bq.table_schema_file}" if bq.table_schema_file else "the table"
+    return list(ensure_table(client, wanted, source=source, **call).schema)
 
 
 def schema_json(columns: Sequence[SchemaField]) -> tuple[str, ...]:

@@ -29,39 +29,41 @@ def _mode(f: SchemaField) -> str:
     return (f.mode or "NULLABLE").upper()
 
 
-def merge_schema(current: Sequence[SchemaField], wanted: Sequence[SchemaField], path: str = "") -> list[SchemaField]:
+def merge_schema(current: Sequence[SchemaField], wanted: Sequence[SchemaField], path: str = "",
+                 source: str = "the proto") -> list[SchemaField]:
     """The schema that holds both: `current` in its order, then new fields of `wanted`.
 
     New fields are added NULLABLE (or REPEATED); REQUIRED relaxes to NULLABLE when `wanted` says so;
     fields `wanted` lacks stay (old rows keep their data). A type change, or a change into or out of
-    REPEATED, cannot be applied by BigQuery and raises SchemaEvolutionError naming the field.
+    REPEATED, cannot be applied by BigQuery and raises SchemaEvolutionError naming the field and
+    `source`, where `wanted` comes from (the proto, or JSON input's schema file): what the user must edit.
     """
     wanted_by_name = {f.name.lower(): f for f in wanted}
     merged = []
     for old in current:
         new = wanted_by_name.pop(old.name.lower(), None)
-        merged.append(old if new is None else _merge_field(old, new, f"{path}{old.name}"))
+        merged.append(old if new is None else _merge_field(old, new, f"{path}{old.name}", source))
     for new in wanted_by_name.values():
         merged.append(_as_added(new))
     return merged
 
 
-def _merge_field(old: SchemaField, new: SchemaField, path: str) -> SchemaField:
+def _merge_field(old: SchemaField, new: SchemaField, path: str, source: str) -> SchemaField:
     if _type(old) != _type(new):
         raise SchemaEvolutionError(
-            f"field {path}: type {_type(old)} in the table, {_type(new)} in the proto; BigQuery cannot "
-            "change a column's type (add a new field in the proto instead)"
+            f"field {path}: type {_type(old)} in the table, {_type(new)} in {source}; BigQuery cannot "
+            f"change a column's type (add a new field in {source} instead)"
         )
     old_mode, new_mode = _mode(old), _mode(new)
     if (old_mode == "REPEATED") != (new_mode == "REPEATED"):
         raise SchemaEvolutionError(
-            f"field {path}: mode {old_mode} in the table, {new_mode} in the proto; BigQuery cannot "
+            f"field {path}: mode {old_mode} in the table, {new_mode} in {source}; BigQuery cannot "
             "change a column into or out of REPEATED"
         )
     mode = "NULLABLE" if old_mode == "REQUIRED" and new_mode == "NULLABLE" else old_mode
     fields = old.fields
     if _type(old) == "RECORD":
-        fields = tuple(merge_schema(old.fields, new.fields, f"{path}."))
+        fields = tuple(merge_schema(old.fields, new.fields, f"{path}.", source))
     if mode == old_mode and fields == old.fields:
         return old
     return _with(old, mode, fields)
@@ -143,9 +145,10 @@ def ensure_dataset(client: bigquery.Client, project: str, dataset: str, location
 
 
 def ensure_table(client: bigquery.Client, wanted: bigquery.Table, on_change: Callable[[str], None] | None = None,
-                 **call: Any) -> bigquery.Table:
+                 source: str = "the proto", **call: Any) -> bigquery.Table:
     """Create the table, or bring a live one up to `wanted`: add to its schema, set its labels.
-    `on_change(what)` is told when the table was created or its schema changed (metrics).
+    `on_change(what)` is told when the table was created or its schema changed (metrics); `source` is
+    where `wanted`'s schema comes from, for merge_schema's errors.
 
     Partitioning cannot change on a live table; a difference is logged, not applied.
     """
@@ -160,7 +163,7 @@ def ensure_table(client: bigquery.Client, wanted: bigquery.Table, on_change: Cal
                 on_change("created")
             continue  # another worker may have created it first, with an older schema: re-read and merge
         _warn_on_layout_drift(table, wanted)
-        merged = merge_schema(table.schema, wanted.schema)
+        merged = merge_schema(table.schema, wanted.schema, source=source)
         changes = schema_changes(table.schema, merged)
         fields = ["schema"] if changes else []
         if wanted.labels and any(table.labels.get(k) != v for k, v in wanted.labels.items()):

@@ -98,3 +98,26 @@ def test_routed_json_tables_are_created_from_the_schema_file_per_destination(
             assert "additional_properties" not in {f.name for f in bq_client.get_table(table).schema}
     finally:
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_a_schema_file_retyping_a_live_column_stops_naming_the_file_not_a_proto(
+        job_env: dict[str, str], bq_client: bigquery.Client, tmp_path: Path) -> None:
+    from firehose_bq.errors import SchemaEvolutionError
+    from firehose_bq.json_tables import JsonTableSchema
+    from firehose_bq.sink_schema import metadata_of
+
+    files = {}
+    for version, kind in (("v1", "INTEGER"), ("v2", "STRING")):
+        files[version] = tmp_path / f"{version}.json"
+        files[version].write_text(json.dumps([{"name": "id", "type": "STRING"}, {"name": "n", "type": kind}]))
+    configs = {v: Config.from_env(json_env(job_env, SINK_BIGQUERY_TABLE_SCHEMA_FILE=str(p))) for v, p in files.items()}
+    try:
+        JsonTableSchema(configs["v1"], metadata_of(configs["v1"])).columns()
+        with pytest.raises(SchemaEvolutionError) as failed:
+            JsonTableSchema(configs["v2"], metadata_of(configs["v2"])).columns()
+        # JSON input has no proto: the message names the file the user has to change.
+        assert f"STRING in SINK_BIGQUERY_TABLE_SCHEMA_FILE {files['v2']}" in str(failed.value)
+        assert "proto" not in str(failed.value)
+        assert {f.name: f.field_type for f in bq_client.get_table(configs["v1"].bigquery.table_ref).schema}["n"] == "INTEGER"
+    finally:
+        bq_client.delete_dataset(configs["v1"].bigquery.dataset, delete_contents=True, not_found_ok=True)
