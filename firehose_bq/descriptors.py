@@ -10,6 +10,7 @@ import difflib
 import hashlib
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,10 @@ class Descriptors:
     # Confluent registry: the ids of every version of the subject, the schema ids a framed record may carry
     # (batch/rows.py). None: no such check (Stencil, files).
     schema_ids: frozenset[int] | None = None
+    # Confluent registry: schema id → {message name: its message indexes in that version}, for the older
+    # versions in which a message's indexes differ from the latest's (a message declared above it since):
+    # their writers' frames name it so (batch/rows.py). Derived from the ids' versions, so not compared.
+    moved_indexes: Mapping[int, Mapping[str, tuple[int, ...]]] | None = field(default=None, compare=False)
     _pool: descriptor_pool.DescriptorPool | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -71,7 +76,8 @@ class Descriptors:
 
     def __getstate__(self) -> dict[str, object]:
         # The pool is a C object: workers rebuild it from the bytes.
-        return {"sets": self.sets, "sources": self.sources, "schema_ids": self.schema_ids, "_pool": None}
+        return {"sets": self.sets, "sources": self.sources, "schema_ids": self.schema_ids,
+                "moved_indexes": self.moved_indexes, "_pool": None}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         for key, value in state.items():

@@ -79,8 +79,17 @@ def ensure_json_table(client: bigquery.Client, cfg: Config, destination: Destina
                               f"Written by firehose-bq from JSON messages of Kafka topic(s) "
                               f"{', '.join(cfg.source.topics)}.")
     ensure_dataset(client, bq.project_id, destination.dataset, bq.dataset_location, cfg.table.dataset_labels, **call)
+    source = f"SINK_BIGQUERY_TABLE_SCHEMA_FILE {bq.table_schema_file}" if bq.table_schema_file else "the table"
     # Columns the schema file lacks are the table's own, which documents still fill: they keep REQUIRED.
-    return list(ensure_table(client, wanted, relax_missing=False, **call).schema)
+    live = list(ensure_table(client, wanted, relax_missing=False, source=source, **call).schema)
+    # Checked here, on the driver, before any task builds a decoder (json_rules.plan refuses the column):
+    # a task's error would stop the job in its first batch, as a worker traceback, on every restart.
+    column = next((f for f in live if f.name.lower() == ADDITIONAL_PROPERTIES), None)
+    if bq.additional_properties and column is not None and (column.field_type, column.mode) != ("STRING", "NULLABLE"):
+        raise SchemaError(f"table {table_ref}: column {column.name} is {column.mode} {column.field_type}, but "
+                          "SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE keeps unknown values there as JSON text, so it "
+                          "must be a NULLABLE STRING; rename the column or turn that setting off")
+    return live
 
 
 def schema_json(columns: Sequence[SchemaField]) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ from firehose_bq.errors import (DeadLetterError, ErrorType, FirehoseError, Messa
 from firehose_bq.logs import log_context
 from firehose_bq.metrics import BatchStats
 from firehose_bq.policy import DLQ, FAILED, FALLBACK, RETRIED, ErrorHandling, write_with_policy
+from firehose_bq.registry.confluent import message_indexes
 from firehose_bq.routing import Destination
 from firehose_bq.sink_schema import SinkSpec
 
@@ -125,7 +126,9 @@ def row_builder(spec: SinkSpec, changelog: bool, proto_class: str = "",
            if spec.key_class else None)
     unknown = UnknownFieldsJson(message_class, spec.confluent_framed) if spec.additional_properties else None
     ids = spec.descriptors.schema_ids
-    schema_ids = (SchemaIds(spec.schema_subject, ids)
+    moved = {schema_id: names[proto_class] for schema_id, names in (spec.descriptors.moved_indexes or {}).items()
+             if proto_class in names}
+    schema_ids = (SchemaIds(spec.schema_subject, ids, proto_class, message_indexes(message_class.DESCRIPTOR), moved)
                   if spec.confluent_framed and spec.schema_subject and ids is not None else None)
     return RowBuilder(values, spec.metadata, key, changelog=changelog, unknown=unknown, schema_ids=schema_ids)
 

@@ -13,7 +13,7 @@ which is how a row is identified from here to the policy (`Rows.sources`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +24,7 @@ from firehose_bq.arrow_schema import TIMESTAMP, arrow_field
 from firehose_bq.decode import ValueDecoder
 from firehose_bq.decode.unknown import UnknownFieldsJson
 from firehose_bq.errors import ErrorType, RowError
+from firehose_bq.registry.confluent import WireFormatError, encode_frame, parse_frame, shown_indexes
 from firehose_bq.schema import ADDITIONAL_PROPERTIES, KEY_COLUMN, METADATA_COLUMNS, MetadataColumns
 
 TOMBSTONE = "null value (a tombstone); only an upsert/delete sink can apply it"
@@ -88,6 +89,40 @@ class SchemaIds:
 
     subject: str
     ids: frozenset[int]
+    # The class (`message`), its message indexes in the latest version, and those in the older versions
+    # where they differ (Descriptors.moved_indexes): a writer on such a version names it by those.
+    message: str = ""
+    indexes: tuple[int, ...] = (0,)
+    moved: Mapping[int, tuple[int, ...]] = field(default_factory=dict, compare=False)
+
+    def reframed(self, values: pa.Array) -> tuple[pa.Array, list[RowError]]:
+        """`values` as the decoders check them, against the latest version's indexes of the class: a frame
+        of an older version (`moved`) that names the class by that version's indexes is rewritten to the
+        latest's; one that names anything else there is refused here (its slot NULL), since the latest's
+        indexes mean another message. The records themselves (DLQ letters) keep their own bytes."""
+        if not self.moved:
+            return values, []
+        moved_ids = pa.array([i.to_bytes(4, "big") for i in sorted(self.moved) if 0 <= i < 2 ** 32], pa.binary())
+        hit = pc.fill_null(pc.is_in(pc.binary_slice(values.cast(pa.binary()), 1, 5), value_set=moved_ids), False)
+        rows = np.flatnonzero(hit.to_numpy(zero_copy_only=False))
+        if not len(rows):
+            return values, []
+        out, refused = values.to_pylist(), []
+        for i in rows:
+            try:
+                frame = parse_frame(out[i])
+            except WireFormatError:
+                continue  # the decoder refuses it with its own words
+            expected = self.moved[frame.schema_id]
+            if frame.message_indexes == expected:
+                out[i] = encode_frame(frame.schema_id, self.indexes, out[i][frame.payload_offset:])
+                continue
+            out[i] = None
+            refused.append(RowError(int(i), ErrorType.DESERIALIZATION_ERROR, (
+                f"written as another message type: its Confluent frame names message indexes "
+                f"{shown_indexes(frame.message_indexes)} (schema id {frame.schema_id}), the configured class "
+                f"{self.message} is {shown_indexes(expected)} in that version")))
+        return pa.array(out, values.type), refused
 
     def refusal(self, schema_id: int) -> str:
         known = sorted(self.ids)
@@ -194,8 +229,10 @@ class RowBuilder:
                           if schema_ids is not None else None)
 
     def build(self, source: pa.RecordBatch, load_time_us: int) -> Rows:
-        decoded = self._values.decode(source["value"])
-        failures = list(decoded.failures)
+        framed, refused = (self._schema_ids.reframed(source["value"]) if self._schema_ids is not None
+                           else (source["value"], []))
+        decoded = self._values.decode(framed)
+        failures = list(decoded.failures) + refused
         failed = np.zeros(source.num_rows, dtype=bool)
         for f in failures:
             failed[f.index] = True
@@ -232,8 +269,8 @@ class RowBuilder:
             key = keys.values
         additional = None
         if self._unknown is not None:
-            additional, unreadable = self._unknown.column(source["value"], [i for i in decoded.unknown_fields
-                                                                            if not failed[i]])
+            additional, unreadable = self._unknown.column(framed, [i for i in decoded.unknown_fields
+                                                                   if not failed[i]])
             failures += unreadable
             failed[[f.index for f in unreadable]] = True
         failures.sort(key=lambda f: f.index)

@@ -30,14 +30,15 @@ def _mode(f: SchemaField) -> str:
 
 
 def merge_schema(current: Sequence[SchemaField], wanted: Sequence[SchemaField], path: str = "",
-                 relax_missing: bool = True) -> list[SchemaField]:
+                 relax_missing: bool = True, source: str = "the proto") -> list[SchemaField]:
     """The schema that holds both: `current` in its order, then new fields of `wanted`.
 
     New fields are added NULLABLE (or REPEATED); REQUIRED relaxes to NULLABLE when `wanted` says so;
     fields `wanted` lacks stay (old rows keep their data), relaxed to NULLABLE when REQUIRED: no new row
     can hold a value there, and BigQuery would refuse every one of them (not with `relax_missing` False:
     a JSON table's own columns, which documents still fill). A type change, or a change into or out of
-    REPEATED, cannot be applied by BigQuery and raises SchemaEvolutionError naming the field.
+    REPEATED, cannot be applied by BigQuery and raises SchemaEvolutionError naming the field and
+    `source`, where `wanted` comes from (the proto, or JSON input's schema file): what the user must edit.
     """
     wanted_by_name = {f.name.lower(): f for f in wanted}
     merged = []
@@ -46,28 +47,28 @@ def merge_schema(current: Sequence[SchemaField], wanted: Sequence[SchemaField], 
         if new is None:
             merged.append(_with(old, "NULLABLE", old.fields) if relax_missing and _mode(old) == "REQUIRED" else old)
         else:
-            merged.append(_merge_field(old, new, f"{path}{old.name}", relax_missing))
+            merged.append(_merge_field(old, new, f"{path}{old.name}", relax_missing, source))
     for new in wanted_by_name.values():
         merged.append(_as_added(new))
     return merged
 
 
-def _merge_field(old: SchemaField, new: SchemaField, path: str, relax_missing: bool) -> SchemaField:
+def _merge_field(old: SchemaField, new: SchemaField, path: str, relax_missing: bool, source: str) -> SchemaField:
     if _type(old) != _type(new):
         raise SchemaEvolutionError(
-            f"field {path}: type {_type(old)} in the table, {_type(new)} in the proto; BigQuery cannot "
-            "change a column's type (add a new field in the proto instead)"
+            f"field {path}: type {_type(old)} in the table, {_type(new)} in {source}; BigQuery cannot "
+            f"change a column's type (add a new field in {source} instead)"
         )
     old_mode, new_mode = _mode(old), _mode(new)
     if (old_mode == "REPEATED") != (new_mode == "REPEATED"):
         raise SchemaEvolutionError(
-            f"field {path}: mode {old_mode} in the table, {new_mode} in the proto; BigQuery cannot "
+            f"field {path}: mode {old_mode} in the table, {new_mode} in {source}; BigQuery cannot "
             "change a column into or out of REPEATED"
         )
     mode = "NULLABLE" if old_mode == "REQUIRED" and new_mode == "NULLABLE" else old_mode
     fields = old.fields
     if _type(old) == "RECORD":
-        fields = tuple(merge_schema(old.fields, new.fields, f"{path}.", relax_missing))
+        fields = tuple(merge_schema(old.fields, new.fields, f"{path}.", relax_missing, source))
     if mode == old_mode and fields == old.fields:
         return old
     return _with(old, mode, fields)
@@ -149,10 +150,10 @@ def ensure_dataset(client: bigquery.Client, project: str, dataset: str, location
 
 
 def ensure_table(client: bigquery.Client, wanted: bigquery.Table, on_change: Callable[[str], None] | None = None,
-                 relax_missing: bool = True, **call: Any) -> bigquery.Table:
+                 relax_missing: bool = True, source: str = "the proto", **call: Any) -> bigquery.Table:
     """Create the table, or bring a live one up to `wanted`: add to its schema, set its labels.
-    `on_change(what)` is told when the table was created or its schema changed (metrics). `relax_missing`:
-    see merge_schema.
+    `on_change(what)` is told when the table was created or its schema changed (metrics). `relax_missing`
+    and `source` (where `wanted`'s schema comes from, for its errors): see merge_schema.
 
     Partitioning cannot change on a live table; a difference is logged, not applied.
     """
@@ -167,7 +168,7 @@ def ensure_table(client: bigquery.Client, wanted: bigquery.Table, on_change: Cal
                 on_change("created")
             continue  # another worker may have created it first, with an older schema: re-read and merge
         _warn_on_layout_drift(table, wanted)
-        merged = merge_schema(table.schema, wanted.schema, relax_missing=relax_missing)
+        merged = merge_schema(table.schema, wanted.schema, relax_missing=relax_missing, source=source)
         changes = schema_changes(table.schema, merged)
         fields = ["schema"] if changes else []
         if wanted.labels and any(table.labels.get(k) != v for k, v in wanted.labels.items()):

@@ -22,7 +22,7 @@ from firehose_bq import redact
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import RegistryUnavailableError, SchemaError
 from firehose_bq.registry.config import RegistryConfig
-from firehose_bq.registry.confluent import ConfluentRegistry
+from firehose_bq.registry.confluent import ConfluentRegistry, ConfluentSchema
 from firehose_bq.registry.stencil import StencilFetcher
 from firehose_bq.retrying import Backoff, retry_call
 
@@ -48,9 +48,33 @@ def confluent_fetch(registry: ConfluentRegistry, subject: str) -> Fetch:
         latest = registry.latest(subject)
         # The latest id too: a version registered between the two requests is in one of them.
         ids = registry.subject_ids(subject) | {latest.schema_id}
-        return dataclasses.replace(latest.descriptors, schema_ids=ids)
+        return dataclasses.replace(latest.descriptors, schema_ids=ids,
+                                   moved_indexes=_moved_indexes(registry, latest, ids))
 
     return fetch
+
+
+def _moved_indexes(registry: ConfluentRegistry, latest: ConfluentSchema, ids: frozenset[int]) \
+        -> dict[int, dict[str, tuple[int, ...]]]:
+    """`Descriptors.moved_indexes`: an older version's writers name a message by its indexes in that
+    version, which differ from the latest's once a message was declared above it. Each version is
+    compiled once (the registry keeps it); one that does not compile is left out, its frames then
+    checked against the latest's indexes as before."""
+    current = latest.indexes_by_name()
+    moved: dict[int, dict[str, tuple[int, ...]]] = {}
+    for schema_id in sorted(ids - {latest.schema_id}):
+        try:
+            older = registry.schema(schema_id).indexes_by_name()
+        except RegistryUnavailableError:
+            raise  # an outage: the fetch is retried, the descriptors kept
+        except SchemaError as exc:
+            log.warning("schema id %d: its message indexes are unknown (%s); its records must name the latest's",
+                        schema_id, exc)
+            continue
+        changed = {name: path for name, path in older.items() if current.get(name, path) != path}
+        if changed:
+            moved[schema_id] = changed
+    return moved
 
 
 @dataclass(frozen=True)

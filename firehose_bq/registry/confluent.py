@@ -142,6 +142,20 @@ class ConfluentSchema:
     descriptors: Descriptors
     main_file: str  # the name the schema's own .proto has inside `descriptors`
 
+    def indexes_by_name(self) -> dict[str, tuple[int, ...]]:
+        """The message indexes (`message_indexes`) of every message declared in the schema's own file."""
+        fds = descriptor_pb2.FileDescriptorSet.FromString(self.descriptors.sets[0])
+        file = next(f for f in fds.file if f.name == self.main_file)
+        found: dict[str, tuple[int, ...]] = {}
+
+        def walk(prefix: str, messages: Sequence[descriptor_pb2.DescriptorProto], path: tuple[int, ...]) -> None:
+            for index, m in enumerate(m for m in messages if not m.options.map_entry):
+                found[f"{prefix}{m.name}"] = (*path, index)
+                walk(f"{prefix}{m.name}.", m.nested_type, (*path, index))
+
+        walk(f"{file.package}." if file.package else "", file.message_type, ())
+        return found
+
     def message_name(self, indexes: Sequence[int]) -> str:
         fds = descriptor_pb2.FileDescriptorSet.FromString(self.descriptors.sets[0])
         file = next(f for f in fds.file if f.name == self.main_file)

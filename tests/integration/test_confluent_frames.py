@@ -139,3 +139,52 @@ def test_a_schema_id_of_no_version_is_dead_lettered_after_a_refresh_and_lands_on
         cache.stop()
         producer.close()
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+# Click's second version declares a message above it: Click's message indexes go from [0] to [1].
+CLICK_V1 = """syntax = "proto3";
+package shop;
+message Click { string id = 1; int64 n = 2; }
+"""
+CLICK_V2 = """syntax = "proto3";
+package shop;
+message Referrer { string url = 1; }
+message Click { string id = 1; int64 n = 2; Referrer ref = 3; }
+"""
+
+
+def test_an_older_writers_frame_names_the_class_by_its_own_versions_indexes(
+        spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
+        tmp_path: Path) -> None:
+    """Confluent's serializers write the message indexes of the writer's schema (the frame's schema id): a
+    producer still on version 1 names Click [0], one on version 2 names it [1]. Both are Clicks."""
+    fake, _server = registry
+    topic = job_env["SOURCE_KAFKA_TOPIC"]
+    fake.register_confluent(f"{topic}-value", 1, 1, CLICK_V1)
+    fake.register_confluent(f"{topic}-value", 2, 2, CLICK_V2)
+    env = {k: v for k, v in job_env.items() if k != "SCHEMA_REGISTRY_STENCIL_URLS"}
+    cfg = Config.from_env({**env, "INPUT_SCHEMA_PROTO_CLASS": "shop.Click", "SINK_BIGQUERY_TABLE_NAME": "clicks",
+                           "SCHEMA_REGISTRY_CONFLUENT_URL": fake.url, "SCHEMA_REGISTRY_STENCIL_CACHE_AUTO_REFRESH": "false",
+                           "DLQ_SINK_ENABLE": "true", "DLQ_WRITER_TYPE": "BLOB",
+                           "DLQ_BLOB_LOCAL_DIRECTORY": str(tmp_path / "dlq")})
+    classes = {v: Descriptors((compile_proto("shop.proto", {"shop.proto": text}, "test"),), ("test",))
+               .message_class("shop.Click") for v, text in ((1, CLICK_V1), (2, CLICK_V2))}
+    ensure_topic(cfg.source.brokers, topic, 1)
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    producer.send(topic, encode_frame(1, [0], classes[1](id="old", n=1).SerializeToString()))
+    producer.send(topic, encode_frame(2, [1], classes[2](id="new", n=2, ref={"url": "u"}).SerializeToString()))
+    producer.flush()
+    producer.close()
+    cache = descriptor_cache(cfg).start()
+    try:
+        pipeline = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now)
+        totals = pipeline.run(available_now=True).totals
+        letters = [DeadLetter.from_json(line) for f in sorted((tmp_path / "dlq").rglob("*.jsonl"))
+                   for line in f.read_text().splitlines()]
+        assert [x.error.message for x in letters] == []
+        assert (totals.rows_written, totals.dead_lettered, totals.failed) == (2, 0, 0)
+        rows = {r["id"]: dict(r.items()) for r in bq_client.query(f"SELECT * FROM `{cfg.bigquery.table_ref}`")}
+        assert rows["old"]["n"] == 1 and rows["new"]["ref"] == {"url": "u"}
+    finally:
+        cache.stop()
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)

@@ -34,6 +34,16 @@ def rows(client: bigquery.Client, table: str) -> list[dict]:
     return [dict(r.items()) for r in client.query(f"SELECT * FROM `{table}` ORDER BY message_offset").result()]
 
 
+def produce_routed(cfg: Config, count: int, docs: tuple[bytes, ...]) -> None:
+    """`count` sample documents, their `doc` header taking the values of `docs` in turn."""
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    for i in range(count):
+        producer.send(cfg.source.topics[0], json.dumps(sample.json_document(i)).encode(),
+                      headers=[("doc", docs[i % len(docs)])])
+    producer.flush()
+    producer.close()
+
+
 def test_documents_ahead_of_the_table_land_coerced_and_nothing_unexpected_fails(
         spark, job_env: dict[str, str], bq_client: bigquery.Client) -> None:
     cfg = Config.from_env(json_env(job_env))
@@ -81,11 +91,7 @@ def test_routed_json_tables_are_created_from_the_schema_file_per_destination(
                                    SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE="false"))
     topic = cfg.source.topics[0]
     sample.ensure_topic(cfg.source.brokers, topic, 2)
-    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
-    for i in range(40):
-        producer.send(topic, json.dumps(sample.json_document(i)).encode(), headers=[("doc", [b"main", b"crash"][i % 2])])
-    producer.flush()
-    producer.close()
+    produce_routed(cfg, 40, (b"main", b"crash"))
     try:
         summary = Pipeline(cfg, spark).run(available_now=True)
         t = summary.totals
@@ -96,5 +102,77 @@ def test_routed_json_tables_are_created_from_the_schema_file_per_destination(
             table = f"{cfg.bigquery.project_id}.{cfg.bigquery.dataset}.telemetry_{doc}"
             assert len(rows(bq_client, table)) == 20
             assert "additional_properties" not in {f.name for f in bq_client.get_table(table).schema}
+    finally:
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_a_schema_file_retyping_a_live_column_stops_naming_the_file_not_a_proto(
+        job_env: dict[str, str], bq_client: bigquery.Client, tmp_path: Path) -> None:
+    from firehose_bq.errors import SchemaEvolutionError
+    from firehose_bq.json_tables import JsonTableSchema
+    from firehose_bq.sink_schema import metadata_of
+
+    files = {}
+    for version, kind in (("v1", "INTEGER"), ("v2", "STRING")):
+        files[version] = tmp_path / f"{version}.json"
+        files[version].write_text(json.dumps([{"name": "id", "type": "STRING"}, {"name": "n", "type": kind}]))
+    configs = {v: Config.from_env(json_env(job_env, SINK_BIGQUERY_TABLE_SCHEMA_FILE=str(p))) for v, p in files.items()}
+    try:
+        JsonTableSchema(configs["v1"], metadata_of(configs["v1"])).columns()
+        with pytest.raises(SchemaEvolutionError) as failed:
+            JsonTableSchema(configs["v2"], metadata_of(configs["v2"])).columns()
+        # JSON input has no proto: the message names the file the user has to change.
+        assert f"STRING in SINK_BIGQUERY_TABLE_SCHEMA_FILE {files['v2']}" in str(failed.value)
+        assert "proto" not in str(failed.value)
+        assert {f.name: f.field_type for f in bq_client.get_table(configs["v1"].bigquery.table_ref).schema}["n"] == "INTEGER"
+    finally:
+        bq_client.delete_dataset(configs["v1"].bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_an_additional_properties_column_that_cannot_hold_json_text_stops_the_start(
+        job_env: dict[str, str], bq_client: bigquery.Client, tmp_path: Path) -> None:
+    from firehose_bq.errors import SchemaError
+    from firehose_bq.json_tables import JsonTableSchema
+    from firehose_bq.sink_schema import metadata_of
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps([{"name": "id", "type": "STRING"}, {"name": "Additional_Properties", "type": "JSON"}]))
+    cfg = Config.from_env(json_env(job_env, SINK_BIGQUERY_TABLE_SCHEMA_FILE=str(schema)))
+    try:
+        # On the driver, before the stream starts: not in every task's first batch, as a worker traceback.
+        with pytest.raises(SchemaError) as failed:
+            JsonTableSchema(cfg, metadata_of(cfg)).columns()
+        assert str(failed.value) == (
+            f"table {cfg.bigquery.table_ref}: column Additional_Properties is NULLABLE JSON, but "
+            "SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE keeps unknown values there as JSON text, so it must be a "
+            "NULLABLE STRING; rename the column or turn that setting off")
+        off = Config.from_env(json_env(job_env, SINK_BIGQUERY_TABLE_SCHEMA_FILE=str(schema),
+                                       SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE="false"))
+        assert [json.loads(c)["name"] for c in JsonTableSchema(off, metadata_of(off)).columns()] == \
+            ["id", "Additional_Properties"]
+    finally:
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_a_routed_table_whose_additional_properties_column_cannot_hold_them_fails_only_its_records(
+        spark, job_env: dict[str, str], bq_client: bigquery.Client) -> None:
+    cfg = Config.from_env(json_env(job_env, SINK_BIGQUERY_TABLE_NAME="telemetry_${header.doc}",
+                                   SINK_BIGQUERY_TABLE_SCHEMA_FILE=""))  # the live tables are the schema
+    topic = cfg.source.topics[0]
+    sample.ensure_topic(cfg.source.brokers, topic, 1)
+    sample.ensure_topic(cfg.source.brokers, cfg.dlq.kafka_topic, 1)
+    bq_client.create_dataset(cfg.bigquery.dataset, exists_ok=True)
+    for doc, extra in (("main", []), ("bad", [bigquery.SchemaField("additional_properties", "JSON")])):
+        table = f"{cfg.bigquery.project_id}.{cfg.bigquery.dataset}.telemetry_{doc}"
+        bq_client.create_table(bigquery.Table(table, schema=[bigquery.SchemaField("client_id", "STRING"), *extra]))
+    produce_routed(cfg, 20, (b"main", b"bad"))
+    try:
+        # One table's header value must not stop the job on every restart: its records fail, the others land.
+        t = Pipeline(cfg, spark).run(available_now=True).totals
+        assert (t.messages, t.rows_written, t.dead_lettered, t.failed) == (20, 10, 10, 0)
+        assert len(rows(bq_client, f"{cfg.bigquery.project_id}.{cfg.bigquery.dataset}.telemetry_main")) == 10
+        letters = read_topic(cfg.source.brokers, cfg.dlq.kafka_topic)
+        assert {x.error.error_type for x in letters} == {ErrorType.ROUTING_ERROR} and len(letters) == 10
+        assert "column additional_properties is NULLABLE JSON" in letters[0].error.message
     finally:
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)

@@ -70,6 +70,17 @@ def test_changes_bigquery_cannot_apply_name_the_field(current, wanted, message: 
         merge_schema(current, wanted)
 
 
+def test_changes_bigquery_cannot_apply_name_where_the_new_schema_came_from() -> None:
+    # JSON input's table comes from a schema file, not a proto: the message names what the user must edit.
+    source = "SINK_BIGQUERY_TABLE_SCHEMA_FILE /etc/schema.json"
+    with pytest.raises(SchemaEvolutionError) as failed:
+        merge_schema([f("n", "RECORD", fields=(f("x", "INTEGER"),))], [f("n", "RECORD", fields=(f("x"),))],
+                     source=source)
+    assert str(failed.value) == (f"field n.x: type INTEGER in the table, STRING in {source}; BigQuery cannot change a "
+                                 f"column's type (add a new field in {source} instead)")
+    assert "proto" not in str(failed.value)
+
+
 def test_merge_leaves_the_live_schema_untouched() -> None:
     current = [f("id", mode="REQUIRED"), f("n", "RECORD", fields=(f("x"),))]
     before = [x.to_api_repr() for x in current]

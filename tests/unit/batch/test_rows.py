@@ -349,3 +349,45 @@ def test_an_unknown_schema_ids_message_lists_a_long_history_cut() -> None:
     ids = SchemaIds("s", frozenset(range(100, 130)))
     assert ids.refusal(7) == ("schema id 7 is not a version of subject s (known: "
                               + ", ".join(map(str, range(100, 120))) + ", ...)")
+
+
+# Click's second version declares a message above it: Click's message indexes go from [0] to [1].
+CLICK_V1 = 'syntax = "proto3"; package shop; message Click { string id = 1; int64 n = 2; }'
+CLICK_V2 = ('syntax = "proto3"; package shop; message Referrer { string url = 1; }\n'
+            'message Click { string id = 1; int64 n = 2; Referrer ref = 3; map<string, Referrer> by = 4; '
+            'message Inner { string x = 1; } }')
+
+
+@pytest.mark.parametrize("decoder", ["native", "python"])
+def test_an_older_versions_frame_names_the_class_by_that_versions_indexes(decoder: str) -> None:
+    """Confluent's serializers write the indexes of the writer's schema, the frame's schema id: a producer
+    still on version 1 names Click [0], which the latest version gives to Referrer."""
+    from firehose_bq.registry.confluent import ConfluentSchema, compile_proto
+
+    if decoder == "native" and native_unavailable():
+        pytest.skip(native_unavailable())
+    v1, v2 = (ConfluentSchema(i, Descriptors((compile_proto("shop.proto", {"shop.proto": text}, "test"),)),
+                              "shop.proto") for i, text in ((1, CLICK_V1), (2, CLICK_V2)))
+    assert v1.indexes_by_name() == {"shop.Click": (0,)}
+    # map entries are not counted, as Confluent's serializers count
+    assert v2.indexes_by_name() == {"shop.Referrer": (0,), "shop.Click": (1,), "shop.Click.Inner": (1, 0)}
+    old, click, referrer = (v.descriptors.message_class(n) for v, n in
+                            ((v1, "shop.Click"), (v2, "shop.Click"), (v2, "shop.Referrer")))
+    source = source_batch([encode_frame(1, [0], old(id="old", n=1).SerializeToString()),
+                           encode_frame(2, [1], click(id="new", n=2, ref={"url": "u"}).SerializeToString()),
+                           encode_frame(2, [0], referrer(url="r").SerializeToString()),  # a Referrer of version 2
+                           encode_frame(1, [1], old(id="x").SerializeToString()),  # version 1 has no [1]
+                           b"\x00\x00\x00\x00\x01\x03"],  # version 1's id, a cut frame
+                          offsets=list(range(5)))
+    ids = SchemaIds("shop-value", frozenset({1, 2}), "shop.Click", indexes=(1,), moved={1: (0,)})
+    values = make_value_decoder(click, confluent_framed=True, detect_unknown_fields=True, prefer=decoder)
+    rows = RowBuilder(values, MetadataColumns(), schema_ids=ids).build(source, LOAD_US)
+    assert [(r["id"], r["n"]) for r in rows.table().to_pylist()] == [("old", 1), ("new", 2)]
+    assert rows.sources.tolist() == [0, 1] and rows.unknown_schema_ids == [] and rows.unknown_fields == []
+    by_index = {f.index: (f.error_type, f.message) for f in rows.failures}
+    assert sorted(by_index) == [2, 3, 4] and {t for t, _ in by_index.values()} == {ErrorType.DESERIALIZATION_ERROR}
+    assert "names message indexes [0] (schema id 2), the configured class shop.Click is [1]" in by_index[2][1]
+    assert by_index[3][1].endswith("names message indexes [1] (schema id 1), the configured class shop.Click is [0] "
+                                   "in that version")
+    # what goes to the DLQ is the record as it was written, not the frame rewritten for decoding
+    assert source["value"][0].as_py()[5:6] == b"\x00"

@@ -278,6 +278,8 @@ def test_a_confluent_subjects_new_version_is_a_change_even_with_the_same_schema_
     schema = json.dumps({"id": 5, "schema": text, "schemaType": "PROTOBUF"}).encode()
     versions = f"{url}/subjects/orders-value/versions"
     get = FakeGet({f"{versions}/latest": schema, f"{url}/schemas/ids/5": schema,
+                   # each older version's schema, for its message indexes (Descriptors.moved_indexes)
+                   f"{url}/schemas/ids/4": schema, f"{url}/schemas/ids/9": schema,
                    # the first list is older than the latest version: its id is allowed all the same
                    f"{versions}?deleted=true": [b"[1]", b"[1]", b"[1, 2, 3]"],
                    f"{versions}/1?deleted=true": json.dumps({"id": 4, "schema": text}).encode(),
@@ -288,3 +290,31 @@ def test_a_confluent_subjects_new_version_is_a_change_even_with_the_same_schema_
     assert (first.schema_ids, third.schema_ids) == ({4, 5}, {4, 5, 9})
     assert first.fingerprint == again.fingerprint != third.fingerprint and first.sets == third.sets
     assert first.message_class("o.Order").DESCRIPTOR.full_name == "o.Order"
+    assert third.moved_indexes == {}  # the same text: no message moved
+
+
+def test_a_confluent_fetch_knows_where_older_versions_declared_a_message() -> None:
+    """A writer on an older version names the class by that version's message indexes (batch/rows.py)."""
+    url = "http://sr.test"
+    texts = {1: "syntax = 'proto3'; package o; message Order { string id = 1; }",
+             2: "syntax = 'proto3'; package o; message Order { string id = 1; } message Line { int64 n = 1; }",
+             3: "syntax = 'proto3'; package o; message Line { int64 n = 1; } message Order { string id = 1; }"}
+    schemas = {i: json.dumps({"id": 10 + i, "schema": t, "schemaType": "PROTOBUF"}).encode() for i, t in texts.items()}
+    versions = f"{url}/subjects/orders-value/versions"
+    get = FakeGet({f"{versions}/latest": schemas[3], f"{versions}?deleted=true": b"[1, 2, 3, 4]",
+                   **{f"{versions}/{v}?deleted=true": schemas.get(v, json.dumps({"id": 14, "schema": "x"}).encode())
+                      for v in (1, 2, 3, 4)},
+                   **{f"{url}/schemas/ids/{10 + v}": s for v, s in schemas.items()},
+                   # version 4 does not compile: logged, and left out
+                   f"{url}/schemas/ids/14": json.dumps({"schema": "not proto", "schemaType": "PROTOBUF"}).encode()})
+    loaded = confluent_fetch(ConfluentRegistry(url, user_info=None, timeout_s=1, get=get), "orders-value")()
+    assert loaded.schema_ids == {11, 12, 13, 14}
+    assert loaded.moved_indexes == {11: {"o.Order": (0,)}, 12: {"o.Order": (0,), "o.Line": (1,)}}
+    assert pickle.loads(pickle.dumps(loaded)).moved_indexes == loaded.moved_indexes  # it travels to the tasks
+
+    # an outage while compiling an older version is an outage of the fetch, not a version left out
+    get.routes[f"{versions}?deleted=true"] = b"[1, 2, 3, 4, 5]"
+    get.routes[f"{versions}/5?deleted=true"] = json.dumps({"id": 15, "schema": "x"}).encode()
+    get.routes[f"{url}/schemas/ids/15"] = urllib.error.URLError("refused")
+    with pytest.raises(RegistryUnavailableError):
+        confluent_fetch(ConfluentRegistry(url, user_info=None, timeout_s=1, get=get), "orders-value")()
