@@ -318,3 +318,23 @@ def test_a_confluent_fetch_knows_where_older_versions_declared_a_message() -> No
     get.routes[f"{url}/schemas/ids/15"] = urllib.error.URLError("refused")
     with pytest.raises(RegistryUnavailableError):
         confluent_fetch(ConfluentRegistry(url, user_info=None, timeout_s=1, get=get), "orders-value")()
+
+
+def test_an_older_versions_indexes_learnt_on_a_later_refresh_replace_the_descriptors() -> None:
+    """A version left out of moved_indexes once (its schema answered 403 on the first load) is learnt on a
+    later refresh: the same texts and ids, but its writers' records now land, so that is a change."""
+    url = "http://sr.test"
+    texts = {1: "syntax = 'proto3'; package o; message Order { string id = 1; }",
+             2: "syntax = 'proto3'; package o; message Line { int64 n = 1; } message Order { string id = 1; }"}
+    schemas = {v: json.dumps({"id": 10 + v, "schema": t, "schemaType": "PROTOBUF"}).encode() for v, t in texts.items()}
+    versions = f"{url}/subjects/orders-value/versions"
+    get = FakeGet({f"{versions}/latest": schemas[2], f"{versions}?deleted=true": b"[1, 2]",
+                   **{f"{versions}/{v}?deleted=true": s for v, s in schemas.items()},
+                   f"{url}/schemas/ids/12": schemas[2],
+                   f"{url}/schemas/ids/11": [http_error(403), schemas[1]]})
+    registry = ConfluentRegistry(url, user_info=None, timeout_s=1, get=get)
+    descriptors = DescriptorCache(confluent_fetch(registry, "orders-value"), source="sr", refresh_interval_s=None,
+                                  min_on_demand_interval_s=0).start()
+    assert descriptors.get().moved_indexes == {}
+    assert descriptors.refresh_now("unknown fields")
+    assert descriptors.get().moved_indexes == {11: {"o.Order": (0,)}}
