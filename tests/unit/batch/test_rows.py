@@ -391,3 +391,19 @@ def test_an_older_versions_frame_names_the_class_by_that_versions_indexes(decode
                                    "in that version")
     # what goes to the DLQ is the record as it was written, not the frame rewritten for decoding
     assert source["value"][0].as_py()[5:6] == b"\x00"
+
+
+def test_an_older_versions_indexes_reach_a_class_named_with_a_leading_dot() -> None:
+    """INPUT_SCHEMA_PROTO_CLASS may be spelled as protobuf spells full names, `.shop.Click` (find_message
+    takes it): the older version's indexes are still the class's, so its writers' records land."""
+    from firehose_bq.batch.core import row_builder
+    from firehose_bq.registry.confluent import compile_proto
+    from firehose_bq.sink_schema import SinkSpec
+
+    v1, v2 = (Descriptors((compile_proto("shop.proto", {"shop.proto": text}, "test"),)) for text in (CLICK_V1, CLICK_V2))
+    latest = Descriptors(v2.sets, schema_ids=frozenset({1, 2}), moved_indexes={1: {"shop.Click": (0,)}})
+    source = source_batch([encode_frame(1, [0], v1.message_class("shop.Click")(id="old", n=1).SerializeToString())])
+    spec = SinkSpec(latest, ".shop.Click", MetadataColumns(), confluent_framed=True, schema_subject="shop-value",
+                    decoder="python")
+    rows = row_builder(spec, False, ".shop.Click").build(source, LOAD_US)
+    assert rows.failures == [] and [(r["id"], r["n"]) for r in rows.table().to_pylist()] == [("old", 1)]
