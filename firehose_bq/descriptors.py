@@ -32,8 +32,9 @@ class Descriptors:
     # (batch/rows.py). None: no such check (Stencil, files).
     schema_ids: frozenset[int] | None = None
     # Confluent registry: schema id → {message name: its message indexes in that version}, for the older
-    # versions in which a message's indexes differ from the latest's (a message declared above it since):
-    # their writers' frames name it so (batch/rows.py). Not compared (a dict is not hashable), but in the
+    # versions in which a message's indexes differ from the latest's (a message declared above it since),
+    # or () where the version does not declare it (registry.confluent.NOT_DECLARED): their writers' frames
+    # name it so (batch/rows.py). Not compared (a dict is not hashable), but in the
     # fingerprint: a version left out once (it did not compile, or its fetch was refused) and learnt on a
     # later refresh changes no text and no id, yet its writers' records land only with the new descriptors.
     moved_indexes: Mapping[int, Mapping[str, tuple[int, ...]]] | None = field(default=None, compare=False)

@@ -44,6 +44,10 @@ class WireFormatError(SchemaError):
     """The bytes are not a Confluent-framed message: a problem of that message, not of the registry."""
 
 
+# Descriptors.moved_indexes of a message an older version does not declare: no frame names it so.
+NOT_DECLARED: tuple[int, ...] = ()
+
+
 @dataclass(frozen=True)
 class Frame:
     schema_id: int
