@@ -339,3 +339,22 @@ def test_an_older_versions_indexes_learnt_on_a_later_refresh_replace_the_descrip
     assert descriptors.get().moved_indexes == {}
     assert descriptors.refresh_now("unknown fields")
     assert descriptors.get().moved_indexes == {11: {"o.Order": (0,), "o.Line": ()}}
+
+
+@pytest.mark.parametrize("name", ["nul\x00.proto", "bad\ud800.proto"])
+def test_an_older_version_whose_files_cannot_be_written_is_left_out_not_the_fetch(name: str) -> None:
+    """A version's reference names come from the registry: one that no file can have (a NUL, a lone
+    surrogate) is that version's problem, like a schema that does not compile, not a failed fetch
+    that would keep every refresh (or the start) from ever succeeding."""
+    url = "http://sr.test"
+    latest = json.dumps({"id": 12, "schema": "syntax = 'proto3'; package o; message Order { string id = 1; }",
+                         "schemaType": "PROTOBUF"}).encode()
+    older = json.dumps({"id": 11, "schema": "syntax = 'proto3'; import 'x.proto'; message O { string id = 1; }",
+                        "schemaType": "PROTOBUF", "references": [{"name": name, "subject": "x", "version": 1}]})
+    versions = f"{url}/subjects/orders-value/versions"
+    get = FakeGet({f"{versions}/latest": latest, f"{versions}?deleted=true": b"[1, 2]",
+                   f"{versions}/1?deleted=true": older.encode(), f"{versions}/2?deleted=true": latest,
+                   f"{url}/schemas/ids/12": latest, f"{url}/schemas/ids/11": older.encode(),
+                   f"{url}/subjects/x/versions/1": json.dumps({"schema": "syntax = 'proto3';"}).encode()})
+    loaded = confluent_fetch(ConfluentRegistry(url, user_info=None, timeout_s=1, get=get), "orders-value")()
+    assert loaded.schema_ids == {11, 12} and loaded.moved_indexes == {}
