@@ -32,8 +32,11 @@ class Descriptors:
     # (batch/rows.py). None: no such check (Stencil, files).
     schema_ids: frozenset[int] | None = None
     # Confluent registry: schema id → {message name: its message indexes in that version}, for the older
-    # versions in which a message's indexes differ from the latest's (a message declared above it since):
-    # their writers' frames name it so (batch/rows.py). Derived from the ids' versions, so not compared.
+    # versions in which a message's indexes differ from the latest's (a message declared above it since),
+    # or () where the version does not declare it (registry.confluent.NOT_DECLARED): their writers' frames
+    # name it so (batch/rows.py). Not compared (a dict is not hashable), but in the
+    # fingerprint: a version left out once (it did not compile, or its fetch was refused) and learnt on a
+    # later refresh changes no text and no id, yet its writers' records land only with the new descriptors.
     moved_indexes: Mapping[int, Mapping[str, tuple[int, ...]]] | None = field(default=None, compare=False)
     _pool: descriptor_pool.DescriptorPool | None = field(default=None, compare=False, repr=False)
 
@@ -45,6 +48,8 @@ class Descriptors:
             digest.update(hashlib.sha256(blob).digest())
         if self.schema_ids is not None:  # a new version with the same text is a change: its id is allowed now
             digest.update(",".join(map(str, sorted(self.schema_ids))).encode())
+        if self.moved_indexes:
+            digest.update(repr(sorted((i, sorted(names.items())) for i, names in self.moved_indexes.items())).encode())
         return digest.hexdigest()[:16]
 
     def pool(self) -> descriptor_pool.DescriptorPool:

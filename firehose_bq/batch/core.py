@@ -126,9 +126,11 @@ def row_builder(spec: SinkSpec, changelog: bool, proto_class: str = "",
            if spec.key_class else None)
     unknown = UnknownFieldsJson(message_class, spec.confluent_framed) if spec.additional_properties else None
     ids = spec.descriptors.schema_ids
-    moved = {schema_id: names[proto_class] for schema_id, names in (spec.descriptors.moved_indexes or {}).items()
-             if proto_class in names}
-    schema_ids = (SchemaIds(spec.schema_subject, ids, proto_class, message_indexes(message_class.DESCRIPTOR), moved)
+    # By the descriptor's full name: the setting may spell the class `.pkg.Message`, which find_message takes.
+    name = message_class.DESCRIPTOR.full_name
+    moved = {schema_id: names[name] for schema_id, names in (spec.descriptors.moved_indexes or {}).items()
+             if name in names}
+    schema_ids = (SchemaIds(spec.schema_subject, ids, name, message_indexes(message_class.DESCRIPTOR), moved)
                   if spec.confluent_framed and spec.schema_subject and ids is not None else None)
     return RowBuilder(values, spec.metadata, key, changelog=changelog, unknown=unknown, schema_ids=schema_ids)
 

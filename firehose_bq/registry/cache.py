@@ -22,7 +22,7 @@ from firehose_bq import redact
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import RegistryUnavailableError, SchemaError
 from firehose_bq.registry.config import RegistryConfig
-from firehose_bq.registry.confluent import ConfluentRegistry, ConfluentSchema
+from firehose_bq.registry.confluent import NOT_DECLARED, ConfluentRegistry, ConfluentSchema
 from firehose_bq.registry.stencil import StencilFetcher
 from firehose_bq.retrying import Backoff, retry_call
 
@@ -59,7 +59,8 @@ def _moved_indexes(registry: ConfluentRegistry, latest: ConfluentSchema, ids: fr
     """`Descriptors.moved_indexes`: an older version's writers name a message by its indexes in that
     version, which differ from the latest's once a message was declared above it. Each version is
     compiled once (the registry keeps it); one that does not compile is left out, its frames then
-    checked against the latest's indexes as before."""
+    checked against the latest's indexes as before. A message the version does not declare yet is
+    NOT_DECLARED there: its frames name another message, even at the latest's indexes of this one."""
     current = latest.indexes_by_name()
     moved: dict[int, dict[str, tuple[int, ...]]] = {}
     for schema_id in sorted(ids - {latest.schema_id}):
@@ -72,6 +73,8 @@ def _moved_indexes(registry: ConfluentRegistry, latest: ConfluentSchema, ids: fr
                         schema_id, exc)
             continue
         changed = {name: path for name, path in older.items() if current.get(name, path) != path}
+        # A message the version does not declare: none of its frames names it (NOT_DECLARED), whatever indexes.
+        changed.update((name, NOT_DECLARED) for name in current.keys() - older.keys())
         if changed:
             moved[schema_id] = changed
     return moved

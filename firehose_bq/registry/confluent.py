@@ -44,6 +44,10 @@ class WireFormatError(SchemaError):
     """The bytes are not a Confluent-framed message: a problem of that message, not of the registry."""
 
 
+# Descriptors.moved_indexes of a message an older version does not declare: no frame names it so.
+NOT_DECLARED: tuple[int, ...] = ()
+
+
 @dataclass(frozen=True)
 class Frame:
     schema_id: int
@@ -299,11 +303,14 @@ def compile_proto(main_file: str, files: Mapping[str, str], what: str) -> bytes:
     with tempfile.TemporaryDirectory(prefix="confluent-schema-") as tmp:
         root = Path(tmp, "src")
         for name, text in files.items():
-            path = (root / name).resolve()
-            if not path.is_relative_to(root.resolve()):  # names come from the registry: stay in the temp dir
-                raise SchemaError(f"{what}: reference name {name!r} leaves the source tree")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+            try:
+                path = (root / name).resolve()
+                if not path.is_relative_to(root.resolve()):  # names come from the registry: stay in the temp dir
+                    raise SchemaError(f"{what}: reference name {name!r} leaves the source tree")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+            except ValueError as exc:  # a NUL or a lone surrogate in a name or text: the schema's fault, like a typo
+                raise SchemaError(f"{what}: {name!r} cannot be written as a file: {exc}") from exc
         out = Path(tmp, "schema.desc")
         # A subprocess, because protoc prints its errors to the process's stderr and they belong in the
         # SchemaError; run in `root` so that they name `x.proto:1:5`, not the temp dir.

@@ -391,3 +391,52 @@ def test_an_older_versions_frame_names_the_class_by_that_versions_indexes(decode
                                    "in that version")
     # what goes to the DLQ is the record as it was written, not the frame rewritten for decoding
     assert source["value"][0].as_py()[5:6] == b"\x00"
+
+
+def test_an_older_versions_indexes_reach_a_class_named_with_a_leading_dot() -> None:
+    """INPUT_SCHEMA_PROTO_CLASS may be spelled as protobuf spells full names, `.shop.Click` (find_message
+    takes it): the older version's indexes are still the class's, so its writers' records land."""
+    from firehose_bq.batch.core import row_builder
+    from firehose_bq.registry.confluent import compile_proto
+    from firehose_bq.sink_schema import SinkSpec
+
+    v1, v2 = (Descriptors((compile_proto("shop.proto", {"shop.proto": text}, "test"),)) for text in (CLICK_V1, CLICK_V2))
+    latest = Descriptors(v2.sets, schema_ids=frozenset({1, 2}), moved_indexes={1: {"shop.Click": (0,)}})
+    source = source_batch([encode_frame(1, [0], v1.message_class("shop.Click")(id="old", n=1).SerializeToString())])
+    spec = SinkSpec(latest, ".shop.Click", MetadataColumns(), confluent_framed=True, schema_subject="shop-value",
+                    decoder="python")
+    rows = row_builder(spec, False, ".shop.Click").build(source, LOAD_US)
+    assert rows.failures == [] and [(r["id"], r["n"]) for r in rows.table().to_pylist()] == [("old", 1)]
+
+
+@pytest.mark.parametrize("decoder", ["native", "python"])
+def test_a_version_without_the_class_has_no_record_of_it(decoder: str) -> None:
+    """Version 1 declared only Purchase, at [0]; version 2 declares Click above it. A version-1 record
+    names Purchase by [0], the latest's indexes of Click: it is refused, never decoded as a Click."""
+    from firehose_bq.registry.cache import _moved_indexes
+    from firehose_bq.registry.confluent import ConfluentSchema, compile_proto
+
+    if decoder == "native" and native_unavailable():
+        pytest.skip(native_unavailable())
+    texts = {1: 'syntax = "proto3"; package shop; message Purchase { string id = 1; int64 n = 2; }',
+             2: ('syntax = "proto3"; package shop; message Click { string id = 1; int64 n = 2; }\n'
+                 'message Purchase { string id = 1; int64 n = 2; }')}
+    schemas = {i: ConfluentSchema(i, Descriptors((compile_proto("shop.proto", {"shop.proto": t}, "test"),)), "shop.proto")
+               for i, t in texts.items()}
+
+    class Registry:
+        def schema(self, schema_id: int) -> ConfluentSchema:
+            return schemas[schema_id]
+
+    moved = _moved_indexes(Registry(), schemas[2], frozenset({1, 2}))  # type: ignore[arg-type]
+    purchase, click = (schemas[i].descriptors.message_class(n) for i, n in ((1, "shop.Purchase"), (2, "shop.Click")))
+    source = source_batch([encode_frame(1, [0], purchase(id="p", n=7).SerializeToString()),
+                           encode_frame(2, [0], click(id="c", n=1).SerializeToString())])
+    ids = SchemaIds("shop-value", frozenset({1, 2}), "shop.Click", (0,),
+                    {i: names["shop.Click"] for i, names in moved.items() if "shop.Click" in names})
+    values = make_value_decoder(click, confluent_framed=True, detect_unknown_fields=True, prefer=decoder)
+    rows = RowBuilder(values, MetadataColumns(), schema_ids=ids).build(source, LOAD_US)
+    assert [r["id"] for r in rows.table().to_pylist()] == ["c"]
+    assert [(f.index, f.error_type) for f in rows.failures] == [(0, ErrorType.DESERIALIZATION_ERROR)]
+    assert rows.failures[0].message.endswith("(schema id 1), the configured class shop.Click is not declared in "
+                                             "that version")

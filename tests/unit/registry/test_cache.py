@@ -309,7 +309,8 @@ def test_a_confluent_fetch_knows_where_older_versions_declared_a_message() -> No
                    f"{url}/schemas/ids/14": json.dumps({"schema": "not proto", "schemaType": "PROTOBUF"}).encode()})
     loaded = confluent_fetch(ConfluentRegistry(url, user_info=None, timeout_s=1, get=get), "orders-value")()
     assert loaded.schema_ids == {11, 12, 13, 14}
-    assert loaded.moved_indexes == {11: {"o.Order": (0,)}, 12: {"o.Order": (0,), "o.Line": (1,)}}
+    # version 1 does not declare Line: none of its records is one
+    assert loaded.moved_indexes == {11: {"o.Order": (0,), "o.Line": ()}, 12: {"o.Order": (0,), "o.Line": (1,)}}
     assert pickle.loads(pickle.dumps(loaded)).moved_indexes == loaded.moved_indexes  # it travels to the tasks
 
     # an outage while compiling an older version is an outage of the fetch, not a version left out
@@ -318,3 +319,42 @@ def test_a_confluent_fetch_knows_where_older_versions_declared_a_message() -> No
     get.routes[f"{url}/schemas/ids/15"] = urllib.error.URLError("refused")
     with pytest.raises(RegistryUnavailableError):
         confluent_fetch(ConfluentRegistry(url, user_info=None, timeout_s=1, get=get), "orders-value")()
+
+
+def test_an_older_versions_indexes_learnt_on_a_later_refresh_replace_the_descriptors() -> None:
+    """A version left out of moved_indexes once (its schema answered 403 on the first load) is learnt on a
+    later refresh: the same texts and ids, but its writers' records now land, so that is a change."""
+    url = "http://sr.test"
+    texts = {1: "syntax = 'proto3'; package o; message Order { string id = 1; }",
+             2: "syntax = 'proto3'; package o; message Line { int64 n = 1; } message Order { string id = 1; }"}
+    schemas = {v: json.dumps({"id": 10 + v, "schema": t, "schemaType": "PROTOBUF"}).encode() for v, t in texts.items()}
+    versions = f"{url}/subjects/orders-value/versions"
+    get = FakeGet({f"{versions}/latest": schemas[2], f"{versions}?deleted=true": b"[1, 2]",
+                   **{f"{versions}/{v}?deleted=true": s for v, s in schemas.items()},
+                   f"{url}/schemas/ids/12": schemas[2],
+                   f"{url}/schemas/ids/11": [http_error(403), schemas[1]]})
+    registry = ConfluentRegistry(url, user_info=None, timeout_s=1, get=get)
+    descriptors = DescriptorCache(confluent_fetch(registry, "orders-value"), source="sr", refresh_interval_s=None,
+                                  min_on_demand_interval_s=0).start()
+    assert descriptors.get().moved_indexes == {}
+    assert descriptors.refresh_now("unknown fields")
+    assert descriptors.get().moved_indexes == {11: {"o.Order": (0,), "o.Line": ()}}
+
+
+@pytest.mark.parametrize("name", ["nul\x00.proto", "bad\ud800.proto"])
+def test_an_older_version_whose_files_cannot_be_written_is_left_out_not_the_fetch(name: str) -> None:
+    """A version's reference names come from the registry: one that no file can have (a NUL, a lone
+    surrogate) is that version's problem, like a schema that does not compile, not a failed fetch
+    that would keep every refresh (or the start) from ever succeeding."""
+    url = "http://sr.test"
+    latest = json.dumps({"id": 12, "schema": "syntax = 'proto3'; package o; message Order { string id = 1; }",
+                         "schemaType": "PROTOBUF"}).encode()
+    older = json.dumps({"id": 11, "schema": "syntax = 'proto3'; import 'x.proto'; message O { string id = 1; }",
+                        "schemaType": "PROTOBUF", "references": [{"name": name, "subject": "x", "version": 1}]})
+    versions = f"{url}/subjects/orders-value/versions"
+    get = FakeGet({f"{versions}/latest": latest, f"{versions}?deleted=true": b"[1, 2]",
+                   f"{versions}/1?deleted=true": older.encode(), f"{versions}/2?deleted=true": latest,
+                   f"{url}/schemas/ids/12": latest, f"{url}/schemas/ids/11": older.encode(),
+                   f"{url}/subjects/x/versions/1": json.dumps({"schema": "syntax = 'proto3';"}).encode()})
+    loaded = confluent_fetch(ConfluentRegistry(url, user_info=None, timeout_s=1, get=get), "orders-value")()
+    assert loaded.schema_ids == {11, 12} and loaded.moved_indexes == {}
