@@ -245,6 +245,18 @@ class WorkerStart:
         return dict(json.loads(probe.stdout))
 
 
+def worker_starts(pid: int) -> list[WorkerStart]:
+    """WorkerStart of each Python process under `pid` (a worker that exits meanwhile is left out)."""
+    starts = []
+    for process in tree(pid):
+        if process.name.startswith("python"):
+            try:
+                starts.append(WorkerStart.of(process.pid))
+            except (OSError, IndexError):  # gone meanwhile (no /proc entry, or a zombie without a cmdline)
+                continue
+    return starts
+
+
 def task_attempts(executor_dir: Path, state: str) -> set[tuple[int, int, int]]:
     """(stage, task, attempt) of every task attempt the executor's log says it started (state "Running")
     or finished ("Finished")."""
@@ -276,10 +288,12 @@ def kill_executor_mid_batch(job: subprocess.Popen[str], log_path: Path, cluster:
         if executors:
             executor = executors[0]
             executor_dir = Path(os.readlink(f"/proc/{executor.pid}/cwd"))
+            # Read before the log, not between it and the kill: on busy cores reading each worker's /proc
+            # took long enough for the task seen running to finish before the kill (no task in flight).
+            workers = worker_starts(executor.pid)
             if task_attempts(executor_dir, "Running") - task_attempts(executor_dir, "Finished"):
                 break
         time.sleep(0.02)
-    workers = [WorkerStart.of(p.pid) for p in tree(executor.pid) if p.name.startswith("python")]
     victims = kill_tree(executor.pid)
     assert wait_gone(victims, 10), "the executor survived SIGKILL"
     done = BATCH_DONE.findall(log_path.read_text())
