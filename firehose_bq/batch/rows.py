@@ -24,8 +24,8 @@ from firehose_bq.arrow_schema import TIMESTAMP, arrow_field
 from firehose_bq.decode import ValueDecoder
 from firehose_bq.decode.unknown import UnknownFieldsJson
 from firehose_bq.errors import ErrorType, RowError
-from firehose_bq.registry.confluent import NOT_DECLARED, WireFormatError, encode_frame, parse_frame, \
-    shown_indexes
+from firehose_bq.registry.confluent import (NOT_DECLARED, WireFormatError, another_message_type, encode_frame,
+                                            parse_frame, shown_indexes)
 from firehose_bq.schema import ADDITIONAL_PROPERTIES, KEY_COLUMN, METADATA_COLUMNS, MetadataColumns
 
 TOMBSTONE = "null value (a tombstone); only an upsert/delete sink can apply it"
@@ -121,10 +121,8 @@ class SchemaIds:
             out[i] = None
             where = ("not declared in that version" if expected == NOT_DECLARED
                      else f"{shown_indexes(expected)} in that version")
-            refused.append(RowError(int(i), ErrorType.DESERIALIZATION_ERROR, (
-                f"written as another message type: its Confluent frame names message indexes "
-                f"{shown_indexes(frame.message_indexes)} (schema id {frame.schema_id}), the configured class "
-                f"{self.message} is {where}")))
+            refused.append(RowError(int(i), ErrorType.DESERIALIZATION_ERROR,
+                                    another_message_type(frame, self.message, where)))
         return pa.array(out, values.type), refused
 
     def refusal(self, schema_id: int) -> str:

@@ -76,11 +76,16 @@ def frame_payload(data: bytes, expected: tuple[int, ...], name: str) -> int:
     names another message: decoding that as `name` would turn it into a wrong row, silently."""
     frame = parse_frame(data)
     if frame.message_indexes != expected:
-        raise WireFormatError(
-            f"written as another message type: its Confluent frame names message indexes "
-            f"{shown_indexes(frame.message_indexes)} (schema id {frame.schema_id}), the configured class {name} "
-            f"is {shown_indexes(expected)}")
+        raise WireFormatError(another_message_type(frame, name, shown_indexes(expected)))
     return frame.payload_offset
+
+
+def another_message_type(frame: Frame, name: str, where: str) -> str:
+    """Why a frame naming another message than the class `name` (which is `where`: its indexes, in the
+    frame's version) is refused; the C decoder words it the same."""
+    return (f"written as another message type: its Confluent frame names message indexes "
+            f"{shown_indexes(frame.message_indexes)} (schema id {frame.schema_id}), the configured class {name} "
+            f"is {where}")
 
 
 # How many indexes an error message shows: a hostile frame may carry thousands.
@@ -161,16 +166,11 @@ class ConfluentSchema:
         return found
 
     def message_name(self, indexes: Sequence[int]) -> str:
-        fds = descriptor_pb2.FileDescriptorSet.FromString(self.descriptors.sets[0])
-        file = next(f for f in fds.file if f.name == self.main_file)
-        names, candidates = [file.package] if file.package else [], file.message_type
-        for index in indexes:
-            if not 0 <= index < len(candidates):
-                raise SchemaError(f"schema id {self.schema_id} has no message at indexes {list(indexes)}")
-            names.append(candidates[index].name)
-            # map entries are not counted (module doc), as in `message_indexes`
-            candidates = [m for m in candidates[index].nested_type if not m.options.map_entry]
-        return ".".join(names)
+        """The message at `indexes`: `indexes_by_name` read backwards (one walk, one counting rule)."""
+        for name, path in self.indexes_by_name().items():
+            if path == tuple(indexes):
+                return name
+        raise SchemaError(f"schema id {self.schema_id} has no message at indexes {list(indexes)}")
 
 
 class ConfluentRegistry:
