@@ -146,6 +146,24 @@ def test_readme_lists_every_stack_setting_with_its_default() -> None:
         "README's stack table is out of date: paste `firehose-bq config stack-reference` into it")
 
 
+# Variables the README names that are Spark's own, read from the process environment, not settings.
+SPARK_VARIABLES = {"SPARK_CONF_DIR", "SPARK_SIMPLIFIED_TRACEBACK"}
+
+
+def test_readme_prose_names_only_settings_that_exist() -> None:
+    # The generated tables cannot go stale; the prose around them can (a renamed or removed setting).
+    declared = {name for d in config.reference() + config.reference((StackConfig,)) for name in (d.env, *d.formerly)}
+    named = set(re.findall(r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)`", README.read_text()))
+    prefixes = (*config.OWNED_PREFIXES, "SPARK_", "LOG_", "FIREHOSE_STACK_")
+    assert sorted(n for n in named if n.startswith(prefixes) and n not in declared | SPARK_VARIABLES) == []
+
+
+def test_readme_names_only_example_files_that_exist() -> None:
+    named = set(re.findall(r"`config/([\w.-]+)`|`([\w-]+\.env)`", README.read_text()))
+    files = {name for pair in named for name in pair if name}
+    assert files and sorted(f for f in files if not (README.parent / "config" / f).is_file()) == []
+
+
 def test_example_env_file_is_a_valid_config() -> None:
     local = config.read_env_file(README.parent / "config" / "local.env")
     assert Config.from_env(local).source.topics == ("bookings",)
