@@ -77,6 +77,17 @@ def test_native_decoder_required_but_not_built_is_a_start_error(monkeypatch: pyt
                                      "build it"]
 
 
+def test_an_empty_dlq_topic_is_a_start_error_not_a_failed_dead_letter_write() -> None:
+    # `DLQ_KAFKA_TOPIC=` (a blank line in an env file) used to pass: the first dead letter then failed to
+    # send for DLQ_RETRY_DEADLINE_MS and stopped the job.
+    env = {**MINIMAL, "DLQ_SINK_ENABLE": "true", "DLQ_KAFKA_TOPIC": " "}
+    with pytest.raises(ConfigError) as raised:
+        Config.from_env(env)
+    assert raised.value.problems == ["DLQ_KAFKA_TOPIC: required with DLQ_WRITER_TYPE=KAFKA"]
+    Config.from_env({**env, "DLQ_SINK_ENABLE": "false"})  # not used: no problem
+    Config.from_env({**env, "DLQ_WRITER_TYPE": "LOG"})
+
+
 def test_every_problem_is_reported_at_once_one_line_per_variable() -> None:
     env = {**MINIMAL, "SPARK_MAX_OFFSETS_PER_TRIGGER": "lots", "SINK_BIGQUERY_ROW_INSERT_ID_ENABLE": "yes",
            "SOURCE_KAFKA_CONSUMER_CONFIG_AUTO_OFFSET_RESET": "newest", "SINK_BIGQUERY_INSERT_ALL_BATCH_SIZE": "60000"}
