@@ -26,6 +26,8 @@ from firehose_bq.errors import ConfigError, FirehoseError
 
 log = logging.getLogger("firehose_bq")
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
@@ -33,6 +35,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     say: logs.Say = logs.say_plain
     secrets = config_module.secret_settings()
     try:
+        if args.log_level not in LOG_LEVELS:  # argparse checks --log-level, not a default taken from the environment
+            raise ConfigError([f"FIREHOSE_LOG_LEVEL: expected one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}"])
         say = logs.configure(args.log_level, os.environ, secrets)
         environ = _environment(args)
         say = logs.configure(args.log_level, environ, secrets)  # LOG_FORMAT or a secret may come from a file
@@ -67,8 +71,9 @@ def _service_errors() -> tuple[type[BaseException], ...]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="firehose-bq", description=__doc__.splitlines()[0])
-    parser.add_argument("--log-level", default=os.environ.get("FIREHOSE_LOG_LEVEL", "INFO"),
-                        choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    level = os.environ.get("FIREHOSE_LOG_LEVEL", "INFO")
+    parser.add_argument("--log-level", default=level.upper() if level.upper() in LOG_LEVELS else level,
+                        choices=LOG_LEVELS)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--env-file", action="append", default=[], type=Path, metavar="FILE",
                         help="NAME=value file for settings the environment does not set (repeatable)")

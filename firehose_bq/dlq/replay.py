@@ -284,7 +284,7 @@ def replay(cfg: Config, source: DlqSource, progress: bool = False, telemetry: Te
             # A stream batch run again after a crash dead-letters its messages again, a batch or more after
             # the first copies: what this run handled is skipped in its later batches too. The attempt is
             # part of the identity, since a letter this run dead-lettered again must be read again.
-            handled = RecentLetters.for_stream(cfg.spark.max_offsets_per_trigger)
+            handled = RecentLetters.for_mode(mode)
             for number, (read, position) in enumerate(source.batches(), start=first):
                 # The same message dead-lettered twice (a batch replayed after a crash) is one message.
                 letters = [x for x in {_coords(x): x for x in read}.values() if _identity(x) not in handled]
@@ -324,8 +324,8 @@ class RecentLetters:
     """The identities of the letters a replay handled last, `size` of them at most: a replay that follows a
     DLQ for days must not hold every letter it ever read. The copies a stream batch's rerun writes lie
     within two of its batches' letters of the first ones (the rest of the first run's, then the rerun's),
-    and a stream batch reads at most SPARK_MAX_OFFSETS_PER_TRIGGER records (the replay runs with the job's
-    settings), so twice that, plus one replay batch, is enough; unlimited batches get UNLIMITED."""
+    and a stream batch reads at most its write mode's `max_offsets_per_trigger` records (the replay runs with
+    the job's settings), so twice that, plus one replay batch, is enough; unlimited batches get UNLIMITED."""
 
     UNLIMITED = 1_000_000  # about 200 MB of identities (measured: 190 MiB)
 
@@ -337,6 +337,12 @@ class RecentLetters:
     @classmethod
     def for_stream(cls, max_offsets_per_trigger: int) -> RecentLetters:
         return cls(2 * max_offsets_per_trigger + DLQ_BATCH if max_offsets_per_trigger > 0 else cls.UNLIMITED)
+
+    @classmethod
+    def for_mode(cls, mode: WriteMode) -> RecentLetters:
+        """Sized from the stream's own bound on a batch, which upsert/delete takes from
+        SINK_BIGQUERY_MERGE_RECORDS_THRESHOLD rather than SPARK_MAX_OFFSETS_PER_TRIGGER."""
+        return cls.for_stream(mode.max_offsets_per_trigger())
 
     def __contains__(self, identity: tuple[str, int, int, int]) -> bool:
         return identity in self._set

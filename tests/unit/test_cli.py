@@ -48,3 +48,18 @@ def test_env_file_fills_in_and_environment_wins(tmp_path: Path) -> None:
     done = firehose("config", "check", "--env-file", str(path), env={"SINK_BIGQUERY_TABLE_NAME": "from_env"})
     assert done.returncode == 0, done.stderr
     assert '"table": "from_env"' in done.stdout
+
+
+def test_bad_firehose_log_level_is_a_config_error() -> None:
+    # README: a bad setting prints one `config error:` line and exits 2; FIREHOSE_LOG_LEVEL is one (it used to
+    # reach logging unchecked: a traceback, exit 1).
+    done = firehose("config", "check", env={**MINIMAL, "FIREHOSE_LOG_LEVEL": "verbose"})
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("config error: FIREHOSE_LOG_LEVEL: expected one of DEBUG, INFO, WARNING, ERROR, "
+                                   "got 'verbose'")
+
+
+def test_firehose_log_level_ignores_case() -> None:
+    done = firehose("config", "check", env={**MINIMAL, "FIREHOSE_LOG_LEVEL": "debug"})
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr

@@ -77,6 +77,17 @@ def test_native_decoder_required_but_not_built_is_a_start_error(monkeypatch: pyt
                                      "build it"]
 
 
+def test_an_empty_dlq_topic_is_a_start_error_not_a_failed_dead_letter_write() -> None:
+    # `DLQ_KAFKA_TOPIC=` (a blank line in an env file) used to pass: the first dead letter then failed to
+    # send for DLQ_RETRY_DEADLINE_MS and stopped the job.
+    env = {**MINIMAL, "DLQ_SINK_ENABLE": "true", "DLQ_KAFKA_TOPIC": " "}
+    with pytest.raises(ConfigError) as raised:
+        Config.from_env(env)
+    assert raised.value.problems == ["DLQ_KAFKA_TOPIC: required with DLQ_WRITER_TYPE=KAFKA"]
+    Config.from_env({**env, "DLQ_SINK_ENABLE": "false"})  # not used: no problem
+    Config.from_env({**env, "DLQ_WRITER_TYPE": "LOG"})
+
+
 def test_every_problem_is_reported_at_once_one_line_per_variable() -> None:
     env = {**MINIMAL, "SPARK_MAX_OFFSETS_PER_TRIGGER": "lots", "SINK_BIGQUERY_ROW_INSERT_ID_ENABLE": "yes",
            "SOURCE_KAFKA_CONSUMER_CONFIG_AUTO_OFFSET_RESET": "newest", "SINK_BIGQUERY_INSERT_ALL_BATCH_SIZE": "60000"}
@@ -144,6 +155,24 @@ def test_readme_lists_every_job_setting_with_its_default() -> None:
 def test_readme_lists_every_stack_setting_with_its_default() -> None:
     assert _readme_block("stack-reference") == config.reference_markdown((StackConfig,)), (
         "README's stack table is out of date: paste `firehose-bq config stack-reference` into it")
+
+
+# Variables the README names that are Spark's own, read from the process environment, not settings.
+SPARK_VARIABLES = {"SPARK_CONF_DIR", "SPARK_SIMPLIFIED_TRACEBACK"}
+
+
+def test_readme_prose_names_only_settings_that_exist() -> None:
+    # The generated tables cannot go stale; the prose around them can (a renamed or removed setting).
+    declared = {name for d in config.reference() + config.reference((StackConfig,)) for name in (d.env, *d.formerly)}
+    named = set(re.findall(r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)`", README.read_text()))
+    prefixes = (*config.OWNED_PREFIXES, "SPARK_", "LOG_", "FIREHOSE_STACK_")
+    assert sorted(n for n in named if n.startswith(prefixes) and n not in declared | SPARK_VARIABLES) == []
+
+
+def test_readme_names_only_example_files_that_exist() -> None:
+    named = set(re.findall(r"`config/([\w.-]+)`|`([\w-]+\.env)`", README.read_text()))
+    files = {name for pair in named for name in pair if name}
+    assert files and sorted(f for f in files if not (README.parent / "config" / f).is_file()) == []
 
 
 def test_example_env_file_is_a_valid_config() -> None:

@@ -339,3 +339,21 @@ def test_a_replay_of_letters_replayed_before_gets_jobs_of_its_own() -> None:
     assert len(ids) == 2
     # A pending batch written before runs were recorded keeps the id its load or MERGE ran under.
     assert replay_plan(position, None) == [position]
+
+
+def test_the_replay_remembers_two_of_the_streams_own_batches_of_letters() -> None:
+    # Upsert/delete batches are bounded by SINK_BIGQUERY_MERGE_RECORDS_THRESHOLD in place of
+    # SPARK_MAX_OFFSETS_PER_TRIGGER: sized from the latter, the window missed copies a batch apart, and a
+    # delete-only replay appended those values twice.
+    from firehose_bq.dlq.replay import DLQ_BATCH, RecentLetters
+    from firehose_bq.modes import write_mode
+    from tests.unit.test_modes import config
+
+    upsert = {"SINK_BIGQUERY_UPSERT_ENABLED": "true", "INPUT_SCHEMA_PROTO_KEY_CLASS": "x.K",
+              "SINK_BIGQUERY_KAFKA_KEY_FIELD_NAME": "k"}
+    assert RecentLetters.for_mode(write_mode(config(**upsert, SINK_BIGQUERY_MERGE_RECORDS_THRESHOLD="500000"))) \
+        .size == 1_000_000 + DLQ_BATCH
+    assert RecentLetters.for_mode(write_mode(config(**upsert))).size == 200_000 + DLQ_BATCH
+    assert RecentLetters.for_mode(write_mode(config())).size == 200_000 + DLQ_BATCH
+    assert RecentLetters.for_mode(write_mode(config(SPARK_MAX_OFFSETS_PER_TRIGGER="-1"))).size \
+        == RecentLetters.UNLIMITED
