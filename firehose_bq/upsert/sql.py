@@ -206,16 +206,16 @@ class MergePlan:
         # source rows matching one target row.
         once = (f"SELECT one.* FROM (SELECT ARRAY_AGG(x LIMIT 1)[OFFSET(0)] AS one FROM {self._batch_rows(batch)} "
                 f"GROUP BY {self._group_by('x')}, x.{quote(ORDER)})")
-        leaves = self._leaves()
-        names = [f"k{n}" for n in range(len(leaves))]
-        selected = ", ".join(f"{_path('x', KEY, *leaf)} AS {name}" for leaf, name in zip(leaves, names))
-        last_deletes = (f"SELECT {selected}, "
-                        f"MAX(x.{quote(ORDER)}) AS last_delete FROM {self._batch_rows(batch)} "
-                        f"AND x.{quote(VALUE)} IS NULL GROUP BY {', '.join(names)}")
-        joined = " AND ".join(f"{_path('x', KEY, *leaf)} IS NOT DISTINCT FROM d.{name}"
-                              for leaf, name in zip(leaves, names))
-        source = (f"SELECT x.* FROM ({once}) AS x LEFT JOIN ({last_deletes}) AS d ON {joined} "
-                  f"WHERE d.last_delete IS NULL OR x.{quote(ORDER)} >= d.last_delete")
+        # Each key's records and its last tombstone in one GROUP BY (NULL key fields group together, as in
+        # the upsert MERGE), then its records from that tombstone on. No join: real BigQuery refuses a LEFT
+        # JOIN whose condition has no plain equality of both sides ("LEFT OUTER JOIN cannot be used without
+        # a condition that is an equality of fields from both sides of the join"), and a NULL-safe match is
+        # not one; a window's PARTITION BY would refuse FLOAT key fields.
+        order = quote(ORDER)
+        per_key = (f"SELECT ARRAY_AGG(x) AS records, MAX(CASE WHEN x.{quote(VALUE)} IS NULL THEN x.{order} END) "
+                   f"AS last_delete FROM ({once}) AS x GROUP BY {self._group_by('x')}")
+        source = (f"SELECT r.* FROM ({per_key}) AS g, UNNEST(g.records) AS r "
+                  f"WHERE g.last_delete IS NULL OR r.{order} >= g.last_delete")
         return "\n".join([
             f"MERGE {self.destination.sql} AS dst",
             f"USING ({source}) AS src",
