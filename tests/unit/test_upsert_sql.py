@@ -18,7 +18,8 @@ def plan(upsert: bool, delete: bool, key: tuple[F, ...] = FLAT_KEY, partitioning
     return MergePlan(DEST, TMP, "customKeyField", key, ("f1", "f2"), upsert, delete, partitioning)
 
 
-DEDUP = ("USING (SELECT latest.* FROM (SELECT ARRAY_AGG(x ORDER BY x.`i` DESC LIMIT 1)[OFFSET(0)] AS latest "
+DEDUP = ("USING (SELECT latest.* FROM (SELECT ARRAY_AGG(x ORDER BY x.`i` DESC, x.`kafkaPartition` DESC LIMIT 1)"
+         "[OFFSET(0)] AS latest "
          f"FROM {TMP.sql} AS x WHERE x.`batchNumber` = 2 GROUP BY x.`key`.`k1`, x.`key`.`k2`)) AS src")
 ON = ("ON dst.`customKeyField`.`k1` IS NOT DISTINCT FROM src.`key`.`k1` AND "
       "dst.`customKeyField`.`k2` IS NOT DISTINCT FROM src.`key`.`k2`")
@@ -46,9 +47,9 @@ def test_upsert_only_merge_has_no_delete_branch() -> None:
 def test_delete_only_merge_appends_values_after_the_last_tombstone() -> None:
     lines = plan(False, True).merge(7).splitlines()
     assert lines[0] == "MERGE `my-project`.`kcbq`.`demo` AS dst"
-    # One row per record (key and offset), then each key's records from its last tombstone on.
+    # One row per record (key, partition and offset), then each key's records from its last tombstone on.
     once = (f"SELECT one.* FROM (SELECT ARRAY_AGG(x LIMIT 1)[OFFSET(0)] AS one FROM {TMP.sql} AS x "
-            "WHERE x.`batchNumber` = 7 GROUP BY x.`key`.`k1`, x.`key`.`k2`, x.`i`)")
+            "WHERE x.`batchNumber` = 7 GROUP BY x.`key`.`k1`, x.`key`.`k2`, x.`kafkaPartition`, x.`i`)")
     assert lines[1] == (
         "USING (SELECT r.* FROM (SELECT ARRAY_AGG(x) AS records, MAX(CASE WHEN x.`value` IS NULL THEN x.`i` END) "
         f"AS last_delete FROM ({once}) AS x GROUP BY x.`key`.`k1`, x.`key`.`k2`) AS g, UNNEST(g.records) AS r "
