@@ -31,6 +31,8 @@ _TABLE = re.compile(r"[A-Za-z0-9_]{1,1024}")
 _PROJECT = re.compile(r"(?:[a-z0-9][a-z0-9.-]{0,62}:)?[a-z][a-z0-9-]{4,28}[a-z0-9]")
 # Key leaves MERGE groups and matches on: BigQuery cannot GROUP BY these types.
 _UNGROUPABLE = {"JSON", "GEOGRAPHY", "RANGE"}
+# Key leaves a window cannot be partitioned by ("Partitioning by expressions of type FLOAT64 is not allowed").
+_FLOATS = {"FLOAT", "FLOAT64"}
 
 # The intermediate table's own columns (seed 000), besides the destination's key column.
 KEY = "key"
@@ -114,6 +116,11 @@ def key_leaves(fields: Sequence[SchemaField], path: tuple[str, ...] = ()) -> lis
     return leaves
 
 
+def _leaf_type(fields: Sequence[SchemaField], leaf: tuple[str, ...]) -> str:
+    field = next(f for f in fields if f.name == leaf[0])
+    return _leaf_type(field.fields, leaf[1:]) if len(leaf) > 1 else field.field_type.upper()
+
+
 def _path(alias: str, *names: str) -> str:
     return ".".join([alias, *(quote(n) for n in names)])
 
@@ -167,6 +174,12 @@ class MergePlan:
     def _group_by(self, alias: str) -> str:
         return ", ".join(_path(alias, KEY, *leaf) for leaf in self._leaves())
 
+    def _partition_by(self, alias: str) -> str:
+        # BigQuery refuses FLOAT64 in PARTITION BY: a float leaf partitions by its text (NULL stays NULL,
+        # NaNs are one "nan"; -0 and 0 differ there, a key nobody should have).
+        return ", ".join(f"CAST({_path(alias, KEY, *leaf)} AS STRING)" if _leaf_type(self.key_fields, leaf) in _FLOATS
+                         else _path(alias, KEY, *leaf) for leaf in self._leaves())
+
     def _batch_rows(self, batch: int) -> str:
         return f"{self.intermediate.sql} AS x WHERE x.{quote(BATCH)} = {batch}"
 
@@ -208,21 +221,22 @@ class MergePlan:
     def _delete_merge(self, batch: int) -> str:
         # Delete-only keeps append semantics for values: every value after the key's last tombstone of
         # the batch is inserted, and that tombstone deletes the key's rows written before this batch.
-        # One row per record (key, partition and offset `i`): a record staged twice (a retried task's insertAll whose
-        # insertId dedup missed) would otherwise be appended twice, or, a tombstone, fail the MERGE for two
-        # source rows matching one target row.
+        # One row per record (key, partition and offset `i`): a record staged twice (a retried task's
+        # insertAll whose insertId dedup missed) would otherwise be appended twice, or, a tombstone, fail
+        # the MERGE for two source rows matching one target row.
         once = (f"SELECT one.* FROM (SELECT ARRAY_AGG(x LIMIT 1)[OFFSET(0)] AS one FROM {self._batch_rows(batch)} "
                 f"GROUP BY {self._group_by('x')}, x.{quote(PARTITION)}, x.{quote(ORDER)})")
-        # Each key's records and its last tombstone in one GROUP BY (NULL key fields group together, as in
-        # the upsert MERGE), then its records from that tombstone on. No join: real BigQuery refuses a LEFT
-        # JOIN whose condition has no plain equality of both sides ("LEFT OUTER JOIN cannot be used without
-        # a condition that is an equality of fields from both sides of the join"), and a NULL-safe match is
-        # not one; a window's PARTITION BY would refuse FLOAT key fields.
+        # Each record with its key's last tombstone of the batch (a window: NULL key fields partition
+        # together, as they group in the upsert MERGE), then the key's records from that tombstone on. No
+        # join: real BigQuery refuses a LEFT JOIN whose condition has no plain equality of both sides
+        # ("LEFT OUTER JOIN cannot be used without a condition that is an equality of fields from both
+        # sides of the join"), which a NULL-safe match is not. No ARRAY_AGG of a key's records either: a
+        # hot key's appends in one batch would make one row past BigQuery's 100 MB.
         order = quote(ORDER)
-        per_key = (f"SELECT ARRAY_AGG(x) AS records, MAX(CASE WHEN x.{quote(VALUE)} IS NULL THEN x.{order} END) "
-                   f"AS last_delete FROM ({once}) AS x GROUP BY {self._group_by('x')}")
-        source = (f"SELECT r.* FROM ({per_key}) AS g, UNNEST(g.records) AS r "
-                  f"WHERE g.last_delete IS NULL OR r.{order} >= g.last_delete")
+        marked = (f"SELECT r.*, MAX(CASE WHEN r.{quote(VALUE)} IS NULL THEN r.{order} END) "
+                  f"OVER (PARTITION BY {self._partition_by('r')}) AS last_delete FROM ({once}) AS r")
+        source = (f"SELECT x.* FROM ({marked}) AS x "
+                  f"WHERE x.last_delete IS NULL OR x.{order} >= x.last_delete")
         return "\n".join([
             f"MERGE {self.destination.sql} AS dst",
             f"USING ({source}) AS src",

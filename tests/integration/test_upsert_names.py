@@ -1,5 +1,5 @@
 """The generated MERGE statements with hostile names: columns and key fields named like the statement's own
-aliases (`dst`, `src`, `x`, ...) and the intermediate table's columns, SQL keywords, NULL key fields."""
+aliases (`dst`, `src`, `x`, ...) and the intermediate table's columns, SQL keywords, NULL and FLOAT key fields."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 # Key fields and value columns named like every alias the statements use, the intermediate table's own
 # columns and reserved keywords.
-KEY = [F("src", "STRING"), F("dst", "INTEGER"), F("select", "RECORD", fields=[F("x", "STRING")])]
+KEY = [F("src", "STRING"), F("dst", "INTEGER"), F("select", "RECORD", fields=[F("x", "STRING"), F("r", "FLOAT")])]
 VALUES = ["dst", "src", "x", "key", "value", "i", "latest", "one", "d", "order", "batchNumber"]
 
 
@@ -34,7 +34,7 @@ def tables(bq_client: bigquery.Client, bq_dataset: str) -> Iterator[tuple[TableR
 
 
 def key(src: str | None, dst: int | None, x: str | None = None) -> dict[str, object]:
-    return {"src": src, "dst": dst, "select": None if x is None else {"x": x}}
+    return {"src": src, "dst": dst, "select": None if x is None else {"x": x, "r": 0.5}}
 
 
 def stage(client: bigquery.Client, tmp: TableRef, batch: int, rows: list[tuple[dict[str, object], str | None]],

@@ -51,9 +51,9 @@ def test_delete_only_merge_appends_values_after_the_last_tombstone() -> None:
     once = (f"SELECT one.* FROM (SELECT ARRAY_AGG(x LIMIT 1)[OFFSET(0)] AS one FROM {TMP.sql} AS x "
             "WHERE x.`batchNumber` = 7 GROUP BY x.`key`.`k1`, x.`key`.`k2`, x.`kafkaPartition`, x.`i`)")
     assert lines[1] == (
-        "USING (SELECT r.* FROM (SELECT ARRAY_AGG(x) AS records, MAX(CASE WHEN x.`value` IS NULL THEN x.`i` END) "
-        f"AS last_delete FROM ({once}) AS x GROUP BY x.`key`.`k1`, x.`key`.`k2`) AS g, UNNEST(g.records) AS r "
-        "WHERE g.last_delete IS NULL OR r.`i` >= g.last_delete) AS src")
+        "USING (SELECT x.* FROM (SELECT r.*, MAX(CASE WHEN r.`value` IS NULL THEN r.`i` END) OVER (PARTITION BY "
+        f"r.`key`.`k1`, r.`key`.`k2`) AS last_delete FROM ({once}) AS r) AS x "
+        "WHERE x.last_delete IS NULL OR x.`i` >= x.last_delete) AS src")
     assert lines[2:] == [
         "ON src.`value` IS NULL AND " + ON.removeprefix("ON "),
         "WHEN MATCHED THEN DELETE",
@@ -69,6 +69,15 @@ def test_no_statement_has_an_outer_join(upsert: bool, delete: bool) -> None:
     accepts it, so only the text can show it: the statements join nothing besides the MERGE itself."""
     sql = plan(upsert, delete, NESTED_KEY).merge(3).upper()
     assert " JOIN " not in sql.replace("\n", " ")
+
+
+def test_delete_only_partitions_float_key_fields_by_their_text() -> None:
+    """BigQuery refuses FLOAT64 in a window's PARTITION BY ("Partitioning by expressions of type FLOAT64 is
+    not allowed"); it groups and matches them as they are."""
+    key = (F("id", "STRING"), F("geo", "RECORD", fields=[F("lat", "FLOAT"), F("zone", "INTEGER")]))
+    sql = plan(False, True, key).merge(1)
+    assert "PARTITION BY r.`key`.`id`, CAST(r.`key`.`geo`.`lat` AS STRING), r.`key`.`geo`.`zone`)" in sql
+    assert "GROUP BY x.`key`.`id`, x.`key`.`geo`.`lat`, x.`key`.`geo`.`zone`, x.`kafkaPartition`, x.`i`" in sql
 
 
 def test_nested_key_groups_and_matches_on_every_leaf() -> None:
