@@ -57,13 +57,20 @@ def rows(client: bigquery.Client, cfg: Config) -> list[tuple[object, ...]]:
                   key=repr)
 
 
+def produce(cfg: Config, dlq_topic: str, partitions: int, records: list[tuple[int, bytes | None, bytes | None]]) -> None:
+    """(partition, key, value) records into the job's topic, each on the partition it names."""
+    topic = cfg.source.topics[0]
+    sample.ensure_topic(cfg.source.brokers, topic, partitions)
+    sample.ensure_topic(cfg.source.brokers, dlq_topic, 1)
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    for partition, key, value in records:
+        producer.send(topic, value, key=key, partition=partition).get(timeout=10)
+    producer.close()
+
+
 def test_a_users_changelog_ends_as_its_latest_values(spark, ledger, bq_client: bigquery.Client) -> None:
     config, key_cls, value_cls, dlq_topic = ledger
     cfg = config(upsert=True, delete=True)
-    topic = cfg.source.topics[0]
-    sample.ensure_topic(cfg.source.brokers, topic, 2)
-    sample.ensure_topic(cfg.source.brokers, dlq_topic, 1)
-    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
 
     def value(owner: str, balance: int, **extra: object) -> bytes:
         return value_cls(owner=owner, balance=balance, address={"city": f"{owner}-city", "lines": ["l1"]},
@@ -82,9 +89,7 @@ def test_a_users_changelog_ends_as_its_latest_values(spark, ledger, bq_client: b
         (1, blank, value("dee", 9)),
         (0, None, value("nokey", 1)), (0, b"\xff\xff\xff", value("badkey", 1)),
     ]
-    for partition, key, val in records:
-        producer.send(topic, val, key=key, partition=partition).get(timeout=10)
-    producer.close()
+    produce(cfg, dlq_topic, 2, records)
 
     summary = Pipeline(cfg, spark).run(available_now=True)
 
@@ -105,18 +110,35 @@ def test_delete_only_keeps_every_record_of_a_key_on_two_partitions(spark, ledger
     """One key on two partitions (producers with different partitioners, a topic whose partitions were
     added): its records in one batch may share an offset. They are still two records: delete-only appends
     both, never one in place of the other."""
-    config, key_cls, value_cls, _ = ledger
+    config, key_cls, value_cls, dlq_topic = ledger
     cfg = config(upsert=False, delete=True)
-    topic = cfg.source.topics[0]
-    sample.ensure_topic(cfg.source.brokers, topic, 2)
-    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
     key = key_of(key_cls, "acme", 1, 1)
-    for partition, owner in ((0, "ann"), (1, "bob")):  # both at offset 0 of their partition
-        producer.send(topic, value_cls(owner=owner, balance=1).SerializeToString(), key=key,
-                      partition=partition).get(timeout=10)
-    producer.close()
+    produce(cfg, dlq_topic, 2, [(partition, key, value_cls(owner=owner, balance=1).SerializeToString())
+                                for partition, owner in ((0, "ann"), (1, "bob"))])  # both at offset 0
 
     summary = Pipeline(cfg, spark).run(available_now=True)
 
     assert summary.totals.messages == 2 and summary.totals.failed == 0
     assert sorted(r[4] for r in rows(bq_client, cfg)) == ["ann", "bob"]
+
+
+def test_keys_differing_only_past_the_microsecond_are_never_merged_into_one_row(
+        spark, ledger, bq_client: bigquery.Client) -> None:
+    """BigQuery keeps microseconds: a key Timestamp's nanoseconds past them are lost in the key column, so
+    two keys differing only there would be one row, the later record overwriting the other key's. Such a
+    key is refused (dead-lettered here) rather than merged; a key at whole microseconds lands."""
+    config, key_cls, value_cls, dlq_topic = ledger
+    cfg = config(upsert=True, delete=True)
+    fine, finer = key_cls(tenant="acme", account_id=1), key_cls(tenant="acme", account_id=1)
+    fine.opened.seconds = finer.opened.seconds = 1_700_000_000
+    fine.opened.nanos, finer.opened.nanos = 123_456_000, 123_456_789
+    produce(cfg, dlq_topic, 1, [(0, key.SerializeToString(), value_cls(owner=owner).SerializeToString())
+                                for key, owner in ((finer, "finer"), (fine, "fine"))])
+
+    summary = Pipeline(cfg, spark).run(available_now=True)
+
+    assert summary.totals.messages == 2 and summary.totals.failed == 0
+    assert [(r[3], r[4]) for r in rows(bq_client, cfg)] == [(1_700_000_000_123_456, "fine")]
+    letters = read_topic(cfg.source.brokers, dlq_topic)
+    assert [(d.error.error_type.name, d.error.offset) for d in letters] == [("INVALID_MESSAGE_ERROR", 0)]
+    assert "opened" in letters[0].error.message and "microsecond" in letters[0].error.message
