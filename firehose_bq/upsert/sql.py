@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 
 from google.cloud.bigquery import SchemaField
 
@@ -31,6 +32,8 @@ _TABLE = re.compile(r"[A-Za-z0-9_]{1,1024}")
 _PROJECT = re.compile(r"(?:[a-z0-9][a-z0-9.-]{0,62}:)?[a-z][a-z0-9-]{4,28}[a-z0-9]")
 # Key leaves MERGE groups and matches on: BigQuery cannot GROUP BY these types.
 _UNGROUPABLE = {"JSON", "GEOGRAPHY", "RANGE"}
+# Text put into SQL as a literal as it is: no quote, no backslash, no line break.
+_PLAIN_TEXT = re.compile(r"[A-Za-z0-9_.-]*")
 # Key leaves a window cannot be partitioned by ("Partitioning by expressions of type FLOAT64 is not allowed").
 _FLOATS = {"FLOAT", "FLOAT64"}
 
@@ -121,6 +124,23 @@ def _leaf_type(fields: Sequence[SchemaField], leaf: tuple[str, ...]) -> str:
     return _leaf_type(field.fields, leaf[1:]) if len(leaf) > 1 else field.field_type.upper()
 
 
+def _literal(kind: str, value: object) -> str | None:
+    """`value` as a SQL literal of BigQuery type `kind`, or None for a type this sink does not write so."""
+    if kind in ("INTEGER", "INT64") and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if kind in _FLOATS and isinstance(value, float) and value == value and abs(value) != float("inf"):
+        return repr(value)
+    if kind in ("BOOLEAN", "BOOL") and isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if kind == "STRING" and isinstance(value, str) and _PLAIN_TEXT.fullmatch(value):  # "" or an enum's name
+        return f"'{value}'"
+    if kind == "BYTES" and value == b"":
+        return "b''"
+    if kind in ("NUMERIC", "BIGNUMERIC") and isinstance(value, (int, Decimal)) and not isinstance(value, bool):
+        return f"{kind} '{value}'"
+    return None
+
+
 def _path(alias: str, *names: str) -> str:
     return ".".join([alias, *(quote(n) for n in names)])
 
@@ -138,6 +158,10 @@ class MergePlan:
     delete: bool
     # Set when the destination is ingestion-time partitioned: the granularity `_PARTITIONTIME` is cut to.
     ingestion_partitioning: str | None = None
+    # (top-level key field, value) for the key fields without presence (proto3 scalars and enums): what a
+    # key that lacks the field decodes it to. Rows written before the field joined the key class hold NULL
+    # there, and are the same key as a record whose bytes still lack it (`absent_key_values`).
+    absent_key: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         if not (self.upsert or self.delete):
@@ -167,9 +191,18 @@ class MergePlan:
         return key_leaves(self.key_fields)
 
     def _matches(self, target: str, target_key: str, source: str) -> str:
-        # Null-safe: a NULL key field must match a NULL, as GROUP BY put them together.
-        return " AND ".join(f"{_path(target, target_key, *leaf)} IS NOT DISTINCT FROM {_path(source, KEY, *leaf)}"
-                            for leaf in self._leaves())
+        # Null-safe: a NULL key field must match a NULL, as GROUP BY put them together. A field the key
+        # class gained later, without presence: the table's NULL there (rows from before) is its default.
+        absent = dict(self.absent_key)
+        parts = []
+        for leaf in self._leaves():
+            target_leaf = _path(target, target_key, *leaf)
+            default = (_literal(_leaf_type(self.key_fields, leaf), absent[leaf[0]])
+                       if len(leaf) == 1 and leaf[0] in absent else None)
+            if default is not None:
+                target_leaf = f"IFNULL({target_leaf}, {default})"
+            parts.append(f"{target_leaf} IS NOT DISTINCT FROM {_path(source, KEY, *leaf)}")
+        return " AND ".join(parts)
 
     def _group_by(self, alias: str) -> str:
         return ", ".join(_path(alias, KEY, *leaf) for leaf in self._leaves())

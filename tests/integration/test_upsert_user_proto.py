@@ -29,9 +29,9 @@ def ledger(job_env: dict[str, str], bq_client: bigquery.Client, tmp_path: Path):
     loaded = descriptors.load([str(desc)])
     dlq_topic = f"dlq-{uuid.uuid4().hex[:8]}"
 
-    def config(upsert: bool, delete: bool) -> Config:
+    def config(upsert: bool, delete: bool, stencil: Path = desc) -> Config:
         return Config.from_env({
-            **job_env, "SCHEMA_REGISTRY_STENCIL_URLS": str(desc), "INPUT_SCHEMA_PROTO_CLASS": "ledger.v1.Account",
+            **job_env, "SCHEMA_REGISTRY_STENCIL_URLS": str(stencil), "INPUT_SCHEMA_PROTO_CLASS": "ledger.v1.Account",
             "INPUT_SCHEMA_PROTO_KEY_CLASS": "ledger.v1.AccountKey", "SINK_BIGQUERY_TABLE_NAME": "accounts",
             "SINK_BIGQUERY_UPSERT_ENABLED": str(upsert).lower(), "SINK_BIGQUERY_DELETE_ENABLED": str(delete).lower(),
             "SINK_BIGQUERY_KAFKA_KEY_FIELD_NAME": "account_key", "SINK_BIGQUERY_MERGE_INTERVAL_MS": "200",
@@ -142,3 +142,31 @@ def test_keys_differing_only_past_the_microsecond_are_never_merged_into_one_row(
     letters = read_topic(cfg.source.brokers, dlq_topic)
     assert [(d.error.error_type.name, d.error.offset) for d in letters] == [("INVALID_MESSAGE_ERROR", 0)]
     assert "opened" in letters[0].error.message and "microsecond" in letters[0].error.message
+
+
+def test_a_key_field_added_later_still_matches_the_rows_written_before_it(
+        spark, ledger, bq_client: bigquery.Client, tmp_path: Path) -> None:
+    """The key class gains a plain proto3 field (`shard`, no presence): a compatible change, the key column
+    gets a NULLABLE column. Rows written before hold NULL there; a record of the same key, its bytes
+    unchanged, decodes with the field's default (0). It is still the same key: it updates (or deletes)
+    the row written before, never adds a second row beside it."""
+    config, key_cls, value_cls, dlq_topic = ledger
+    v1 = config(upsert=True, delete=True)
+    key = key_of(key_cls, "acme", 1, 1)
+    produce(v1, dlq_topic, 1, [(0, key, value_cls(owner="ann").SerializeToString()),
+                               (0, key_of(key_cls, "acme", 2, 1), value_cls(owner="cy").SerializeToString())])
+    assert Pipeline(v1, spark).run(available_now=True).totals.failed == 0
+
+    source = (PROTOS / "ledger.proto").read_text()
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "ledger.proto").write_text(source.replace(
+        "  google.protobuf.Timestamp opened = 4;\n", "  google.protobuf.Timestamp opened = 4;\n  int64 shard = 5;\n"))
+    v2_desc = compile_protos(tmp_path / "v2.desc", tmp_path / "v2")
+    v2 = config(upsert=True, delete=True, stencil=v2_desc)
+    produce(v2, dlq_topic, 1, [(0, key, value_cls(owner="bob").SerializeToString()),
+                               (0, key_of(key_cls, "acme", 2, 1), None)])
+    assert Pipeline(v2, spark).run(available_now=True).totals.failed == 0
+
+    found = list(bq_client.query(f"SELECT account_key.account_id AS a, account_key.shard AS s, owner "
+                                 f"FROM `{v2.bigquery.table_ref}`").result())
+    assert [(r.a, r.owner) for r in found] == [(1, "bob")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from google.cloud.bigquery import SchemaField as F
 
-from firehose_bq.upsert.sql import IdentifierError, MergePlan, TableRef, check_identifier, key_leaves
+from firehose_bq.upsert.sql import IdentifierError, MergePlan, TableRef, _literal, check_identifier, key_leaves
 
 DEST = TableRef("my-project", "kcbq", "demo")
 TMP = TableRef("my-project", "kcbq", "demo_tmp_1_0123456789abcdef0123456789abcdef_1700000000000")
@@ -140,3 +140,23 @@ def test_domain_scoped_project_and_parse() -> None:
     assert ref.sql == "`example.com:my-project`.`ds`.`t`"
     with pytest.raises(IdentifierError):
         TableRef.parse("ds.t")
+
+
+def test_key_fields_without_presence_match_the_tables_null_as_their_default() -> None:
+    """A key field the key class gained later: rows written before hold NULL, a record whose key bytes still
+    lack it decodes the default: the same key. Fields not listed (with presence) stay matched NULL-safe."""
+    absent = MergePlan(DEST, TMP, "customKeyField", FLAT_KEY, ("f1", "f2"), True, True,
+                       absent_key=(("k2", ""),))
+    assert ("ON dst.`customKeyField`.`k1` IS NOT DISTINCT FROM src.`key`.`k1` AND "
+            "IFNULL(dst.`customKeyField`.`k2`, '') IS NOT DISTINCT FROM src.`key`.`k2`\n") in absent.merge(1)
+    assert "IFNULL(dst.`customKeyField`.`k2`, '')" in MergePlan(
+        DEST, TMP, "customKeyField", FLAT_KEY, ("f1",), False, True, absent_key=(("k2", ""),)).merge(1)
+
+
+@pytest.mark.parametrize("kind,value,literal", [
+    ("INTEGER", 0, "0"), ("FLOAT", 0.0, "0.0"), ("BOOLEAN", False, "FALSE"), ("STRING", "", "''"),
+    ("STRING", "REGION_UNSPECIFIED", "'REGION_UNSPECIFIED'"), ("BYTES", b"", "b''"), ("NUMERIC", 0, "NUMERIC '0'"),
+    ("STRING", "it's", None), ("STRING", "a\\nb", None), ("INTEGER", True, None), ("TIMESTAMP", 0, None),
+    ("FLOAT", float("nan"), None)])
+def test_defaults_become_literals_only_when_plainly_safe(kind: str, value: object, literal: str | None) -> None:
+    assert _literal(kind, value) == literal

@@ -1,4 +1,5 @@
-"""Changelog keys whose Timestamp is finer than BigQuery's microsecond are found, and only those."""
+"""Changelog keys: those whose Timestamp is finer than BigQuery's microsecond are found, and only those;
+what a key lacking a field decodes it to."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import pytest
 from firehose_bq import descriptors
 from firehose_bq.batch.keys import SubMicrosecondKeys
 from firehose_bq.descriptors import Descriptors
+from firehose_bq.schema import MetadataColumns
+from firehose_bq.sink_schema import SinkSpec
+from firehose_bq.upsert.flush import absent_key_values
 from tests.conftest import compile_protos
 
 LEDGER = Path(__file__).parents[2] / "integration" / "protos" / "ledger"
@@ -48,3 +52,10 @@ def test_nested_timestamps_are_checked_and_classes_without_any_cost_nothing(test
     assert [i for i, _ in check.refused(pa.array([message.SerializeToString()], pa.binary()),
                                         np.zeros(1, dtype=bool))] == [0]
     assert SubMicrosecondKeys.of(test_descriptors.message_class("testdata.Node")) is None  # recursive, no Timestamp
+
+
+@pytest.mark.parametrize("decoder", ["python", "auto"])
+def test_absent_key_values_are_what_a_key_lacking_the_field_decodes_to(ledger: Descriptors, decoder: str) -> None:
+    spec = SinkSpec(ledger, "ledger.v1.Account", MetadataColumns(), key_class="ledger.v1.AccountKey", decoder=decoder)
+    # proto3 scalars and enums decode to their default; the Timestamp (a message, with presence) stays NULL.
+    assert absent_key_values(spec) == (("tenant", ""), ("account_id", 0), ("region", "REGION_UNSPECIFIED"))
