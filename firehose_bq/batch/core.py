@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from firehose_bq.batch.keys import SubMicrosecondKeys
 from firehose_bq.batch.rows import RowBuilder, Rows, SchemaIds, Writable, framed_schema_id, insert_ids
 from firehose_bq.bigquery.client import Clients
 from firehose_bq.bigquery.writers import RowWriter
@@ -121,9 +122,11 @@ def row_builder(spec: SinkSpec, changelog: bool, proto_class: str = "",
     values = make_value_decoder(message_class, 1, spec.options, confluent_framed=spec.confluent_framed,
                                 detect_unknown_fields=True, prefer=spec.decoder)
     # The key's unknown fields are detected too: a key decoded without them is another key (rows.py).
-    key = (make_value_decoder(spec.descriptors.message_class(spec.key_class), 2, spec.options,
-                              confluent_framed=False, detect_unknown_fields=True, prefer=spec.decoder)
-           if spec.key_class else None)
+    key_class = spec.descriptors.message_class(spec.key_class) if spec.key_class else None
+    key = (make_value_decoder(key_class, 2, spec.options, confluent_framed=False, detect_unknown_fields=True,
+                              prefer=spec.decoder)
+           if key_class is not None else None)
+    precision = SubMicrosecondKeys.of(key_class) if changelog and key_class is not None else None
     unknown = UnknownFieldsJson(message_class, spec.confluent_framed) if spec.additional_properties else None
     ids = spec.descriptors.schema_ids
     # By the descriptor's full name: the setting may spell the class `.pkg.Message`, which find_message takes.
@@ -132,7 +135,8 @@ def row_builder(spec: SinkSpec, changelog: bool, proto_class: str = "",
              if name in names}
     schema_ids = (SchemaIds(spec.schema_subject, ids, name, message_indexes(message_class.DESCRIPTOR), moved)
                   if spec.confluent_framed and spec.schema_subject and ids is not None else None)
-    return RowBuilder(values, spec.metadata, key, changelog=changelog, unknown=unknown, schema_ids=schema_ids)
+    return RowBuilder(values, spec.metadata, key, changelog=changelog, unknown=unknown, schema_ids=schema_ids,
+                      key_precision=precision)
 
 
 class _Task:

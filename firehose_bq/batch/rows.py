@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from firehose_bq.arrow_schema import TIMESTAMP, arrow_field
+from firehose_bq.batch.keys import SubMicrosecondKeys
 from firehose_bq.decode import ValueDecoder
 from firehose_bq.decode.unknown import UnknownFieldsJson
 from firehose_bq.errors import ErrorType, RowError
@@ -206,6 +207,8 @@ class RowBuilder:
     A changelog's key carrying unknown fields is an UNKNOWN_FIELDS_ERROR whatever the policy says: the
     MERGE groups by the key's columns, so keys differing only in those fields would collapse into one
     row. (It is still in `unknown_fields`, so a task holding on them refreshes the descriptors first.)
+    `key_precision` (changelog only): for the same reason, a key whose Timestamp is finer than the
+    microsecond the key column keeps is an INVALID_MESSAGE_ERROR (batch/keys.py).
     `unknown` (additional_properties on): what writes the flagged records' unknown fields into the column
     `Rows.additional`; the others' slots are NULL. `schema_ids` (Confluent-framed values): a value that
     decoded but whose frame names another schema id is a DESERIALIZATION_ERROR listed in
@@ -214,11 +217,12 @@ class RowBuilder:
 
     def __init__(self, values: ValueDecoder, metadata: MetadataColumns, key: ValueDecoder | None = None,
                  changelog: bool = False, unknown: UnknownFieldsJson | None = None,
-                 schema_ids: SchemaIds | None = None) -> None:
+                 schema_ids: SchemaIds | None = None, key_precision: SubMicrosecondKeys | None = None) -> None:
         if changelog and key is None:
             raise ValueError("a changelog needs the key's decoder")
         self._values = values
         self._key = key
+        self._key_precision = key_precision if changelog else None
         self._metadata = metadata
         self._changelog = changelog
         self._unknown = unknown
@@ -267,6 +271,10 @@ class RowBuilder:
                 for i in np.flatnonzero(null_keys & ~failed):
                     failures.append(RowError(int(i), ErrorType.INVALID_MESSAGE_ERROR, NULL_KEY))
                 failed |= null_keys
+                if self._key_precision is not None:
+                    for i, message in self._key_precision.refused(source["key"], failed):
+                        failures.append(RowError(i, ErrorType.INVALID_MESSAGE_ERROR, message))
+                        failed[i] = True
             key = keys.values
         additional = None
         if self._unknown is not None:

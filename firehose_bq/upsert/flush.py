@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+import pyarrow as pa
 from google.api_core.exceptions import GoogleAPIError
 from google.cloud import bigquery
 
@@ -39,6 +40,7 @@ from firehose_bq.bigquery.client import REQUEST_ERRORS, attempt_options, call_op
 from firehose_bq.bigquery.jobs import BatchJobs, BatchPlan, batch_job_id
 from firehose_bq.bigquery.tables import ensure_dataset, ensure_table
 from firehose_bq.config import Config
+from firehose_bq.decode import make_value_decoder
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import FirehoseError, SchemaEvolutionError, SinkError
 from firehose_bq.policy import ErrorHandling, gave_up
@@ -89,12 +91,13 @@ class UpsertSinkSchema(SinkSchema):
         key, values = tables.split_key(wanted.schema, self.key_column)
         partitioning = live.time_partitioning
         ingestion = partitioning.type_ if partitioning is not None and not partitioning.field else None
+        spec = spec_of(cfg, loaded, plan.message_name)
         self.merge_plan = MergePlan(self.destination, self.intermediate, self.key_column, tuple(key.fields),
                                     tuple(v.name for v in values), cfg.upsert.upsert_enabled,
-                                    cfg.upsert.delete_enabled, ingestion)
+                                    cfg.upsert.delete_enabled, ingestion, absent_key_values(spec))
         log.info("descriptors %s (%s) → %s via %s, key %s", loaded.fingerprint, plan.message_name,
                  self.destination.api, self.intermediate.table, self.key_column)
-        return spec_of(cfg, loaded, plan.message_name)
+        return spec
 
     def _check_key(self, client: bigquery.Client, new_key: bigquery.SchemaField) -> None:
         from google.api_core.exceptions import NotFound
@@ -112,6 +115,17 @@ class UpsertSinkSchema(SinkSchema):
             raise SchemaEvolutionError(f"incompatible key schema change for {self.destination.api}: "
                                        f"{'; '.join(changes)} (only new NULLABLE fields and REQUIRED -> NULLABLE "
                                        "can be applied)")
+
+
+def absent_key_values(spec: SinkSpec) -> tuple[tuple[str, object], ...]:
+    """(field, value) of the key's top-level fields that a key lacking them decodes to a value, not NULL
+    (proto3 scalars and enums): decoded as the tasks decode keys, from the empty key."""
+    assert spec.descriptors is not None and spec.key_class
+    decoder = make_value_decoder(spec.descriptors.message_class(spec.key_class), 2, spec.options,
+                                 confluent_framed=False, detect_unknown_fields=False, prefer=spec.decoder)
+    empty = decoder.decode(pa.array([b""], pa.binary())).values[0].as_py() or {}
+    return tuple((name, value) for name, value in empty.items()
+                 if value is not None and not isinstance(value, (dict, list)))
 
 
 class UpsertSession:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 
 from google.cloud.bigquery import SchemaField
 
@@ -31,12 +32,20 @@ _TABLE = re.compile(r"[A-Za-z0-9_]{1,1024}")
 _PROJECT = re.compile(r"(?:[a-z0-9][a-z0-9.-]{0,62}:)?[a-z][a-z0-9-]{4,28}[a-z0-9]")
 # Key leaves MERGE groups and matches on: BigQuery cannot GROUP BY these types.
 _UNGROUPABLE = {"JSON", "GEOGRAPHY", "RANGE"}
+# Text put into SQL as a literal as it is: no quote, no backslash, no line break.
+_PLAIN_TEXT = re.compile(r"[A-Za-z0-9_.-]*")
+# Key leaves a window cannot be partitioned by ("Partitioning by expressions of type FLOAT64 is not allowed").
+_FLOATS = {"FLOAT", "FLOAT64"}
 
 # The intermediate table's own columns (seed 000), besides the destination's key column.
 KEY = "key"
 VALUE = "value"
 PARTITION_TIME = "partitionTime"
 ORDER = "i"
+# The record's Kafka partition: with `i` (its offset) what tells two records apart. Offsets of different
+# partitions are no order, but a key on two partitions (producers with different partitioners, partitions
+# added to the topic) must not lose one of two records that share an offset.
+PARTITION = "kafkaPartition"
 BATCH = "batchNumber"
 
 
@@ -110,6 +119,28 @@ def key_leaves(fields: Sequence[SchemaField], path: tuple[str, ...] = ()) -> lis
     return leaves
 
 
+def _leaf_type(fields: Sequence[SchemaField], leaf: tuple[str, ...]) -> str:
+    field = next(f for f in fields if f.name == leaf[0])
+    return _leaf_type(field.fields, leaf[1:]) if len(leaf) > 1 else field.field_type.upper()
+
+
+def _literal(kind: str, value: object) -> str | None:
+    """`value` as a SQL literal of BigQuery type `kind`, or None for a type this sink does not write so."""
+    if kind in ("INTEGER", "INT64") and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if kind in _FLOATS and isinstance(value, float) and value == value and abs(value) != float("inf"):
+        return repr(value)
+    if kind in ("BOOLEAN", "BOOL") and isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if kind == "STRING" and isinstance(value, str) and _PLAIN_TEXT.fullmatch(value):  # "" or an enum's name
+        return f"'{value}'"
+    if kind == "BYTES" and value == b"":
+        return "b''"
+    if kind in ("NUMERIC", "BIGNUMERIC") and isinstance(value, (int, Decimal)) and not isinstance(value, bool):
+        return f"{kind} '{value}'"
+    return None
+
+
 def _path(alias: str, *names: str) -> str:
     return ".".join([alias, *(quote(n) for n in names)])
 
@@ -127,6 +158,10 @@ class MergePlan:
     delete: bool
     # Set when the destination is ingestion-time partitioned: the granularity `_PARTITIONTIME` is cut to.
     ingestion_partitioning: str | None = None
+    # (top-level key field, value) for the key fields without presence (proto3 scalars and enums): what a
+    # key that lacks the field decodes it to. Rows written before the field joined the key class hold NULL
+    # there, and are the same key as a record whose bytes still lack it (`absent_key_values`).
+    absent_key: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         if not (self.upsert or self.delete):
@@ -156,12 +191,27 @@ class MergePlan:
         return key_leaves(self.key_fields)
 
     def _matches(self, target: str, target_key: str, source: str) -> str:
-        # Null-safe: a NULL key field must match a NULL, as GROUP BY put them together.
-        return " AND ".join(f"{_path(target, target_key, *leaf)} IS NOT DISTINCT FROM {_path(source, KEY, *leaf)}"
-                            for leaf in self._leaves())
+        # Null-safe: a NULL key field must match a NULL, as GROUP BY put them together. A field the key
+        # class gained later, without presence: the table's NULL there (rows from before) is its default.
+        absent = dict(self.absent_key)
+        parts = []
+        for leaf in self._leaves():
+            target_leaf = _path(target, target_key, *leaf)
+            default = (_literal(_leaf_type(self.key_fields, leaf), absent[leaf[0]])
+                       if len(leaf) == 1 and leaf[0] in absent else None)
+            if default is not None:
+                target_leaf = f"IFNULL({target_leaf}, {default})"
+            parts.append(f"{target_leaf} IS NOT DISTINCT FROM {_path(source, KEY, *leaf)}")
+        return " AND ".join(parts)
 
     def _group_by(self, alias: str) -> str:
         return ", ".join(_path(alias, KEY, *leaf) for leaf in self._leaves())
+
+    def _partition_by(self, alias: str) -> str:
+        # BigQuery refuses FLOAT64 in PARTITION BY: a float leaf partitions by its text (NULL stays NULL,
+        # NaNs are one "nan"; -0 and 0 differ there, a key nobody should have).
+        return ", ".join(f"CAST({_path(alias, KEY, *leaf)} AS STRING)" if _leaf_type(self.key_fields, leaf) in _FLOATS
+                         else _path(alias, KEY, *leaf) for leaf in self._leaves())
 
     def _batch_rows(self, batch: int) -> str:
         return f"{self.intermediate.sql} AS x WHERE x.{quote(BATCH)} = {batch}"
@@ -183,7 +233,10 @@ class MergePlan:
     def _upsert_merge(self, batch: int) -> str:
         # One row per key, the latest (highest i) of the batch: MERGE fails when two source rows match
         # one target row, and the latest is what a KTable holds.
-        source = (f"SELECT latest.* FROM (SELECT ARRAY_AGG(x ORDER BY x.{quote(ORDER)} DESC LIMIT 1)[OFFSET(0)] "
+        # Equal offsets (a key on two partitions) are no order: the partition breaks the tie, so that what
+        # is kept does not change from one run of the statement to the next.
+        source = (f"SELECT latest.* FROM (SELECT ARRAY_AGG(x ORDER BY x.{quote(ORDER)} DESC, x.{quote(PARTITION)} DESC "
+                  "LIMIT 1)[OFFSET(0)] "
                   f"AS latest FROM {self._batch_rows(batch)} GROUP BY {self._group_by('x')})")
         lines = [f"MERGE {self.destination.sql} AS dst",
                  f"USING ({source}) AS src",
@@ -201,21 +254,22 @@ class MergePlan:
     def _delete_merge(self, batch: int) -> str:
         # Delete-only keeps append semantics for values: every value after the key's last tombstone of
         # the batch is inserted, and that tombstone deletes the key's rows written before this batch.
-        # One row per record (key and offset `i`): a record staged twice (a retried task's insertAll whose
-        # insertId dedup missed) would otherwise be appended twice, or, a tombstone, fail the MERGE for two
-        # source rows matching one target row.
+        # One row per record (key, partition and offset `i`): a record staged twice (a retried task's
+        # insertAll whose insertId dedup missed) would otherwise be appended twice, or, a tombstone, fail
+        # the MERGE for two source rows matching one target row.
         once = (f"SELECT one.* FROM (SELECT ARRAY_AGG(x LIMIT 1)[OFFSET(0)] AS one FROM {self._batch_rows(batch)} "
-                f"GROUP BY {self._group_by('x')}, x.{quote(ORDER)})")
-        leaves = self._leaves()
-        names = [f"k{n}" for n in range(len(leaves))]
-        selected = ", ".join(f"{_path('x', KEY, *leaf)} AS {name}" for leaf, name in zip(leaves, names))
-        last_deletes = (f"SELECT {selected}, "
-                        f"MAX(x.{quote(ORDER)}) AS last_delete FROM {self._batch_rows(batch)} "
-                        f"AND x.{quote(VALUE)} IS NULL GROUP BY {', '.join(names)}")
-        joined = " AND ".join(f"{_path('x', KEY, *leaf)} IS NOT DISTINCT FROM d.{name}"
-                              for leaf, name in zip(leaves, names))
-        source = (f"SELECT x.* FROM ({once}) AS x LEFT JOIN ({last_deletes}) AS d ON {joined} "
-                  f"WHERE d.last_delete IS NULL OR x.{quote(ORDER)} >= d.last_delete")
+                f"GROUP BY {self._group_by('x')}, x.{quote(PARTITION)}, x.{quote(ORDER)})")
+        # Each record with its key's last tombstone of the batch (a window: NULL key fields partition
+        # together, as they group in the upsert MERGE), then the key's records from that tombstone on. No
+        # join: real BigQuery refuses a LEFT JOIN whose condition has no plain equality of both sides
+        # ("LEFT OUTER JOIN cannot be used without a condition that is an equality of fields from both
+        # sides of the join"), which a NULL-safe match is not. No ARRAY_AGG of a key's records either: a
+        # hot key's appends in one batch would make one row past BigQuery's 100 MB.
+        order = quote(ORDER)
+        marked = (f"SELECT r.*, MAX(CASE WHEN r.{quote(VALUE)} IS NULL THEN r.{order} END) "
+                  f"OVER (PARTITION BY {self._partition_by('r')}) AS last_delete FROM ({once}) AS r")
+        source = (f"SELECT x.* FROM ({marked}) AS x "
+                  f"WHERE x.last_delete IS NULL OR x.{order} >= x.last_delete")
         return "\n".join([
             f"MERGE {self.destination.sql} AS dst",
             f"USING ({source}) AS src",

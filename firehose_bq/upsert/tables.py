@@ -1,8 +1,9 @@
 """Intermediate tables: their schema, their per-run names, key schema checks, and finding orphans.
 
 An intermediate table (seed 000) holds `key` (the destination's key RECORD), `value` (the destination's
-other columns as one nullable RECORD: NULL = delete), `partitionTime`, `i` (order of records of one key)
-and `batchNumber` (the micro-batch that wrote the row). Every run creates its own, named
+other columns as one nullable RECORD: NULL = delete), `partitionTime`, `i` (order of records of one key:
+the Kafka offset), `kafkaPartition` (with `i`, which record the row is) and `batchNumber` (the micro-batch
+that wrote the row). Every run creates its own, named
 `{table}_{suffix}_{task}_{uuid}_{epoch ms}`: a table left by an earlier run is never written again.
 """
 
@@ -21,7 +22,8 @@ from google.cloud.bigquery import SchemaField
 
 from firehose_bq.errors import SchemaEvolutionError
 from firehose_bq.schema import KEY_COLUMN
-from firehose_bq.upsert.sql import BATCH, KEY, ORDER, PARTITION_TIME, VALUE, TableRef, check_identifier
+from firehose_bq.upsert.sql import (BATCH, KEY, ORDER, PARTITION, PARTITION_TIME, VALUE, TableRef,
+                                   check_identifier)
 
 # BigQuery's table-name limit.
 MAX_TABLE_NAME = 1024
@@ -76,6 +78,7 @@ def intermediate_schema(destination: Sequence[SchemaField], key_column: str) -> 
         SchemaField(PARTITION_TIME, "TIMESTAMP", "NULLABLE",
                     description="_PARTITIONTIME for the destination (ingestion-time partitioning)"),
         SchemaField(ORDER, "INTEGER", "REQUIRED", description="order of the records of one key: the latest wins"),
+        SchemaField(PARTITION, "INTEGER", "REQUIRED", description="the record's Kafka partition (with i, the record)"),
         SchemaField(BATCH, "INTEGER", "REQUIRED", description="the micro-batch that wrote the row"),
     ]
 

@@ -7,8 +7,11 @@ so staged rows get the same error policy, retries and dead-lettering as every ot
 `i`, the order MERGE keeps the latest row of a key by, is the record's Kafka offset. All records of
 one key live in one partition (the changelog contract, seed 002), where offsets grow strictly and keep
 growing across micro-batches; a MERGE compares only rows of one batch, so within it the highest
-offset of a key is its latest record, whatever task wrote it. (Two partitions carrying one key break
-the changelog contract: Kafka gives no order between them, and neither can the sink.)
+offset of a key is its latest record, whatever task wrote it. Two partitions carrying one key break
+that contract (producers with different partitioners, partitions added to the topic): Kafka gives no
+order between them, and neither can the sink; the highest offset wins, ties by the higher partition.
+`kafkaPartition` is staged so that two such records sharing an offset stay two records (delete-only
+appends both) and the tie-break is the same on every run of the MERGE.
 
 Each task reports how many rows it staged: the driver merges only a batch that staged rows
 (`upsert/flush.py`). The MERGE job id comes from the batch's plan (bigquery/jobs.py).
@@ -33,7 +36,7 @@ from firehose_bq.bigquery.insert_all import InsertAllWriter
 from firehose_bq.config import BigQueryConfig
 from firehose_bq.errors import ErrorType, PartialWriteError, RowError
 from firehose_bq.routing import Destination
-from firehose_bq.upsert.sql import BATCH, KEY, ORDER, PARTITION_TIME, VALUE
+from firehose_bq.upsert.sql import BATCH, KEY, ORDER, PARTITION, PARTITION_TIME, VALUE
 
 DELETES_OFF = "null value (a tombstone), but SINK_BIGQUERY_DELETE_ENABLED is false: the delete cannot be applied"
 
@@ -95,7 +98,7 @@ def staged_rows(reports: Iterable[str]) -> int:
 
 
 def intermediate_rows(rows: Rows, source: pa.RecordBatch, batch: int) -> pa.RecordBatch:
-    """key, value (the row without its key; NULL for a delete), partitionTime, i, batchNumber."""
+    """key, value (the row without its key; NULL for a delete), partitionTime, i, kafkaPartition, batchNumber."""
     take = pa.array(rows.sources)
     columns = rows.columns(with_key=False)
     value = pa.StructArray.from_arrays([c for _, c in columns], [n for n, _ in columns],
@@ -107,5 +110,5 @@ def intermediate_rows(rows: Rows, source: pa.RecordBatch, batch: int) -> pa.Reco
     n = len(rows)
     return pa.RecordBatch.from_arrays(
         [rows.key, value, partition_time, source["offset"].take(take).cast(pa.int64()),
-         pa.array(np.full(n, batch, dtype=np.int64))],
-        names=[KEY, VALUE, PARTITION_TIME, ORDER, BATCH])
+         source["partition"].take(take).cast(pa.int64()), pa.array(np.full(n, batch, dtype=np.int64))],
+        names=[KEY, VALUE, PARTITION_TIME, ORDER, PARTITION, BATCH])

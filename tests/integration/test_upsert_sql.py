@@ -34,14 +34,16 @@ def tables(bq_client: bigquery.Client, bq_dataset: str) -> Iterator[tuple[TableR
     bq_client.create_table(bigquery.Table(dest.api, schema=[F("f", "STRING"), F("k", "RECORD", fields=KEY)]))
     bq_client.create_table(bigquery.Table(tmp.api, schema=[
         F("key", "RECORD", fields=KEY), F("value", "RECORD", fields=[F("f", "STRING")]),
-        F("partitionTime", "TIMESTAMP"), F("i", "INTEGER", "REQUIRED"), F("batchNumber", "INTEGER", "REQUIRED")]))
+        F("partitionTime", "TIMESTAMP"), F("i", "INTEGER", "REQUIRED"), F("kafkaPartition", "INTEGER", "REQUIRED"),
+        F("batchNumber", "INTEGER", "REQUIRED")]))
     yield dest, tmp
 
 
 def stage(client: bigquery.Client, tmp: TableRef, batch: int, rows: list[tuple[dict[str, object], str | None]],
-          first_i: int) -> None:
+          first_i: int, partition: int = 0) -> None:
     assert client.insert_rows_json(tmp.api, [{"key": key, "value": None if f is None else {"f": f}, "i": first_i + n,
-                                              "batchNumber": batch} for n, (key, f) in enumerate(rows)]) == []
+                                              "kafkaPartition": partition, "batchNumber": batch}
+                                             for n, (key, f) in enumerate(rows)]) == []
 
 
 def content(client: bigquery.Client, dest: TableRef) -> list[tuple[str, int | None, str]]:
@@ -82,6 +84,12 @@ def test_delete_only_appends_and_deletes_up_to_the_last_tombstone(bq_client, tab
     stage(bq_client, tmp, 3, [(k("a"), None)], 30)
     run(bq_client, plan, 3)
     assert content(bq_client, dest) == [("c", None, "c1"), ("d", None, "d1")]
+    # Two records of one key on two partitions may share an offset: still two records, both appended.
+    stage(bq_client, tmp, 4, [(k("e"), "e-p0")], 40, partition=0)
+    stage(bq_client, tmp, 4, [(k("e"), "e-p1")], 40, partition=1)
+    run(bq_client, plan, 4)
+    assert sorted(content(bq_client, dest), key=str) == [("c", None, "c1"), ("d", None, "d1"), ("e", None, "e-p0"),
+                                                         ("e", None, "e-p1")]
 
 
 def test_upsert_and_delete_with_nested_keys(bq_client, tables) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from google.cloud.bigquery import SchemaField as F
 
-from firehose_bq.upsert.sql import IdentifierError, MergePlan, TableRef, check_identifier, key_leaves
+from firehose_bq.upsert.sql import IdentifierError, MergePlan, TableRef, _literal, check_identifier, key_leaves
 
 DEST = TableRef("my-project", "kcbq", "demo")
 TMP = TableRef("my-project", "kcbq", "demo_tmp_1_0123456789abcdef0123456789abcdef_1700000000000")
@@ -18,7 +18,8 @@ def plan(upsert: bool, delete: bool, key: tuple[F, ...] = FLAT_KEY, partitioning
     return MergePlan(DEST, TMP, "customKeyField", key, ("f1", "f2"), upsert, delete, partitioning)
 
 
-DEDUP = ("USING (SELECT latest.* FROM (SELECT ARRAY_AGG(x ORDER BY x.`i` DESC LIMIT 1)[OFFSET(0)] AS latest "
+DEDUP = ("USING (SELECT latest.* FROM (SELECT ARRAY_AGG(x ORDER BY x.`i` DESC, x.`kafkaPartition` DESC LIMIT 1)"
+         "[OFFSET(0)] AS latest "
          f"FROM {TMP.sql} AS x WHERE x.`batchNumber` = 2 GROUP BY x.`key`.`k1`, x.`key`.`k2`)) AS src")
 ON = ("ON dst.`customKeyField`.`k1` IS NOT DISTINCT FROM src.`key`.`k1` AND "
       "dst.`customKeyField`.`k2` IS NOT DISTINCT FROM src.`key`.`k2`")
@@ -46,19 +47,37 @@ def test_upsert_only_merge_has_no_delete_branch() -> None:
 def test_delete_only_merge_appends_values_after_the_last_tombstone() -> None:
     lines = plan(False, True).merge(7).splitlines()
     assert lines[0] == "MERGE `my-project`.`kcbq`.`demo` AS dst"
-    # One row per record (key and offset), then the values after the key's last tombstone.
+    # One row per record (key, partition and offset), then each key's records from its last tombstone on.
     once = (f"SELECT one.* FROM (SELECT ARRAY_AGG(x LIMIT 1)[OFFSET(0)] AS one FROM {TMP.sql} AS x "
-            "WHERE x.`batchNumber` = 7 GROUP BY x.`key`.`k1`, x.`key`.`k2`, x.`i`)")
+            "WHERE x.`batchNumber` = 7 GROUP BY x.`key`.`k1`, x.`key`.`k2`, x.`kafkaPartition`, x.`i`)")
     assert lines[1] == (
-        f"USING (SELECT x.* FROM ({once}) AS x LEFT JOIN (SELECT x.`key`.`k1` AS k0, x.`key`.`k2` AS k1, "
-        f"MAX(x.`i`) AS last_delete FROM {TMP.sql} AS x WHERE x.`batchNumber` = 7 AND x.`value` IS NULL "
-        "GROUP BY k0, k1) AS d ON x.`key`.`k1` IS NOT DISTINCT FROM d.k0 AND x.`key`.`k2` IS NOT DISTINCT FROM d.k1 "
-        "WHERE d.last_delete IS NULL OR x.`i` >= d.last_delete) AS src")
+        "USING (SELECT x.* FROM (SELECT r.*, MAX(CASE WHEN r.`value` IS NULL THEN r.`i` END) OVER (PARTITION BY "
+        f"r.`key`.`k1`, r.`key`.`k2`) AS last_delete FROM ({once}) AS r) AS x "
+        "WHERE x.last_delete IS NULL OR x.`i` >= x.last_delete) AS src")
     assert lines[2:] == [
         "ON src.`value` IS NULL AND " + ON.removeprefix("ON "),
         "WHEN MATCHED THEN DELETE",
         f"WHEN NOT MATCHED AND src.`value` IS NOT NULL THEN {INSERT}",
     ]
+
+
+@pytest.mark.parametrize("upsert,delete", [(True, False), (True, True), (False, True)])
+def test_no_statement_has_an_outer_join(upsert: bool, delete: bool) -> None:
+    """Real BigQuery refuses a LEFT/RIGHT/FULL OUTER JOIN whose condition is not an equality of fields from
+    both sides ("LEFT OUTER JOIN cannot be used without a condition that is an equality of fields from both
+    sides of the join"); the NULL-safe key match (IS NOT DISTINCT FROM) is not one. The emulator (DuckDB)
+    accepts it, so only the text can show it: the statements join nothing besides the MERGE itself."""
+    sql = plan(upsert, delete, NESTED_KEY).merge(3).upper()
+    assert " JOIN " not in sql.replace("\n", " ")
+
+
+def test_delete_only_partitions_float_key_fields_by_their_text() -> None:
+    """BigQuery refuses FLOAT64 in a window's PARTITION BY ("Partitioning by expressions of type FLOAT64 is
+    not allowed"); it groups and matches them as they are."""
+    key = (F("id", "STRING"), F("geo", "RECORD", fields=[F("lat", "FLOAT"), F("zone", "INTEGER")]))
+    sql = plan(False, True, key).merge(1)
+    assert "PARTITION BY r.`key`.`id`, CAST(r.`key`.`geo`.`lat` AS STRING), r.`key`.`geo`.`zone`)" in sql
+    assert "GROUP BY x.`key`.`id`, x.`key`.`geo`.`lat`, x.`key`.`geo`.`zone`, x.`kafkaPartition`, x.`i`" in sql
 
 
 def test_nested_key_groups_and_matches_on_every_leaf() -> None:
@@ -121,3 +140,23 @@ def test_domain_scoped_project_and_parse() -> None:
     assert ref.sql == "`example.com:my-project`.`ds`.`t`"
     with pytest.raises(IdentifierError):
         TableRef.parse("ds.t")
+
+
+def test_key_fields_without_presence_match_the_tables_null_as_their_default() -> None:
+    """A key field the key class gained later: rows written before hold NULL, a record whose key bytes still
+    lack it decodes the default: the same key. Fields not listed (with presence) stay matched NULL-safe."""
+    absent = MergePlan(DEST, TMP, "customKeyField", FLAT_KEY, ("f1", "f2"), True, True,
+                       absent_key=(("k2", ""),))
+    assert ("ON dst.`customKeyField`.`k1` IS NOT DISTINCT FROM src.`key`.`k1` AND "
+            "IFNULL(dst.`customKeyField`.`k2`, '') IS NOT DISTINCT FROM src.`key`.`k2`\n") in absent.merge(1)
+    assert "IFNULL(dst.`customKeyField`.`k2`, '')" in MergePlan(
+        DEST, TMP, "customKeyField", FLAT_KEY, ("f1",), False, True, absent_key=(("k2", ""),)).merge(1)
+
+
+@pytest.mark.parametrize("kind,value,literal", [
+    ("INTEGER", 0, "0"), ("FLOAT", 0.0, "0.0"), ("BOOLEAN", False, "FALSE"), ("STRING", "", "''"),
+    ("STRING", "REGION_UNSPECIFIED", "'REGION_UNSPECIFIED'"), ("BYTES", b"", "b''"), ("NUMERIC", 0, "NUMERIC '0'"),
+    ("STRING", "it's", None), ("STRING", "a\\nb", None), ("INTEGER", True, None), ("TIMESTAMP", 0, None),
+    ("FLOAT", float("nan"), None)])
+def test_defaults_become_literals_only_when_plainly_safe(kind: str, value: object, literal: str | None) -> None:
+    assert _literal(kind, value) == literal

@@ -28,7 +28,7 @@ def test_intermediate_schema_wraps_key_and_value() -> None:
     inter = tables.intermediate_schema(dest, "booking_key")
     assert [(f.name, f.field_type, f.mode) for f in inter] == [
         ("key", "RECORD", "NULLABLE"), ("value", "RECORD", "NULLABLE"), ("partitionTime", "TIMESTAMP", "NULLABLE"),
-        ("i", "INTEGER", "REQUIRED"), ("batchNumber", "INTEGER", "REQUIRED")]
+        ("i", "INTEGER", "REQUIRED"), ("kafkaPartition", "INTEGER", "REQUIRED"), ("batchNumber", "INTEGER", "REQUIRED")]
     assert [f.name for f in inter[0].fields] == ["order_number"]
     # Value keeps each column's mode: a row that fits the intermediate table fits the destination.
     assert [(f.name, f.mode) for f in inter[1].fields] == [("order_number", "NULLABLE"), ("amount", "REQUIRED"),
@@ -104,7 +104,7 @@ def test_upsert_off_needs_nothing() -> None:
 def test_changelog_rows_become_intermediate_rows(test_descriptors: Descriptors) -> None:
     inner, key = test_descriptors.message_class("testdata.Inner"), test_descriptors.message_class("testdata.Key")
     source = source_batch([inner(label="v").SerializeToString(), None], keys=[key(id="a").SerializeToString()] * 2,
-                          offsets=[40, 41], timestamps_ms=[2_000, -1])
+                          offsets=[40, 41], timestamps_ms=[2_000, -1], partition=3)
     builder = RowBuilder(ReferenceDecoder(inner), MetadataColumns(columns=("message_offset",)),
                          ReferenceDecoder(key, depth=2), changelog=True)
     rows = builder.build(source, 5_000_000)
@@ -116,8 +116,8 @@ def test_changelog_rows_become_intermediate_rows(test_descriptors: Descriptors) 
     assert upsert["value"] == {"label": "v", "counts": [], "message_offset": 40} and delete["value"] is None
     assert upsert["partitionTime"] == datetime(1970, 1, 1, 0, 0, 2, tzinfo=UTC)
     assert delete["partitionTime"] == datetime(1970, 1, 1, 0, 0, 5, tzinfo=UTC)  # no Kafka timestamp: load time
-    assert (upsert["i"], delete["i"], upsert["batchNumber"]) == (40, 41, 9)
-    assert pending.insert_ids.to_pylist() == ["t_0_40", "t_0_41"]
+    assert (upsert["i"], delete["i"], upsert["kafkaPartition"], upsert["batchNumber"]) == (40, 41, 3, 9)
+    assert pending.insert_ids.to_pylist() == ["t_3_40", "t_3_41"]
 
     no_deletes = ChangelogTask(BigQueryConfig(project_id="p", dataset="d", table="t"), "t_tmp", batch=9, deletes=False)
     pending, refused = no_deletes.shape(rows, source, insert_ids(source))
