@@ -24,13 +24,15 @@ INVALID = "400 POST insertAll: Request contains an invalid argument."
 
 class PoisonWriter(FlakyWriter):
     """FlakyWriter (row-level `flaky` 5xx, whole-call `down` outages) whose requests holding a `poison` id,
-    or every request when `table_refuses`, are refused as invalid as a whole."""
+    or every request when `table_refuses`, are refused as invalid as a whole. The requests numbered in
+    `outages` (1 = the first request of the first call) fail part-way through a call with `down_error`."""
 
     def __init__(self, poison: set[str] = frozenset(), chunk: int = 0, table_refuses: bool = False,
-                 **kwargs: object) -> None:
+                 outages: set[int] = frozenset(), **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.poison, self.chunk, self.table_refuses = poison, chunk, table_refuses
+        self.poison, self.chunk, self.table_refuses, self.outages = poison, chunk, table_refuses, outages
         self.calls: list[list[str]] = []  # the ids of each writer call
+        self.sent = 0  # requests sent, the refused ones included
 
     def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
         ids = rows["id"].to_pylist()
@@ -39,8 +41,12 @@ class PoisonWriter(FlakyWriter):
         failures: list[RowError] = []
         for start in range(0, len(ids), size):
             part = ids[start:start + size]
+            unsent = tuple(range(start, len(ids)))
+            self.sent += 1
+            if self.sent in self.outages:
+                error = self.down_error
+                raise PartialWriteError(error.error_type, error.message, unsent, tuple(failures), error.invalid_request)
             if self.table_refuses or self.poison & set(part):
-                unsent = tuple(range(start, len(ids)))
                 raise PartialWriteError(ErrorType.SINK_4XX_ERROR, INVALID, unsent, tuple(failures), invalid_request=True)
             # The rest is FlakyWriter's: outages, row-level 5xx, stored rows (and its insertId check).
             failures += [RowError(f.index + start, f.error_type, f.message)
