@@ -266,3 +266,17 @@ def test_the_flag_survives_pickling() -> None:
     again = pickle.loads(pickle.dumps(error))
     assert again.invalid_request and again.unsent == (1, 2)
     assert pickle.loads(pickle.dumps(SinkError(ErrorType.SINK_4XX_ERROR, "x", True))).invalid_request
+
+
+@pytest.mark.parametrize("other", ["bad", "flaky"])
+def test_a_poison_row_beside_rows_refused_on_their_own_is_isolated_not_taken_for_a_refusing_table(other: str) -> None:
+    """BigQuery answering a part row by row (a 4XX row, a transient 5XX row) is a table that takes requests:
+    taken for a refusing table, a poison row and one bad row stopped the job on every restart."""
+    writer = PoisonWriter(poison={"0"}, **({"bad": {"1"}} if other == "bad" else {"flaky": {"1": 1}}))
+    done, _ = run(handling(), writer, batch(ids(2)))
+
+    assert [e.index for e in done.dead if "rejected as a whole" in e.message] == [0]
+    if other == "bad":
+        assert [(e.index, e.message) for e in done.dead if e.index == 1] == [(1, "invalid")] and writer.stored == []
+    else:
+        assert writer.stored == ["1"] and done.written == 1
