@@ -36,13 +36,16 @@ from firehose_bq.dlq.config import DlqConfig
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.errors import ErrorType, RowError, SinkError
 from firehose_bq.modes import MixedTask, StagingTask, StreamingTask, reaches_driver_step
-from firehose_bq.policy import DLQ, FAILED, TRANSIENT, ErrorHandling
+from firehose_bq.policy import DLQ, FAILED, TRANSIENT, ErrorHandling, IsolationBudget
 from firehose_bq.registry.confluent import encode_frame, message_indexes
 from firehose_bq.routing import Destination, NameTemplate, router_of
 from firehose_bq.upsert.writer import ChangelogTask
 from tests.unit.batch.sources import source_batch
 from tests.unit.batch.test_core import NEWER, FakeTables, handling, spec
 from tests.unit.test_poison_rows import PoisonWriter
+from tests.unit.test_policy import batch
+from tests.unit.test_policy import handling as policy_handling
+from tests.unit.test_policy import run as run_policy
 
 MODES = ("insertall", "storage_write", "file_loads", "mixed", "upsert")
 SINK_TYPES = (ErrorType.SINK_4XX_ERROR, ErrorType.SINK_5XX_ERROR, ErrorType.SINK_RETRYABLE_ERROR,
@@ -468,3 +471,73 @@ def scenario(records: Sequence[Record], **changes: object) -> Scenario:
 @given(sc=scenarios())
 def test_every_record_ends_in_exactly_one_place_and_the_counts_say_so(loaded: Loaded, sc: Scenario) -> None:
     check(sc, run(sc, loaded.descriptors))
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A request of `n` rows, some of them poison (refused as a whole), for the policy alone."""
+
+    n: int
+    poison: frozenset[int]
+    bad: frozenset[int]  # refused per row (4XX)
+    flaky: frozenset[int]  # refused once (5XX, retried)
+    chunk: int
+    outages: frozenset[int]
+
+
+@st.composite
+def refusals(draw: st.DrawFn) -> Refusal:
+    n = draw(st.integers(2, 300))
+    rows = st.integers(0, n - 1)
+    poison = set(draw(st.sets(rows, max_size=12)))
+    if draw(st.booleans()):  # a producer's burst: a run of adjacent poison rows
+        start, length = draw(rows), draw(st.integers(1, 16))
+        poison |= set(range(start, min(n, start + length)))
+    return Refusal(n, frozenset(poison), frozenset(draw(st.sets(rows, max_size=4)) - poison),
+                   frozenset(draw(st.sets(rows, max_size=4)) - poison), draw(st.sampled_from((0, 0, 7, 64))),
+                   frozenset(draw(st.sets(st.integers(1, 40), max_size=2))) if draw(st.booleans()) else frozenset())
+
+
+# A poison row beside a row BigQuery answered on its own (here a transient 5XX) was taken for a refusing table.
+@example(case=Refusal(2, frozenset({0}), frozenset(), frozenset({1}), 0, frozenset()))
+@settings(max_examples=150, deadline=None)
+@given(case=refusals())
+def test_isolating_poison_rows_puts_every_row_in_one_place_at_a_bounded_cost(case: Refusal) -> None:
+    """Large requests, many poison rows (past the isolation budget), runs of them, chunked writers, outages
+    meanwhile: the policy alone (the batch core above keeps requests small)."""
+    flaky = {str(i): 1 for i in case.flaky}
+    writer = PoisonWriter(poison={str(i) for i in case.poison}, bad={str(i) for i in case.bad}, flaky=flaky,
+                          chunk=case.chunk, outages=set(case.outages))
+    try:
+        done, _ = run_policy(policy_handling(), writer, batch([str(i) for i in range(case.n)]))
+    except SinkError as stopped:
+        event("stopped")
+        assert stopped.error_type in (ErrorType.SINK_4XX_ERROR, ErrorType.SINK_RETRYABLE_ERROR)
+        assert case.poison or case.outages, stopped
+        # Without an outage, only what looks like a refusing table stops it: every part refused as a whole,
+        # none taken (no row in, none answered on its own). (A run of poison rows filling most of a small
+        # request can look so within the 2L+2 refusals the rule allows: IsolationBudget.)
+        if not case.outages:
+            poison = {str(i) for i in case.poison}
+            assert not writer.stored and all(poison & set(call[:case.chunk or len(call)]) for call in writer.calls)
+        assert len(writer.stored) == len(set(writer.stored)), "a row written twice"
+        return
+    event("settled")
+    stored = [int(i) for i in writer.stored]
+    assert len(stored) == len(set(stored)), "a row written twice"
+    dead, failed = [e.index for e in done.dead], [e.index for e in done.failed]
+    assert not failed  # the defaults: every type to the DLQ
+    assert sorted(stored + dead) == list(range(case.n)) and done.written == len(stored)
+    for e in done.dead:
+        if e.index in case.poison:
+            assert e.error_type is ErrorType.SINK_4XX_ERROR and "rejected as a whole" in e.message
+        elif e.index in case.bad:
+            assert e.error_type is ErrorType.SINK_4XX_ERROR
+        else:  # a good row only when more bad rows than the budget isolates left it in a refused part
+            assert e.error_type is ErrorType.SINK_4XX_ERROR and "not told apart" in e.message, e
+    handed = Counter(i for call in writer.calls for i in call)
+    assert done.retried == sum(1 for n in handed.values() if n > 1)
+    if not case.flaky and not case.outages:  # one attempt: the documented cost bound
+        budget = IsolationBudget.of(case.n)
+        depth = max(1, case.n - 1).bit_length()
+        assert len(writer.calls) <= 1 + budget.requests + 2 * depth + 2
