@@ -16,8 +16,8 @@ and no stream; never notFound, permissions, a stream's state, quotas or 5xx; big
 type not retried. Stopping on it would stop again on every restart, for one row the writers' checks did
 not catch. So its rows are isolated, within the attempt: the rows the request left unsent are written in
 two halves, a half refused the same way in two halves again (depth first; once a row is alone before any
-went in, the request's other half next, as a run of adjacent bad rows would otherwise look like a refusing
-table), until a row that is refused alone is the only one left of its piece. Such a row becomes a RowError of the refusal's type, saying the
+went in, the request's other half next, and while it is refused too its far end first, as a run of adjacent
+bad rows, or bad rows at the front of each piece tried, would otherwise look like a refusing table), until a row that is refused alone is the only one left of its piece. Such a row becomes a RowError of the refusal's type, saying the
 request was rejected as a whole and it was isolated, and then follows the lists above (the DLQ by
 default); every other row is written once (a half that went in is never sent again), keeping its
 insertId, and rows a half's write rejected on their own are handled like any row failure (retried when
@@ -400,6 +400,10 @@ class _Write:
                     stack.append(stack.pop(0))
             elif exhausted:
                 unresolved.extend((i, len(left), piece_error) for i in left)
+            elif alone and not accepted:
+                # The farthest piece is refused too (a run goes on into it, or it begins with a bad row): its
+                # far end first, so a part that goes in is found within the refusals the rule allows.
+                stack.extend(_halves(left))
             else:
                 stack.extend(reversed(_halves(left)))
         spent = self.calls - first_call

@@ -280,3 +280,20 @@ def test_a_poison_row_beside_rows_refused_on_their_own_is_isolated_not_taken_for
         assert [(e.index, e.message) for e in done.dead if e.index == 1] == [(1, "invalid")] and writer.stored == []
     else:
         assert writer.stored == ["1"] and done.written == 1
+
+
+@pytest.mark.parametrize(("n", "poison"), [
+    (100, {0, 25, 50, 75}), (10_000, {0, 2_500, 5_000, 7_500}),  # each piece tried next began with a bad row
+    (12, set(range(7))),  # a run filling most of a small request
+], ids=["quarters-100", "quarters-10k", "run-7-of-12"])
+def test_bad_rows_at_the_front_of_every_piece_tried_are_isolated_not_taken_for_a_refusing_table(
+        n: int, poison: set[int]) -> None:
+    """While no row has gone in, the policy tries the farthest piece next; depth first and left first, each
+    piece it tried began with a bad row, and four bad rows of 10,000 looked like a refusing table: the job
+    stopped, and again on every restart."""
+    writer = PoisonWriter(poison={str(i) for i in poison})
+    done, _ = run(handling(), writer, batch(ids(n)))
+
+    assert sorted(e.index for e in done.dead) == sorted(poison) and done.failed == []
+    assert sorted(writer.stored, key=int) == [i for i in ids(n) if int(i) not in poison]  # each once
+    assert len(writer.calls) <= 1 + IsolationBudget.of(n).requests
