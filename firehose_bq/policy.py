@@ -16,16 +16,16 @@ and no stream; never notFound, permissions, a stream's state, quotas or 5xx; big
 type not retried. Stopping on it would stop again on every restart, for one row the writers' checks did
 not catch. So its rows are isolated, within the attempt: the rows the request left unsent are written in
 two halves, a half refused the same way in two halves again (depth first; once a row is alone before any
-went in, the request's other half next, as a run of adjacent bad rows would otherwise look like a refusing
-table), until a row that is refused alone is the only one left of its piece. Such a row becomes a RowError of the refusal's type, saying the
+went in, the request's other half next, and while it is refused too its far end first, as a run of adjacent
+bad rows, or bad rows at the front of each piece tried, would otherwise look like a refusing table), until a row that is refused alone is the only one left of its piece. Such a row becomes a RowError of the refusal's type, saying the
 request was rejected as a whole and it was isolated, and then follows the lists above (the DLQ by
 default); every other row is written once (a half that went in is never sent again), keeping its
 insertId, and rows a half's write rejected on their own are handled like any row failure (retried when
 their type is). The rule that keeps a fault of the table from costing 2n requests or a dead-lettered
 batch (IsolationBudget, for a request of n rows, L = ⌈log2 n⌉):
 
-- a row is isolated only if a row of the same request went in without it; until one did, at most 2L+2
-  refused requests (one bad row is alone after L+1): more, or none going in at all, and the original
+- a row is isolated only if a row of the same request went in without it (or was answered on its own, a
+  row BigQuery rejects by itself); until one did, at most 2L+2 refused requests (one bad row is alone after L+1): more, or none going in at all, and the original
   error stops the job as before: every row is refused, so the table is at fault;
 - a request of one row has nothing to tell its row from the table: the row fails as isolated, its
   message saying so. Stopping would stop again on every restart (the replayed batch holds that row
@@ -368,7 +368,10 @@ class _Write:
         # Rows of pieces refused after the budget ran out, with the piece's size and error: not isolated.
         unresolved: list[tuple[int, int, SinkError]] = []
         refused = 0  # isolation requests refused as invalid
-        accepted = False  # a row of the refused request went in without the others: the table takes its rows
+        # A part of the refused request was taken without the others: its rows went in, or BigQuery answered
+        # them row by row (a row it rejects on its own, a transient 5XX): the table takes its requests. (Rows
+        # a writer refuses before sending never reach `unsent`, so every row answered here was sent.)
+        accepted = False
         while stack:
             spent = self.calls - first_call
             if refused >= budget.until_accepted and not accepted:
@@ -380,7 +383,7 @@ class _Write:
             self.retried.update(piece)  # sent again: the refused request had them (the summary counts them)
             more, left, piece_error = self._send(self.pending.of_sources(piece))
             rejected += more
-            accepted = accepted or len(more) + len(left) < len(piece)
+            accepted = accepted or len(left) < len(piece)
             if piece_error is None:
                 continue
             if not self._isolates(piece_error):  # an outage meanwhile: what is not in the table yet is owed
@@ -397,10 +400,14 @@ class _Write:
                     stack.append(stack.pop(0))
             elif exhausted:
                 unresolved.extend((i, len(left), piece_error) for i in left)
+            elif alone and not accepted:
+                # The farthest piece is refused too (a run goes on into it, or it begins with a bad row): its
+                # far end first, so a part that goes in is found within the refusals the rule allows.
+                stack.extend(_halves(left))
             else:
                 stack.extend(reversed(_halves(left)))
         spent = self.calls - first_call
-        if not accepted:  # not one of its rows went in: nothing says it is the rows, not the table
+        if not accepted:  # every part was refused as a whole: nothing says it is the rows, not the table
             return [], [], _not_isolated(error, len(unsent), spent)
         isolated = [RowError(i, e.error_type, f"BigQuery rejected as a whole the request of {len(unsent)} row(s) this "
                              f"row was in; written alone, it is rejected: {e.message}") for i, e in alone]

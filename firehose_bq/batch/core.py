@@ -36,7 +36,7 @@ from firehose_bq.errors import (DeadLetterError, ErrorType, FirehoseError, Messa
                                  SinkError, cause_of)
 from firehose_bq.logs import log_context
 from firehose_bq.metrics import BatchStats
-from firehose_bq.policy import DLQ, FAILED, FALLBACK, RETRIED, ErrorHandling, write_with_policy
+from firehose_bq.policy import DLQ, FAILED, FALLBACK, RETRIED, ErrorHandling, Handled, write_with_policy
 from firehose_bq.registry.confluent import message_indexes
 from firehose_bq.routing import Destination
 from firehose_bq.sink_schema import SinkSpec
@@ -254,7 +254,7 @@ class _Task:
 
     def _write(self, destination: Destination | None, part: pa.RecordBatch, rows: Rows) -> None:
         stats, handling = self.result.stats, self.handling
-        pending, refused = self.plan.shape(_without_unknown(rows, handling, stats), part, insert_ids(part))
+        pending, refused = self.plan.shape(_without_unknown(rows, handling), part, insert_ids(part))
         failures = sorted(rows.failures + refused + _unknown_errors(rows, handling), key=lambda f: f.index)
         table = destination.name if destination is not None else ""
         # A routed destination names its table (dataset.table); a job with one table has it on every line
@@ -263,6 +263,7 @@ class _Task:
         with log_context(**({"table": table} if routed else {})):
             writer = (lambda: _Timed(self._writer(destination), stats, self)) if self.spec.write else None
             done = write_with_policy(handling, pending, failures, writer)
+        stats.unknown_fields += _written_unknown(rows, pending, done)
         _count(stats, table, part.num_rows, done.written, done.retried, part, done.dead, done.failed)
         self.letters.extend(_letter(part, f, table) for f in done.dead)
 
@@ -368,17 +369,23 @@ def _rejected_unknown(rows: Rows, handling: ErrorHandling) -> list[int]:
     return rows.key_unknown_fields if rows.additional is not None else rows.unknown_fields
 
 
-def _without_unknown(rows: Rows, handling: ErrorHandling, stats: BatchStats) -> Rows:
-    """Rows with unknown fields that are kept are written (and counted, once per record, whether the
-    value, the key or both had them); the others leave the rows and become UNKNOWN_FIELDS_ERRORs
-    (`_unknown_errors`)."""
+def _without_unknown(rows: Rows, handling: ErrorHandling) -> Rows:
+    """Rows with unknown fields that are kept are written (and counted once written: `_written_unknown`);
+    the others leave the rows and become UNKNOWN_FIELDS_ERRORs (`_unknown_errors`)."""
     if not rows.unknown_fields:
         return rows
     rejected = _rejected_unknown(rows, handling)
-    kept = rows.take(np.flatnonzero(~np.isin(rows.sources, rejected))) if rejected else rows
-    # `unknown_fields` lists source records, rows or not: count those that are written.
-    stats.unknown_fields += int(np.isin(rows.unknown_fields, kept.sources).sum())
-    return kept
+    return rows.take(np.flatnonzero(~np.isin(rows.sources, rejected))) if rejected else rows
+
+
+def _written_unknown(rows: Rows, pending: Writable, done: Handled) -> int:
+    """The records with unknown fields (value, key or both: once per record) that are in the table now.
+    Counted after the write, not before: a kept row the sink then refuses is a dead letter or a failure,
+    and the count says "written"."""
+    if not rows.unknown_fields or not done.written:
+        return 0
+    written = np.setdiff1d(pending.sources, [f.index for f in done.errors])
+    return int(np.isin(rows.unknown_fields, written).sum())
 
 
 def _unknown_errors(rows: Rows, handling: ErrorHandling) -> list[RowError]:

@@ -43,6 +43,8 @@ def run_task(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, worker_log
     with logs.log_context(**(worker_logging.fields if worker_logging is not None else {})):
         result = process_batch(_records(reader, planned, resume), spec, plan, handling, WORKER_CLIENTS)
     result.planned = planned
+    if result.held:
+        result.resume += _unreached(planned, resume, result.resume)
     yield pa.RecordBatch.from_pydict({"result": [result.to_json()]})
 
 
@@ -50,10 +52,27 @@ def _records(reader: RangeReader, planned: list[tuple[str, int, int, int]], resu
         -> Iterator[pa.RecordBatch]:
     """The records of each planned range, read only as the batch core asks for them: a task that stops early
     (a batch held for a registry refresh) leaves the rest unread."""
+    for topic, partition, start, end in _to_read(planned, resume):
+        yield from reader.read(topic, partition, start, end)
+
+
+def _to_read(planned: list[tuple[str, int, int, int]], resume: Resume | None) -> Iterator[tuple[str, int, int, int]]:
+    """The planned ranges this run reads, in order: with `resume`, only its partitions, from its offsets."""
     for topic, partition, start, end in planned:
         if resume is not None:
             if (topic, partition) not in resume:
                 continue
             start = max(start, resume[(topic, partition)])
         if start < end:
-            yield from reader.read(topic, partition, start, end)
+            yield topic, partition, start, end
+
+
+def _unreached(planned: list[tuple[str, int, int, int]], resume: Resume | None,
+               held: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """Where the rerun of a task that held (`held`: the partitions of the source batch it held at) starts
+    the ranges it never reached. The rerun reads only the partitions in its resume: a range left out would
+    be committed unread. Ranges are read in order, so those after the last held partition's are unreached."""
+    ranges = list(_to_read(planned, resume))
+    stopped = {(topic, partition) for topic, partition, _ in held}
+    last = max((i for i, (topic, partition, _, _) in enumerate(ranges) if (topic, partition) in stopped), default=-1)
+    return [(topic, partition, start) for topic, partition, start, _ in ranges[last + 1:]]

@@ -24,13 +24,15 @@ INVALID = "400 POST insertAll: Request contains an invalid argument."
 
 class PoisonWriter(FlakyWriter):
     """FlakyWriter (row-level `flaky` 5xx, whole-call `down` outages) whose requests holding a `poison` id,
-    or every request when `table_refuses`, are refused as invalid as a whole."""
+    or every request when `table_refuses`, are refused as invalid as a whole. The requests numbered in
+    `outages` (1 = the first request of the first call) fail part-way through a call with `down_error`."""
 
     def __init__(self, poison: set[str] = frozenset(), chunk: int = 0, table_refuses: bool = False,
-                 **kwargs: object) -> None:
+                 outages: set[int] = frozenset(), **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.poison, self.chunk, self.table_refuses = poison, chunk, table_refuses
+        self.poison, self.chunk, self.table_refuses, self.outages = poison, chunk, table_refuses, outages
         self.calls: list[list[str]] = []  # the ids of each writer call
+        self.sent = 0  # requests sent, the refused ones included
 
     def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
         ids = rows["id"].to_pylist()
@@ -39,8 +41,12 @@ class PoisonWriter(FlakyWriter):
         failures: list[RowError] = []
         for start in range(0, len(ids), size):
             part = ids[start:start + size]
+            unsent = tuple(range(start, len(ids)))
+            self.sent += 1
+            if self.sent in self.outages:
+                error = self.down_error
+                raise PartialWriteError(error.error_type, error.message, unsent, tuple(failures), error.invalid_request)
             if self.table_refuses or self.poison & set(part):
-                unsent = tuple(range(start, len(ids)))
                 raise PartialWriteError(ErrorType.SINK_4XX_ERROR, INVALID, unsent, tuple(failures), invalid_request=True)
             # The rest is FlakyWriter's: outages, row-level 5xx, stored rows (and its insertId check).
             failures += [RowError(f.index + start, f.error_type, f.message)
@@ -260,3 +266,34 @@ def test_the_flag_survives_pickling() -> None:
     again = pickle.loads(pickle.dumps(error))
     assert again.invalid_request and again.unsent == (1, 2)
     assert pickle.loads(pickle.dumps(SinkError(ErrorType.SINK_4XX_ERROR, "x", True))).invalid_request
+
+
+@pytest.mark.parametrize("other", ["bad", "flaky"])
+def test_a_poison_row_beside_rows_refused_on_their_own_is_isolated_not_taken_for_a_refusing_table(other: str) -> None:
+    """BigQuery answering a part row by row (a 4XX row, a transient 5XX row) is a table that takes requests:
+    taken for a refusing table, a poison row and one bad row stopped the job on every restart."""
+    writer = PoisonWriter(poison={"0"}, **({"bad": {"1"}} if other == "bad" else {"flaky": {"1": 1}}))
+    done, _ = run(handling(), writer, batch(ids(2)))
+
+    assert [e.index for e in done.dead if "rejected as a whole" in e.message] == [0]
+    if other == "bad":
+        assert [(e.index, e.message) for e in done.dead if e.index == 1] == [(1, "invalid")] and writer.stored == []
+    else:
+        assert writer.stored == ["1"] and done.written == 1
+
+
+@pytest.mark.parametrize(("n", "poison"), [
+    (100, {0, 25, 50, 75}), (10_000, {0, 2_500, 5_000, 7_500}),  # each piece tried next began with a bad row
+    (12, set(range(7))),  # a run filling most of a small request
+], ids=["quarters-100", "quarters-10k", "run-7-of-12"])
+def test_bad_rows_at_the_front_of_every_piece_tried_are_isolated_not_taken_for_a_refusing_table(
+        n: int, poison: set[int]) -> None:
+    """While no row has gone in, the policy tries the farthest piece next; depth first and left first, each
+    piece it tried began with a bad row, and four bad rows of 10,000 looked like a refusing table: the job
+    stopped, and again on every restart."""
+    writer = PoisonWriter(poison={str(i) for i in poison})
+    done, _ = run(handling(), writer, batch(ids(n)))
+
+    assert sorted(e.index for e in done.dead) == sorted(poison) and done.failed == []
+    assert sorted(writer.stored, key=int) == [i for i in ids(n) if int(i) not in poison]  # each once
+    assert len(writer.calls) <= 1 + IsolationBudget.of(n).requests

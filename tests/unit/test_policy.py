@@ -15,11 +15,13 @@ from tests.unit.clock import Clock
 
 class FlakyWriter:
     """A RowWriter as BigQuery behaves: rows whose id is in `bad` are rejected (4XX); rows in `flaky` fail
-    with a 5XX for their first `flaky[id]` writes; the first `down` calls fail as a whole."""
+    with a 5XX for their first `flaky[id]` writes; rows in `refused` always fail with the type given; the
+    first `down` calls fail as a whole."""
 
     def __init__(self, bad: set[str] = frozenset(), flaky: dict[str, int] | None = None, down: int = 0,
-                 down_error: SinkError | None = None) -> None:
+                 down_error: SinkError | None = None, refused: dict[str, ErrorType] | None = None) -> None:
         self.bad, self.flaky, self.down = bad, dict(flaky or {}), down
+        self.refused = dict(refused or {})
         self.down_error = down_error or SinkError(ErrorType.SINK_RETRYABLE_ERROR, "Connection refused")
         self.requests: list[list[str]] = []
         self.stored: list[str] = []
@@ -35,6 +37,8 @@ class FlakyWriter:
         for n, i in enumerate(ids):
             if i in self.bad:
                 failures.append(RowError(n, ErrorType.SINK_4XX_ERROR, "invalid"))
+            elif i in self.refused:
+                failures.append(RowError(n, self.refused[i], "refused"))
             elif self.flaky.get(i, 0) > 0:
                 self.flaky[i] -= 1
                 failures.append(RowError(n, ErrorType.SINK_5XX_ERROR, "backendError"))

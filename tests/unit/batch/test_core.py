@@ -152,6 +152,16 @@ def test_unknown_fields_written_or_rejected_by_policy(test_descriptors: Descript
     assert [(x.error.error_type, x.error.offset) for x in letters] == [(ErrorType.UNKNOWN_FIELDS_ERROR, 1)]
 
 
+def test_unknown_fields_count_only_the_rows_that_were_written(test_descriptors: Descriptors,
+                                                               letters: list[DeadLetter]) -> None:
+    """The count says "written": a row with unknown fields that the sink refuses is a dead letter, not one."""
+    newer = values(test_descriptors, "x")[0] + NEWER
+    batch = source_batch([*values(test_descriptors, "a"), newer, newer])
+    plan = FakePlan(FakeWriter(bad={"x"}))
+    result = process_batch([batch], spec(test_descriptors, additional_properties=True), plan, handling())
+    assert (result.stats.rows_written, result.stats.dead_lettered, result.stats.unknown_fields) == (1, 2, 0)
+
+
 def test_additional_properties_keep_unknown_fields_whatever_the_policy(test_descriptors: Descriptors,
                                                                         letters: list[DeadLetter]) -> None:
     newer = values(test_descriptors, "x")[0] + b"\xa0\x06\x01"

@@ -62,3 +62,23 @@ def test_a_task_reports_the_ranges_it_was_given_whole_however_much_it_read(monke
         result = TaskResult.from_json(out["result"][0].as_py())
         assert result.planned == given
         assert json.loads(result.to_json())["planned"] == [list(r) for r in given]
+
+
+def test_a_task_held_before_its_later_ranges_has_its_rerun_read_them(monkeypatch) -> None:  # noqa: ANN001
+    """The rerun reads only the partitions in `resume`: one the task never reached must be there too, from
+    its start, or the batch commits with its records never read."""
+    from firehose_bq.batch import task as task_mod
+    from firehose_bq.batch.core import TaskResult
+
+    def holds_in_first_range(sources, *args):  # noqa: ANN001, ANN202 - the batch core, holding in t/0's records
+        next(iter(sources))
+        return TaskResult(held="t/0@3", resume=[("t", 0, 3)])
+
+    monkeypatch.setattr(task_mod, "process_batch", holds_in_first_range)
+    given = [("t", 0, 3, 5), ("t", 1, 2, 8), ("u", 0, 4, 4)]
+    [out] = task_mod.run_task(None, None, None, None, Reads(), None, iter(ranges(*given)))  # type: ignore[arg-type]
+    result = TaskResult.from_json(out["result"][0].as_py())
+    assert result.resume == [("t", 0, 3), ("t", 1, 2)]  # u/0 is empty: nothing to read again
+    reads = Reads()
+    rerun = [b["offset"].to_pylist() for b in _records(reads, given, {(t, p): o for t, p, o in result.resume})]
+    assert rerun == [[3, 4], [2, 3, 4, 5, 6, 7]]
