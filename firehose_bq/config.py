@@ -22,7 +22,8 @@ from firehose_bq.errors import ConfigError
 from firehose_bq.logs import LogConfig
 from firehose_bq.policy import DEFAULT_RETRY_DEADLINE_MS, ErrorPolicyConfig
 from firehose_bq.registry.config import RegistryConfig, Secret
-from firehose_bq.routing import PLACEHOLDER, NameTemplate, Router, TemplateError, parse_class_routes
+from firehose_bq.routing import (PLACEHOLDER, NameTemplate, Router, TemplateError, name_problem,
+                                 parse_class_routes)
 from firehose_bq.schema import UINT64_COLUMN_TYPES, parse_metadata_columns
 from firehose_bq.settings import SettingDoc, load_section, read_env_file, setting
 from firehose_bq.settings import reference as _reference
@@ -505,16 +506,17 @@ class Config:
 
     def _routing_problems(self) -> list[str]:
         problems = []
-        for env, value in (("SINK_BIGQUERY_DATASET_NAME", self.bigquery.dataset),
-                           ("SINK_BIGQUERY_TABLE_NAME", self.bigquery.table)):
+        for env, value, table in (("SINK_BIGQUERY_DATASET_NAME", self.bigquery.dataset, False),
+                                  ("SINK_BIGQUERY_TABLE_NAME", self.bigquery.table, True)):
             try:
-                template = NameTemplate(value)
+                template = NameTemplate(value, table)
             except TemplateError as exc:
                 problems.append(f"{env}: {exc}")
                 continue
             # The text around the placeholders must be valid on its own (the values are sanitized).
-            if not BQ_NAME.fullmatch(PLACEHOLDER.sub("x", value)):
-                problems.append(f"{env}: {value!r} is not a valid BigQuery name (letters, digits, _)")
+            static = PLACEHOLDER.sub("x", value)
+            if problem := name_problem(static, table):
+                problems.append(f"{env}: {problem.replace(repr(static), repr(value))}")
             elif template.is_template and self.upsert.enabled:
                 problems.append(f"{env}: a template routes records to several tables, which upsert/delete "
                                 "(one destination and its intermediate table) does not support")
@@ -537,7 +539,7 @@ class Config:
             problems.append("SINK_BIGQUERY_MIXED_STREAMING_TABLES: only used with SINK_BIGQUERY_WRITE_METHOD=mixed")
         for entry in self.bigquery.mixed_streaming_tables:
             try:
-                NameTemplate(entry)
+                NameTemplate(entry, table=True)
             except TemplateError as exc:
                 problems.append(f"SINK_BIGQUERY_MIXED_STREAMING_TABLES: {exc}")
         return problems
@@ -558,9 +560,9 @@ class Config:
         """Where each record goes: the dataset/table templates and the class route map."""
         bq, ins = self.bigquery, self.input_schema
         default_class = ins.proto_class or None if ins.data_type == "PROTOBUF" else None
-        return Router(NameTemplate(bq.dataset), NameTemplate(bq.table), default_class, ins.class_header or None,
-                      parse_class_routes(ins.class_routes),
-                      tuple(NameTemplate(t) for t in bq.mixed_streaming_tables) if bq.write_method == "mixed" else None,
+        return Router(NameTemplate(bq.dataset), NameTemplate(bq.table, table=True), default_class,
+                      ins.class_header or None, parse_class_routes(ins.class_routes),
+                      tuple(NameTemplate(t, table=True) for t in bq.mixed_streaming_tables) if bq.write_method == "mixed" else None,
                       bq.max_destinations)
 
     @property

@@ -9,7 +9,9 @@ record.
 
 A resolved name is sanitized like a column name (`schema.sanitize_name`: characters other than ASCII
 letters, digits and `_` become `_`, a leading digit gets a `_` in front) and then validated; it only ever reaches SQL or
-an API as an identifier the upsert/table code quotes. A record whose route cannot be resolved (a
+an API as an identifier the upsert/table code quotes. A table name's own text may also hold dashes, as
+BigQuery's table names may (`orders-v2`, `events-${header.type}`); the values put into it never keep one
+(`eu-west` gives `..._eu_west`, as it always did). A record whose route cannot be resolved (a
 missing attribute, a class header value the map does not name and no default class) is *unrouted*:
 it goes to the fallback output, or is a ROUTING_ERROR for the error policy.
 """
@@ -25,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from firehose_bq.errors import ErrorType, RowError
-from firehose_bq.schema import sanitize_name
+from firehose_bq.schema import sanitize_chars, sanitize_name
 
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 # Attributes a template may name besides `header.NAME`.
@@ -34,7 +36,8 @@ HEADER_PREFIX = "header."
 # BigQuery's limits on dataset and table names (characters).
 MAX_DATASET_NAME = 1024
 MAX_TABLE_NAME = 1024
-_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+DATASET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 class TemplateError(ValueError):
@@ -46,6 +49,7 @@ class NameTemplate:
     """A dataset or table name with `${...}` placeholders; plain text is the name itself."""
 
     text: str
+    table: bool = False  # a table's name, which may hold dashes; else a dataset's
 
     def __post_init__(self) -> None:
         for name in self.attributes:
@@ -65,7 +69,9 @@ class NameTemplate:
         """The name for these attribute values, sanitized; None when an attribute it needs is missing."""
         if any(values.get(a) is None for a in self.attributes):
             return None
-        return sanitize_name(PLACEHOLDER.sub(lambda m: values[m.group(1)] or "", self.text), limit=None)
+        name = PLACEHOLDER.sub(lambda m: sanitize_chars(values[m.group(1)] or ""), self.text)
+        # The text around the values is the job's own, checked at start: a table's keeps its dashes.
+        return sanitize_name(name, limit=None, dashes=self.table)
 
 
 @dataclass(frozen=True)
@@ -163,19 +169,22 @@ class Router:
             missing = [a for a in self.dataset.attributes + self.table.attributes if values.get(a) is None]
             return None, (f"no {', '.join(dict.fromkeys(missing))} (absent, null, or not UTF-8) to name the destination "
                           "table by")
-        problem = name_problem(dataset, MAX_DATASET_NAME) or name_problem(table, MAX_TABLE_NAME)
+        problem = name_problem(dataset, table=False) or name_problem(table, table=True)
         if problem:
             return None, f"destination {dataset}.{table}: {problem}"
         return Destination(dataset, table, proto_class, self._streams(table, values)), ""
 
 
-def name_problem(name: str, limit: int) -> str | None:
+def name_problem(name: str, table: bool) -> str | None:
+    """Why BigQuery (or this sink) would not take `name` as a table's (else a dataset's) name, or None."""
     if not name:
         return "an empty name"
+    limit = MAX_TABLE_NAME if table else MAX_DATASET_NAME
     if len(name) > limit:
         return f"a name longer than {limit} characters"
-    if not _PLAIN_NAME.fullmatch(name):
-        return f"{name!r} is not a valid BigQuery name"
+    if not (TABLE_NAME if table else DATASET_NAME).fullmatch(name):
+        return (f"{name!r} is not a valid BigQuery {'table' if table else 'dataset'} name (ASCII letters, digits, "
+                f"_{' and -' if table else ''}; not starting with a digit{' or -' if table else ''})")
     return None
 
 
@@ -236,7 +245,7 @@ def parse_class_routes(text: str) -> tuple[tuple[str, str], ...]:
 
 def router_of(dataset: str, table: str, default_class: str | None, class_header: str | None,
               class_routes: str) -> Router:
-    return Router(NameTemplate(dataset), NameTemplate(table), default_class or None, class_header or None,
+    return Router(NameTemplate(dataset), NameTemplate(table, table=True), default_class or None, class_header or None,
                   parse_class_routes(class_routes))
 
 

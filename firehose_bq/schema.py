@@ -92,6 +92,8 @@ MAX_COLUMN_NAME = 300  # characters
 
 _VALID_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,299}")
 _INVALID_CHAR = re.compile(r"[^A-Za-z0-9_]")
+# A table name may also hold dashes (BigQuery allows more: Unicode letters, spaces; this sink takes ASCII).
+_INVALID_TABLE_CHAR = re.compile(r"[^A-Za-z0-9_-]")
 # Prefixes BigQuery keeps for pseudo-columns; compared upper-cased.
 RESERVED_PREFIXES = ("_TABLE_", "_FILE_", "_PARTITION", "_ROW_TIMESTAMP", "__ROOT__", "_COLIDENTIFIER")
 
@@ -166,11 +168,17 @@ def column_name(fd: FieldDescriptor, sanitize: bool = False) -> str:
     return sanitize_name(fd.name)
 
 
-def sanitize_name(name: str, limit: int | None = MAX_COLUMN_NAME) -> str:
+def sanitize_chars(text: str) -> str:
+    """Every character a column name may not hold → `_`."""
+    return _INVALID_CHAR.sub("_", text)
+
+
+def sanitize_name(name: str, limit: int | None = MAX_COLUMN_NAME, dashes: bool = False) -> str:
     """Invalid characters → `_`; a leading digit or a reserved prefix gets a `_` in front (`_PARTITIONTIME`
     → `__PARTITIONTIME`: no reserved prefix starts with `_` + another one); at most `limit` characters
-    (a column name's; None: not cut, for names that must be refused rather than merged when too long)."""
-    name = _INVALID_CHAR.sub("_", name)
+    (a column name's; None: not cut, for names that must be refused rather than merged when too long).
+    `dashes`: keep `-` (a table's name may hold them, a column's not)."""
+    name = (_INVALID_TABLE_CHAR if dashes else _INVALID_CHAR).sub("_", name)
     if name[:1].isdigit() or name.upper().startswith(RESERVED_PREFIXES):
         name = f"_{name}"
     return name if limit is None else name[:limit]

@@ -26,8 +26,8 @@ _COLUMN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,299}")
 _RESERVED_PREFIXES = ("_TABLE_", "_FILE_", "_PARTITION", "_ROW_TIMESTAMP", "__ROOT__", "_COLIDENTIFIER")
 # https://cloud.google.com/bigquery/docs/datasets#dataset-naming
 _DATASET = re.compile(r"[A-Za-z0-9_]{1,1024}")
-# Table names may hold more (Unicode letters, spaces, dashes); this sink creates ASCII ones only.
-_TABLE = re.compile(r"[A-Za-z0-9_]{1,1024}")
+# Table names may hold more (Unicode letters, spaces); this sink takes ASCII ones and dashes only.
+_TABLE = re.compile(r"[A-Za-z0-9_-]{1,1024}")
 # Project ids: 6–30 lowercase letters, digits, dashes, optionally `domain.com:` in front.
 _PROJECT = re.compile(r"(?:[a-z0-9][a-z0-9.-]{0,62}:)?[a-z][a-z0-9-]{4,28}[a-z0-9]")
 # Key leaves MERGE groups and matches on: BigQuery cannot GROUP BY these types.

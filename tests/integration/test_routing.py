@@ -123,3 +123,22 @@ def test_mixed_mode_streams_the_opted_in_table_and_loads_the_others(spark, job_e
         assert sorted(j.destination.table_id for j in jobs) == ["ride_completed", "ride_requested"]
     finally:
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_table_names_with_dashes_are_streamed_and_loaded_as_named(spark, job_env: dict[str, str],
+                                                                   bq_client: bigquery.Client) -> None:
+    """BigQuery's table names may hold dashes: the job's own text keeps them (a value's never do), on the
+    Storage Write and the load-job paths alike."""
+    cfg = Config.from_env(routed_env(job_env, SINK_BIGQUERY_TABLE_NAME="ev-${header.ce_type}",
+                                     SINK_BIGQUERY_WRITE_METHOD="mixed",
+                                     SINK_BIGQUERY_MIXED_STREAMING_TABLES="ev-payment_captured",
+                                     SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS="0"))
+    produce_events(cfg, 60)
+    try:
+        summary = Pipeline(cfg, spark).run(available_now=True)
+        assert summary.totals.failed == 0 and summary.totals.dead_lettered == 0
+        got = {table: sum(landed(bq_client, cfg, f"ev-{table}", "message_offset").values())
+               for table in TABLES.values()}
+        assert got == per_table(60)
+    finally:
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)

@@ -22,8 +22,8 @@ VALUES = ["dst", "src", "x", "key", "value", "i", "latest", "one", "d", "order",
 @pytest.fixture
 def tables(bq_client: bigquery.Client, bq_dataset: str) -> Iterator[tuple[TableRef, TableRef]]:
     project = bq_client.project
-    dest = TableRef(project, bq_dataset, "dest")
-    tmp = TableRef(project, bq_dataset, "dest_tmp")
+    dest = TableRef(project, bq_dataset, "dest-v2")  # a table name may hold dashes
+    tmp = TableRef(project, bq_dataset, "dest-v2_tmp")
     bq_client.create_table(bigquery.Table(dest.api, schema=[F("k", "RECORD", fields=KEY),
                                                             *(F(v, "STRING") for v in VALUES)]))
     bq_client.create_table(bigquery.Table(tmp.api, schema=[

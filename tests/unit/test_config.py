@@ -111,7 +111,11 @@ def test_empty_required_value_is_missing() -> None:
 @pytest.mark.parametrize(
     ("name", "value", "problem"),
     [
-        ("SINK_BIGQUERY_TABLE_NAME", "my-table", "SINK_BIGQUERY_TABLE_NAME: 'my-table' is not a valid BigQuery name"),
+        ("SINK_BIGQUERY_TABLE_NAME", "my table", "SINK_BIGQUERY_TABLE_NAME: 'my table' is not a valid BigQuery table name"),
+        ("SINK_BIGQUERY_TABLE_NAME", "-x_${header.t}", "SINK_BIGQUERY_TABLE_NAME: '-x_${header.t}' is not a valid"),
+        ("SINK_BIGQUERY_DATASET_NAME", "my-data", "SINK_BIGQUERY_DATASET_NAME: 'my-data' is not a valid BigQuery "
+                                                  "dataset name (ASCII letters, digits, _; not starting with a digit)"),
+        ("SINK_BIGQUERY_TABLE_NAME", "t" * 1025, "SINK_BIGQUERY_TABLE_NAME: a name longer than 1024 characters"),
         ("SINK_BIGQUERY_METADATA_NAMESPACE", "a.b", "SINK_BIGQUERY_METADATA_NAMESPACE: 'a.b' is not a valid"),
         ("SPARK_MAX_OFFSETS_PER_TRIGGER", "0", "SPARK_MAX_OFFSETS_PER_TRIGGER: must be positive or -1"),
     ],
@@ -119,6 +123,11 @@ def test_empty_required_value_is_missing() -> None:
 def test_cross_checks(name: str, value: str, problem: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(problem)):
         Config.from_env({**MINIMAL, name: value})
+
+
+def test_a_table_name_may_hold_dashes_as_bigquery_allows() -> None:
+    assert Config.from_env({**MINIMAL, "SINK_BIGQUERY_TABLE_NAME": "orders-v2"}).bigquery.table == "orders-v2"
+    Config.from_env({**MINIMAL, "SINK_BIGQUERY_TABLE_NAME": "events-${header.type}"})
 
 
 def test_unknown_variables_under_our_prefixes_are_reported() -> None:

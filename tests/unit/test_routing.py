@@ -20,6 +20,19 @@ def test_templates_name_their_attributes_and_render_sanitized() -> None:
         NameTemplate("${headers.x}")
 
 
+def test_a_tables_own_text_keeps_its_dashes_and_the_values_never_do() -> None:
+    """BigQuery's table names may hold dashes: an existing `orders-v2` is written as it is. A value put
+    into a name still loses them, as before: routed tables keep the names they had."""
+    table = NameTemplate("events-${header.region}", table=True)
+    assert table.render({"header.region": "eu-west"}) == "events-eu_west"
+    assert NameTemplate("${header.region}_live").render({"header.region": "eu-west"}) == "eu_west_live"
+    assert NameTemplate("orders-v2", table=True).render({}) == "orders-v2"
+    assert NameTemplate("orders-v2").render({}) == "orders_v2"  # a dataset's name may not hold one
+    assert NameTemplate("${header.n}-x", table=True).render({"header.n": "7"}) == "_7-x"
+    router = router_of("ds", "orders-v2", "pkg.M", None, "")
+    assert [d for d, _ in router.assign(source_batch([b""])).groups] == [Destination("ds", "orders-v2", "pkg.M")]
+
+
 def test_header_values_take_the_last_and_null_for_missing() -> None:
     batch = source_batch([b""] * 4, headers=[[("t", b"a"), ("u", b"z"), ("t", b"b")], [], None, [("t", b"\xff")]])
     assert header_values(batch["headers"], "t").to_pylist() == ["b", None, None, None]

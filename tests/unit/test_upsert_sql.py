@@ -117,6 +117,16 @@ def test_bad_table_references_are_rejected(parts: tuple[str, str, str]) -> None:
         TableRef(*parts)
 
 
+def test_table_names_with_dashes_are_backtick_quoted() -> None:
+    """BigQuery allows dashes in table names (not in datasets'): quoted, they are one identifier."""
+    ref = TableRef("my-project", "ds", "orders-v2")
+    assert ref.sql == "`my-project`.`ds`.`orders-v2`"
+    plan = MergePlan(ref, TableRef("my-project", "ds", "orders-v2_tmp"), "key", FLAT_KEY, ("f1",), True, True)
+    assert f"MERGE {ref.sql} AS dst" in plan.merge(1)
+    with pytest.raises(IdentifierError):
+        TableRef("my-project", "d-s", "t")
+
+
 def test_bad_names_stop_the_plan_before_any_sql() -> None:
     with pytest.raises(IdentifierError, match="value"):
         MergePlan(DEST, TMP, "key", FLAT_KEY, ("ok", "bad`value"), True, True)
