@@ -41,8 +41,14 @@ class BlobDlqSource:
         return self._store.uri("")
 
     def total(self) -> int:
-        lines = sum(len(_lines(self._text(name))) for name in self._names)
-        return lines if self._limit is None else min(lines, self._limit)
+        """The letters `batches` will yield: whole objects, in order, while they fit in the limit."""
+        total = 0
+        for name in self._names:
+            lines = len(_lines(self._text(name)))
+            if self._limit is not None and total + lines > self._limit:
+                break
+            total += lines
+        return total
 
     def batches(self) -> Iterator[tuple[list[DeadLetter], Position]]:
         for name in self._half_renamed:
@@ -57,7 +63,11 @@ class BlobDlqSource:
             text = self._texts.pop(name) if name in self._texts else self._store.get(name).decode()
             letters = _letters(self._store.uri(name), text)
             if left is not None and len(letters) > left:
-                return  # an object is handled whole or not at all: the rename is its commit
+                # An object is handled whole or not at all (the rename is its commit): say why the rest waits.
+                log.warning("stopping before %s: its %d letters exceed what --max-messages leaves (%d); objects "
+                            "are replayed whole, so raise --max-messages to replay it", self._store.uri(name),
+                            len(letters), left)
+                return
             yield letters, {"object": name}
             if left is not None:
                 left -= len(letters)

@@ -152,11 +152,16 @@ def test_blob_letters_read_back_one_object_per_batch_and_the_rename_commits(tmp_
     assert again.total() == 3 - len(batches[0][0]) and len(list(again.batches())) == 1
 
 
-def test_blob_replay_with_a_limit_takes_whole_objects_only(tmp_path: Path) -> None:
+def test_blob_replay_with_a_limit_takes_whole_objects_only_and_says_so(tmp_path: Path, caplog) -> None:
     store = LocalBlobStore(tmp_path)
     BlobDlqWriter(store).write([LETTER, LETTER])
     source = BlobDlqSource(store, max_messages=1)
-    assert source.total() == 1 and list(source.batches()) == []
+    # What it will replay, not the limit: the progress bar must not promise a letter it will not send.
+    assert source.total() == 0
+    with caplog.at_level("WARNING"):
+        assert list(source.batches()) == []
+    assert "its 2 letters exceed what --max-messages leaves (1)" in caplog.text
+    assert BlobDlqSource(store, max_messages=2).total() == 2
 
 
 @pytest.mark.parametrize("line", ['{"truncated": ', '{"error_type": "SINK_4XX_ERROR"}', '[1, 2]',
