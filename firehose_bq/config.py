@@ -412,6 +412,7 @@ class SparkConfig:
         "Python moves the rows here and the JVM only plans, and on a small machine the optimizing tier's "
         "compiler threads cost a fresh job seconds of start-up (README: Performance). Empty = the JVM's defaults.",
         "-XX:TieredStopAtLevel=1",
+        empty_ok=True,
     )
 
 

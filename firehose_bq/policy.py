@@ -105,11 +105,13 @@ class ErrorPolicyConfig:
         "Error types sent to the dead-letter queue when DLQ_SINK_ENABLE=true (else they stop the job); `*` = "
         "every type not in ERROR_TYPES_FOR_FAILING.",
         ALL_OTHER_TYPES,
+        empty_ok=True,
     )
     retry: str = setting(
         "ERROR_TYPES_FOR_RETRY",
         "Sink error types whose rows are sent again with backoff before the DLQ or failing list applies.",
         ",".join(t.value for t in TRANSIENT),
+        empty_ok=True,
     )
     backoff_initial_ms: int = setting(
         "RETRY_EXPONENTIAL_BACKOFF_INITIAL_MS", "Wait before the first retry.", 10, minimum=0
