@@ -475,10 +475,11 @@ class Config:
         if len(self.table.clustering_keys) > MAX_CLUSTERING_KEYS:
             problems.append(f"SINK_BIGQUERY_TABLE_CLUSTERING_KEYS: BigQuery allows at most {MAX_CLUSTERING_KEYS} "
                             f"clustering columns, got {len(self.table.clustering_keys)}")
-        if self.bigquery.storage_api_enable and self.bigquery.write_method in ("file_loads", "mixed"):
+        if self.bigquery.storage_api_enable and self.bigquery.write_method != "storage_write":
             problems.append("SINK_BIGQUERY_STORAGE_API_ENABLE=true contradicts SINK_BIGQUERY_WRITE_METHOD="
                             f"{self.bigquery.write_method}: choose one write method")
         problems.extend(self.upsert.problems(self.input_schema.key_class))
+        problems.extend(self._ignored_problems())
         problems.extend(self._loop_problems())
         extension = "_json" if self.input_schema.data_type == "JSON" else "_native"
         if self.input_schema.decoder == "native" and (why := native_unavailable(extension)):
@@ -491,6 +492,26 @@ class Config:
             problems.extend(staging_problems(self.bigquery.file_loads_staging_uri, self.spark.checkpoint_location))
         if problems:
             raise ConfigError(problems)
+
+    def _ignored_problems(self) -> list[str]:
+        """Settings the rest of the configuration makes the job ignore: whoever set one expects it to act
+        (a table created unpartitioned cannot be partitioned later)."""
+        t, reg = self.table, self.registry
+        ignored = [("SINK_BIGQUERY_TABLE_PARTITION_KEY", bool(t.partition_key) and not t.partitioning_enable,
+                    "SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE=true"),
+                   ("SINK_BIGQUERY_TABLE_PARTITION_EXPIRY_MS", t.partition_expiry_ms != -1 and not t.partitioning_enable,
+                    "SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE=true"),
+                   ("SINK_BIGQUERY_TABLE_CLUSTERING_KEYS", bool(t.clustering_keys) and not t.clustering_enable,
+                    "SINK_BIGQUERY_TABLE_CLUSTERING_ENABLE=true"),
+                   ("SCHEMA_REGISTRY_CONFLUENT_SUBJECT", bool(reg.confluent_subject) and not reg.confluent_url,
+                    "SCHEMA_REGISTRY_CONFLUENT_URL"),
+                   ("SCHEMA_REGISTRY_CONFLUENT_BASIC_AUTH_USER_INFO", bool(reg.confluent_basic_auth) and not reg.confluent_url,
+                    "SCHEMA_REGISTRY_CONFLUENT_URL"),
+                   ("SINK_BIGQUERY_TABLE_SCHEMA_FILE", bool(self.bigquery.table_schema_file)
+                    and self.input_schema.data_type != "JSON",
+                    "INPUT_SCHEMA_DATA_TYPE=JSON (a protobuf table's schema comes from the descriptors)")]
+        return [f"{env}: only used with {needs}; set that too or unset this" for env, set_alone, needs in ignored
+                if set_alone]
 
     def _loop_problems(self) -> list[str]:
         """An output topic that is also an input: each letter or unrouted record is the original record, so
@@ -545,8 +566,11 @@ class Config:
 
     def _json_problems(self) -> list[str]:
         ins, problems = self.input_schema, []
-        for env, value in (("INPUT_SCHEMA_PROTO_CLASS_ROUTES", ins.class_routes),
-                           ("INPUT_SCHEMA_PROTO_KEY_CLASS", ins.key_class)):
+        for env, value in (("INPUT_SCHEMA_PROTO_CLASS", ins.proto_class),
+                           ("INPUT_SCHEMA_PROTO_CLASS_ROUTES", ins.class_routes),
+                           ("INPUT_SCHEMA_PROTO_KEY_CLASS", ins.key_class),
+                           ("SCHEMA_REGISTRY_STENCIL_URLS", ins.stencil_urls),
+                           ("SCHEMA_REGISTRY_CONFLUENT_URL", self.registry.confluent_url)):
             if value:
                 problems.append(f"{env}: protobuf only; with INPUT_SCHEMA_DATA_TYPE=JSON the table's schema is the "
                                 "schema")

@@ -4,6 +4,8 @@ variable, not take effect minutes later in a task or never."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from firehose_bq.config import Config
@@ -31,3 +33,47 @@ def test_an_empty_value_where_the_default_is_not_empty_stops_the_start(name: str
                                   "SINK_BIGQUERY_METADATA_NAMESPACE"])
 def test_an_empty_value_that_means_something_is_kept(name: str) -> None:
     Config.from_env({**MINIMAL, name: ""})
+
+
+@pytest.mark.parametrize(("extra", "named"), [
+    ({"SINK_BIGQUERY_TABLE_PARTITION_KEY": "message_timestamp"}, "SINK_BIGQUERY_TABLE_PARTITION_KEY"),
+    ({"SINK_BIGQUERY_TABLE_PARTITION_EXPIRY_MS": "86400000"}, "SINK_BIGQUERY_TABLE_PARTITION_EXPIRY_MS"),
+    ({"SINK_BIGQUERY_TABLE_CLUSTERING_KEYS": "message_topic"}, "SINK_BIGQUERY_TABLE_CLUSTERING_KEYS"),
+])
+def test_table_layout_without_its_switch_stops_the_start(extra: dict[str, str], named: str) -> None:
+    # The table would be created without it, and BigQuery cannot partition a table later.
+    problems = _problems({**MINIMAL, **extra})
+    assert len(problems) == 1 and problems[0].startswith(f"{named}: ") and "_ENABLE" in problems[0], problems
+
+
+def test_storage_api_switch_contradicting_an_explicit_insertall_stops_the_start() -> None:
+    problems = _problems({**MINIMAL, "SINK_BIGQUERY_STORAGE_API_ENABLE": "true", "SINK_BIGQUERY_WRITE_METHOD": "insertall"})
+    assert problems == ["SINK_BIGQUERY_STORAGE_API_ENABLE=true contradicts SINK_BIGQUERY_WRITE_METHOD=insertall: "
+                        "choose one write method"]
+
+
+JSON_INPUT = {**{k: v for k, v in MINIMAL.items() if k not in ("SCHEMA_REGISTRY_STENCIL_URLS", "INPUT_SCHEMA_PROTO_CLASS")},
+              "INPUT_SCHEMA_DATA_TYPE": "JSON"}
+
+
+@pytest.mark.parametrize("extra", [{"SCHEMA_REGISTRY_STENCIL_URLS": "file:///d.desc"},
+                                   {"SCHEMA_REGISTRY_CONFLUENT_URL": "http://registry:8081"},
+                                   {"INPUT_SCHEMA_PROTO_CLASS": "p.M"}])
+def test_json_input_with_a_protobuf_schema_source_stops_the_start(extra: dict[str, str]) -> None:
+    # Both a table schema and descriptors: the job would silently use the table's and ignore the registry.
+    (name,) = extra
+    problems = _problems({**JSON_INPUT, **extra})
+    assert len(problems) == 1 and re.match(rf"{name}: protobuf only", problems[0]), problems
+
+
+def test_protobuf_input_with_a_table_schema_file_stops_the_start() -> None:
+    problems = _problems({**MINIMAL, "SINK_BIGQUERY_TABLE_SCHEMA_FILE": "/schema.json"})
+    assert len(problems) == 1 and problems[0].startswith("SINK_BIGQUERY_TABLE_SCHEMA_FILE: "), problems
+    assert "INPUT_SCHEMA_DATA_TYPE=JSON" in problems[0]
+
+
+@pytest.mark.parametrize("name", ["SCHEMA_REGISTRY_CONFLUENT_SUBJECT", "SCHEMA_REGISTRY_CONFLUENT_BASIC_AUTH_USER_INFO"])
+def test_confluent_settings_without_the_registry_stop_the_start(name: str) -> None:
+    problems = _problems({**MINIMAL, name: "u:p" if "AUTH" in name else "orders-value"})
+    assert len(problems) == 1 and problems[0].startswith(f"{name}: ") and "SCHEMA_REGISTRY_CONFLUENT_URL" in problems[0]
+    assert "u:p" not in problems[0]
