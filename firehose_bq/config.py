@@ -19,6 +19,7 @@ from firehose_bq.blobstore import GCS_SCHEME, gcs_location
 from firehose_bq.decode import DECODERS, native_unavailable
 from firehose_bq.dlq.config import KAFKA, DlqConfig
 from firehose_bq.errors import ConfigError
+from firehose_bq.gcp_auth import key_content_problem
 from firehose_bq.logs import LogConfig
 from firehose_bq.policy import DEFAULT_RETRY_DEADLINE_MS, ErrorPolicyConfig
 from firehose_bq.registry.config import RegistryConfig, Secret
@@ -480,6 +481,11 @@ class Config:
                             f"{self.bigquery.write_method}: choose one write method")
         problems.extend(self.upsert.problems(self.input_schema.key_class))
         problems.extend(self._ignored_problems())
+        problems.extend(p for env, path in (("SINK_BIGQUERY_CREDENTIAL_PATH", self.bigquery.credential_path),
+                                            ("SINK_BIGQUERY_FILE_LOADS_STAGING_CREDENTIAL_PATH",
+                                             self.bigquery.file_loads_staging_credential_path),
+                                            ("DLQ_GCS_CREDENTIAL_PATH", self.dlq.gcs_credential_path))
+                        if (p := key_content_problem(env, path)))
         problems.extend(self._loop_problems())
         extension = "_json" if self.input_schema.data_type == "JSON" else "_native"
         if self.input_schema.decoder == "native" and (why := native_unavailable(extension)):

@@ -77,3 +77,26 @@ def test_confluent_settings_without_the_registry_stop_the_start(name: str) -> No
     problems = _problems({**MINIMAL, name: "u:p" if "AUTH" in name else "orders-value"})
     assert len(problems) == 1 and problems[0].startswith(f"{name}: ") and "SCHEMA_REGISTRY_CONFLUENT_URL" in problems[0]
     assert "u:p" not in problems[0]
+
+
+KEY_JSON = ('{"type": "service_account", "project_id": "p", "private_key_id": "k1", "private_key": '
+            '"-----BEGIN PRIVATE KEY-----\\nMIIEvSECRETKEYMATERIAL\\n-----END PRIVATE KEY-----\\n", '
+            '"client_email": "sink@p.iam.gserviceaccount.com"}')
+
+
+@pytest.mark.parametrize("name", ["SINK_BIGQUERY_CREDENTIAL_PATH", "SINK_BIGQUERY_FILE_LOADS_STAGING_CREDENTIAL_PATH",
+                                  "DLQ_GCS_CREDENTIAL_PATH"])
+def test_a_key_pasted_where_its_path_belongs_stops_the_start_without_showing_it(name: str) -> None:
+    # A common slip (CI secrets hold the key itself): the path setting would carry the private key into
+    # `config check`'s output and into the "no such file <path>" error the first client raised.
+    problems = _problems({**MINIMAL, name: KEY_JSON})
+    assert len(problems) == 1 and problems[0].startswith(f"{name}: "), problems
+    assert "SECRETKEYMATERIAL" not in problems[0] and "PRIVATE KEY" not in problems[0]
+
+
+def test_a_missing_key_file_error_does_not_quote_what_is_not_a_path() -> None:
+    from firehose_bq.gcp_auth import service_account_credentials
+
+    with pytest.raises(ConfigError) as failed:
+        service_account_credentials(KEY_JSON, ["scope"], "SINK_BIGQUERY_CREDENTIAL_PATH")
+    assert "SECRETKEYMATERIAL" not in str(failed.value)
