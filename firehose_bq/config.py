@@ -449,6 +449,11 @@ class Config:
 
     def validate(self) -> None:
         problems = []
+        if not SPARK_MASTER.fullmatch(self.spark.master):
+            # Spark says so only once its JVM runs, in a Py4JJavaError traceback.
+            problems.append(f"SPARK_MASTER: {self.spark.master!r} is not a master URL Spark accepts: local, local[N], "
+                            "local[*], local[N,F], local-cluster[N,C,M], spark://host:port[,host:port], yarn or "
+                            "k8s://https://host:port")
         if self.spark.max_offsets_per_trigger == 0:
             problems.append("SPARK_MAX_OFFSETS_PER_TRIGGER: must be positive or -1 (no limit), got 0")
         ns = self.bigquery.metadata_namespace
@@ -605,6 +610,9 @@ class Config:
 
 
 BQ_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,299}")
+# The master URLs SparkContext.createTaskScheduler parses (its regexes), and the cluster managers it ships.
+SPARK_MASTER = re.compile(r"local(\[([0-9]+|\*)(\s*,\s*[0-9]+)?\])?|local-cluster\[\s*[0-9]+\s*,\s*[0-9]+\s*,\s*[0-9]+\s*\]"
+                          r"|spark://.+|yarn|k8s://.+")
 # https://cloud.google.com/bigquery/docs/labels-intro#requirements
 LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")

@@ -100,3 +100,22 @@ def test_a_missing_key_file_error_does_not_quote_what_is_not_a_path() -> None:
     with pytest.raises(ConfigError) as failed:
         service_account_credentials(KEY_JSON, ["scope"], "SINK_BIGQUERY_CREDENTIAL_PATH")
     assert "SECRETKEYMATERIAL" not in str(failed.value)
+
+
+@pytest.mark.parametrize("master", ["local", "local[2]", "local[*]", "local[4,2]", "local[*,3]", "local-cluster[2,1,1024]",
+                                    "spark://h:7077", "spark://h1:7077,h2:7077", "yarn", "k8s://https://api:443",
+                                    "connect-me://x"])
+def test_spark_master_urls_spark_accepts_pass(master: str) -> None:
+    if master.startswith("connect-me"):
+        with pytest.raises(ConfigError):
+            Config.from_env({**MINIMAL, "SPARK_MASTER": master})
+    else:
+        Config.from_env({**MINIMAL, "SPARK_MASTER": master})
+
+
+@pytest.mark.parametrize("master", ["sprak://host:7077", "local[x]", "localhost", "spark://", "yarn-cluster"])
+def test_a_spark_master_spark_cannot_parse_stops_the_start_before_the_jvm(master: str) -> None:
+    # Spark itself says so only after its JVM started, in a Py4JJavaError traceback of 70 lines.
+    problems = _problems({**MINIMAL, "SPARK_MASTER": master})
+    assert len(problems) == 1 and problems[0].startswith(f"SPARK_MASTER: {master!r} "), problems
+    assert "local[N]" in problems[0] and "spark://" in problems[0]
