@@ -22,7 +22,7 @@ from types import FrameType, ModuleType
 from firehose_bq import config as config_module
 from firehose_bq import logs
 from firehose_bq.config import Config, read_env_file
-from firehose_bq.errors import ConfigError, FirehoseError
+from firehose_bq.errors import ConfigError, FirehoseError, worker_error
 
 log = logging.getLogger("firehose_bq")
 
@@ -55,6 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         say("interrupted")
         return 130
+    except Exception as exc:
+        # A bug, or a library's error no branch above knows (Spark's Py4JJavaError): its traceback through
+        # logging (masked; one JSON line under LOG_FORMAT=json), then the reason as the last line.
+        log.error("unexpected failure", exc_info=True)
+        say(f"error: {type(exc).__name__}: {worker_error(exc)}")
+        return 1
 
 
 def _service_errors() -> tuple[type[BaseException], ...]:
