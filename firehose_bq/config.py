@@ -603,6 +603,12 @@ class Config:
     def confluent_subject(self) -> str:
         return self.registry.confluent_subject or f"{self.source.topics[0]}-value"
 
+    def secret_values(self) -> list[str]:
+        """The values of the settings typed `Secret`, for a `Redactor` to mask wherever they would show."""
+        sections = (getattr(self, f.name) for f in dataclasses.fields(self))
+        return [value.reveal() for section in sections for f in dataclasses.fields(section)
+                if isinstance(value := getattr(section, f.name), Secret)]
+
     def public_dict(self) -> dict[str, Any]:
         """Settings for logs: credential paths are shown; secret values are `Secret`s, shown redacted, and
         URLs lose their credentials (a registry URL may carry a password or a token)."""
