@@ -486,6 +486,7 @@ class Config:
                             f"{self.bigquery.write_method}: choose one write method")
         problems.extend(self.upsert.problems(self.input_schema.key_class))
         problems.extend(self._ignored_problems())
+        problems.extend(self._topic_name_problems())
         problems.extend(p for env, path in (("SINK_BIGQUERY_CREDENTIAL_PATH", self.bigquery.credential_path),
                                             ("SINK_BIGQUERY_FILE_LOADS_STAGING_CREDENTIAL_PATH",
                                              self.bigquery.file_loads_staging_credential_path),
@@ -523,6 +524,16 @@ class Config:
                     "INPUT_SCHEMA_DATA_TYPE=JSON (a protobuf table's schema comes from the descriptors)")]
         return [f"{env}: only used with {needs}; set that too or unset this" for env, set_alone, needs in ignored
                 if set_alone]
+
+    def _topic_name_problems(self) -> list[str]:
+        """Topic names Kafka refuses: the DLQ and fallback topics are first written when a message fails, so
+        the broker would refuse them only then, after the DLQ's retries."""
+        topics = [("SOURCE_KAFKA_TOPIC", t) for t in self.source.topics]
+        topics.append(("SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC", self.bigquery.route_fallback_topic))
+        if self.dlq.enabled and self.dlq.writer_type == KAFKA:
+            topics.append(("DLQ_KAFKA_TOPIC", self.dlq.kafka_topic))
+        return [f"{env}: {topic[:60]!r} is not a Kafka topic name: 1 to 249 of [a-zA-Z0-9._-], not '.' or '..'"
+                for env, topic in topics if topic and (not KAFKA_TOPIC.fullmatch(topic) or topic in (".", ".."))]
 
     def _loop_problems(self) -> list[str]:
         """An output topic that is also an input: each letter or unrouted record is the original record, so
@@ -616,6 +627,7 @@ class Config:
 
 
 BQ_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,299}")
+KAFKA_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # Kafka's own rule (org.apache.kafka.common.internals.Topic)
 # The master URLs SparkContext.createTaskScheduler parses (its regexes), and the cluster managers it ships.
 SPARK_MASTER = re.compile(r"local(\[([0-9]+|\*)(\s*,\s*[0-9]+)?\])?|local-cluster\[\s*[0-9]+\s*,\s*[0-9]+\s*,\s*[0-9]+\s*\]"
                           r"|spark://.+|yarn|k8s://.+")

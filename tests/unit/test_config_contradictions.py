@@ -119,3 +119,18 @@ def test_a_spark_master_spark_cannot_parse_stops_the_start_before_the_jvm(master
     problems = _problems({**MINIMAL, "SPARK_MASTER": master})
     assert len(problems) == 1 and problems[0].startswith(f"SPARK_MASTER: {master!r} "), problems
     assert "local[N]" in problems[0] and "spark://" in problems[0]
+
+
+@pytest.mark.parametrize(("name", "value"), [("DLQ_KAFKA_TOPIC", "bad dlq!"), ("SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC", "un/routed"),
+                                             ("SOURCE_KAFKA_TOPIC", "orders,bad topic"), ("DLQ_KAFKA_TOPIC", "x" * 250),
+                                             ("DLQ_KAFKA_TOPIC", "..")])
+def test_a_kafka_topic_name_kafka_refuses_stops_the_start(name: str, value: str) -> None:
+    # A DLQ or fallback topic is first written when a message fails: a name the broker refuses would stop
+    # the job then, after the DLQ's retries (2 minutes by default), not at its start.
+    problems = _problems({**MINIMAL, "DLQ_SINK_ENABLE": "true", name: value})
+    assert len(problems) == 1 and problems[0].startswith(f"{name}: ") and "[a-zA-Z0-9._-]" in problems[0], problems
+
+
+def test_kafka_topic_names_kafka_accepts_pass() -> None:
+    Config.from_env({**MINIMAL, "DLQ_SINK_ENABLE": "true", "SOURCE_KAFKA_TOPIC": "a.b_c-D9,orders",
+                     "DLQ_KAFKA_TOPIC": "x" * 249, "SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC": "un_routed"})
