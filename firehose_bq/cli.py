@@ -2,7 +2,8 @@
 
 Settings come from the environment; `--env-file` files fill in what the environment does not set
 (later files win over earlier ones), and `--stack` points at the running local stack. Exit codes:
-0 done, 1 the job or a command failed (the reason is printed), 2 bad configuration or usage.
+0 done, 1 the job or a command failed (the reason is printed), 2 bad configuration or usage, 130
+interrupted (a second SIGTERM or Ctrl-C).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from firehose_bq.config import Config, read_env_file
 from firehose_bq.errors import ConfigError, FirehoseError, worker_error
 
 log = logging.getLogger("firehose_bq")
+EXIT_CODES = ("Exit codes: 0 done, 1 the job or a command failed (the reason is printed), 2 bad configuration or "
+              "usage, 130 interrupted")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,10 +75,15 @@ def _service_errors() -> tuple[type[BaseException], ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="firehose-bq", description=__doc__.splitlines()[0])
-    parser.add_argument("--log-level", default=os.environ.get("FIREHOSE_LOG_LEVEL", "INFO"),
-                        choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    parser = argparse.ArgumentParser(
+        prog="firehose-bq", description=__doc__.splitlines()[0],
+        epilog=f"Settings come from environment variables (`firehose-bq config reference` lists them). {EXIT_CODES}.")
+    levels = ("DEBUG", "INFO", "WARNING", "ERROR")
+    parser.add_argument("--log-level", default=os.environ.get("FIREHOSE_LOG_LEVEL", "INFO"), choices=levels)
     common = argparse.ArgumentParser(add_help=False)
+    # Also after the command, where its other options go; SUPPRESS: unset there, the one above stands.
+    common.add_argument("--log-level", default=argparse.SUPPRESS, choices=levels,
+                        help="DEBUG, INFO (default: FIREHOSE_LOG_LEVEL, else INFO), WARNING or ERROR")
     common.add_argument("--env-file", action="append", default=[], type=Path, metavar="FILE",
                         help="NAME=value file for settings the environment does not set (repeatable)")
     common.add_argument("--stack", action="store_true",

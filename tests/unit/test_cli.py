@@ -48,3 +48,21 @@ def test_env_file_fills_in_and_environment_wins(tmp_path: Path) -> None:
     done = firehose("config", "check", "--env-file", str(path), env={"SINK_BIGQUERY_TABLE_NAME": "from_env"})
     assert done.returncode == 0, done.stderr
     assert '"table": "from_env"' in done.stdout
+
+
+def test_log_level_is_taken_after_the_command_too() -> None:
+    # `firehose-bq run --log-level DEBUG` is how most commands take their options; it was a usage error.
+    done = firehose("config", "check", "--log-level", "DEBUG", env={**MINIMAL, "SINK_BIGQUERY_TABEL": "x"})
+    assert done.returncode == 0, done.stderr
+    done = firehose("--log-level", "ERROR", "config", "check", env={**MINIMAL, "SINK_BIGQUERY_TABEL": "x"})
+    assert done.returncode == 0 and "SINK_BIGQUERY_TABEL" not in done.stderr  # the warning is below ERROR
+    done = firehose("config", "check", "--log-level", "ERROR", env={**MINIMAL, "SINK_BIGQUERY_TABEL": "x"})
+    assert done.returncode == 0 and "SINK_BIGQUERY_TABEL" not in done.stderr
+
+
+def test_help_states_the_exit_codes() -> None:
+    done = firehose("--help", env=MINIMAL)
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    assert "Exit codes: 0 done, 1 the job or a command failed (the reason is printed), 2 bad configuration or usage, " \
+           "130 interrupted" in text
