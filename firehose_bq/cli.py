@@ -188,7 +188,8 @@ def _load_config(environ: Mapping[str, str]) -> Config:
     topics = cfg.source.topics
     logs.add_fields(table=cfg.bigquery.table_ref, **({"topic": topics[0]} if len(topics) == 1 else {}))
     for name in config_module.unknown_variables(environ):
-        log.warning("%s is set but no setting reads it (typo?)", name)
+        near = config_module.resembling_setting(name)
+        log.warning("%s is set but no setting reads it (typo?%s)", name, f" did you mean {near}?" if near else "")
     return cfg
 
 

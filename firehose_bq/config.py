@@ -8,6 +8,7 @@ unit test keeps the README in step), so the documentation cannot drift from the 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import typing
 from collections.abc import Mapping
@@ -705,5 +706,15 @@ def reference_markdown(sections: tuple[type, ...] | None = None) -> str:
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """Set variables under this sink's prefixes that no setting reads (probably typos)."""
-    known = {name for d in reference() for name in (d.env, *d.formerly)}
+    known = _known_names()
     return sorted(k for k in environ if k.startswith(OWNED_PREFIXES) and k not in known)
+
+
+def resembling_setting(name: str) -> str | None:
+    """The setting `name` is most likely a misspelling of (a letter off, a word swapped), if one is close."""
+    close = difflib.get_close_matches(name, sorted(_known_names()), n=1, cutoff=0.9)
+    return close[0] if close else None
+
+
+def _known_names() -> set[str]:
+    return {name for d in reference() for name in (d.env, *d.formerly)}

@@ -66,3 +66,14 @@ def test_help_states_the_exit_codes() -> None:
     text = " ".join(done.stdout.split())
     assert "Exit codes: 0 done, 1 the job or a command failed (the reason is printed), 2 bad configuration or usage, " \
            "130 interrupted" in text
+
+
+def test_a_misspelled_setting_is_warned_about_with_the_name_it_resembles() -> None:
+    done = firehose("config", "check", env={**MINIMAL, "SINK_BIGQUERY_TABEL_NAME": "x", "DLQ_SINK_ENABLED": "true",
+                                             "SINK_BIGQUERY_FOO": "y"})
+    assert done.returncode == 0, done.stderr
+    warnings = [line.split(" WARNING firehose_bq: ", 1)[1] for line in done.stderr.splitlines()]
+    assert warnings == [
+        "DLQ_SINK_ENABLED is set but no setting reads it (typo? did you mean DLQ_SINK_ENABLE?)",
+        "SINK_BIGQUERY_FOO is set but no setting reads it (typo?)",
+        "SINK_BIGQUERY_TABEL_NAME is set but no setting reads it (typo? did you mean SINK_BIGQUERY_TABLE_NAME?)"]
