@@ -508,23 +508,30 @@ class Config:
 
     def _ignored_problems(self) -> list[str]:
         """Settings the rest of the configuration makes the job ignore: whoever set one expects it to act
-        (a table created unpartitioned cannot be partitioned later)."""
-        t, reg = self.table, self.registry
-        ignored = [("SINK_BIGQUERY_TABLE_PARTITION_KEY", bool(t.partition_key) and not t.partitioning_enable,
-                    "SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE=true"),
-                   ("SINK_BIGQUERY_TABLE_PARTITION_EXPIRY_MS", t.partition_expiry_ms != -1 and not t.partitioning_enable,
-                    "SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE=true"),
-                   ("SINK_BIGQUERY_TABLE_CLUSTERING_KEYS", bool(t.clustering_keys) and not t.clustering_enable,
-                    "SINK_BIGQUERY_TABLE_CLUSTERING_ENABLE=true"),
-                   ("SCHEMA_REGISTRY_CONFLUENT_SUBJECT", bool(reg.confluent_subject) and not reg.confluent_url,
-                    "SCHEMA_REGISTRY_CONFLUENT_URL"),
-                   ("SCHEMA_REGISTRY_CONFLUENT_BASIC_AUTH_USER_INFO", bool(reg.confluent_basic_auth) and not reg.confluent_url,
-                    "SCHEMA_REGISTRY_CONFLUENT_URL"),
-                   ("SINK_BIGQUERY_TABLE_SCHEMA_FILE", bool(self.bigquery.table_schema_file)
-                    and self.input_schema.data_type != "JSON",
-                    "INPUT_SCHEMA_DATA_TYPE=JSON (a protobuf table's schema comes from the descriptors)")]
-        return [f"{env}: only used with {needs}; set that too or unset this" for env, set_alone, needs in ignored
-                if set_alone]
+        (a table created unpartitioned cannot be partitioned later; a key left unused leaves the caller
+        anonymous, and the refusal points at the key's roles)."""
+        t, reg, bq = self.table, self.registry, self.bigquery
+        needs = [("SINK_BIGQUERY_TABLE_PARTITION_KEY", bool(t.partition_key) and not t.partitioning_enable,
+                  "SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE=true"),
+                 ("SINK_BIGQUERY_TABLE_PARTITION_EXPIRY_MS", t.partition_expiry_ms != -1 and not t.partitioning_enable,
+                  "SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE=true"),
+                 ("SINK_BIGQUERY_TABLE_CLUSTERING_KEYS", bool(t.clustering_keys) and not t.clustering_enable,
+                  "SINK_BIGQUERY_TABLE_CLUSTERING_ENABLE=true"),
+                 ("SCHEMA_REGISTRY_CONFLUENT_SUBJECT", bool(reg.confluent_subject) and not reg.confluent_url,
+                  "SCHEMA_REGISTRY_CONFLUENT_URL"),
+                 ("SCHEMA_REGISTRY_CONFLUENT_BASIC_AUTH_USER_INFO", bool(reg.confluent_basic_auth) and not reg.confluent_url,
+                  "SCHEMA_REGISTRY_CONFLUENT_URL"),
+                 ("SINK_BIGQUERY_TABLE_SCHEMA_FILE", bool(bq.table_schema_file) and self.input_schema.data_type != "JSON",
+                  "INPUT_SCHEMA_DATA_TYPE=JSON (a protobuf table's schema comes from the descriptors)")]
+        # With an API endpoint the clients send no Google credentials: the emulators take none.
+        anonymous = [("SINK_BIGQUERY_CREDENTIAL_PATH", bq.credential_path, "SINK_BIGQUERY_API_ENDPOINT", bq.api_endpoint),
+                     ("DLQ_GCS_CREDENTIAL_PATH", self.dlq.gcs_credential_path, "DLQ_GCS_API_ENDPOINT",
+                      self.dlq.gcs_api_endpoint),
+                     ("SINK_BIGQUERY_FILE_LOADS_STAGING_CREDENTIAL_PATH", bq.file_loads_staging_credential_path,
+                      "SINK_BIGQUERY_FILE_LOADS_STAGING_GCS_API_ENDPOINT", bq.file_loads_staging_gcs_endpoint)]
+        return ([f"{env}: only used with {need}; set that too or unset this" for env, alone, need in needs if alone]
+                + [f"{env}: not used with {endpoint} set (an emulator's endpoint: its clients send no Google "
+                   "credentials); unset one of them" for env, key, endpoint, url in anonymous if key and url])
 
     def _topic_name_problems(self) -> list[str]:
         """Topic names Kafka refuses: the DLQ and fallback topics are first written when a message fails, so

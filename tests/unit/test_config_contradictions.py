@@ -134,3 +134,18 @@ def test_a_kafka_topic_name_kafka_refuses_stops_the_start(name: str, value: str)
 def test_kafka_topic_names_kafka_accepts_pass() -> None:
     Config.from_env({**MINIMAL, "DLQ_SINK_ENABLE": "true", "SOURCE_KAFKA_TOPIC": "a.b_c-D9,orders",
                      "DLQ_KAFKA_TOPIC": "x" * 249, "SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC": "un_routed"})
+
+
+@pytest.mark.parametrize(("key", "endpoint"), [
+    ("SINK_BIGQUERY_CREDENTIAL_PATH", {"SINK_BIGQUERY_API_ENDPOINT": "https://bigquery-psc.p.googleapis.com",
+                                       "SINK_BIGQUERY_STORAGE_API_ENDPOINT": "h:443"}),
+    ("DLQ_GCS_CREDENTIAL_PATH", {"DLQ_GCS_API_ENDPOINT": "https://storage-psc.p.googleapis.com"}),
+    ("SINK_BIGQUERY_FILE_LOADS_STAGING_CREDENTIAL_PATH",
+     {"SINK_BIGQUERY_FILE_LOADS_STAGING_GCS_API_ENDPOINT": "https://storage-psc.p.googleapis.com"}),
+])
+def test_a_key_that_an_api_endpoint_would_leave_unused_stops_the_start(key: str, endpoint: dict[str, str]) -> None:
+    # With an endpoint set, the clients send no Google credentials (the emulators take none): the key was
+    # silently ignored, and BigQuery or GCS refused the anonymous caller, pointing at the key's roles.
+    (name,) = [n for n in endpoint if not n.startswith("SINK_BIGQUERY_STORAGE")]
+    problems = _problems({**MINIMAL, key: "/keys/sa.json", **endpoint})
+    assert len(problems) == 1 and problems[0].startswith(f"{key}: ") and name in problems[0], problems
