@@ -52,3 +52,27 @@ def test_an_unexpected_exception_exits_1_with_a_final_error_line_masked(log_form
         final = lines[-1]
         assert "Traceback" in done.stderr
     assert final.startswith("error: RuntimeError: ") and "Could not reach https://***@master.example/x" in final
+
+
+WARN = """
+import sys, warnings
+from firehose_bq import cli
+
+def warns(args, environ):
+    # What google-auth says on a machine whose ADC are a user's gcloud login, for one.
+    warnings.warn("Your application has authenticated using end user credentials", UserWarning)
+    return 0
+
+cli._config = warns
+sys.exit(cli.main(["config", "check"]))
+"""
+
+
+def test_a_python_warning_is_a_log_line_in_the_log_format() -> None:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SOURCE_", "SINK_", "INPUT_", "SCHEMA_",
+                                                                       "SPARK_", "LOG_", "PYTHONWARNINGS"))}
+    done = subprocess.run([sys.executable, "-c", WARN], env={**base, **MINIMAL, "LOG_FORMAT": "json"}, cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    [entry] = [json.loads(line) for line in done.stderr.strip().splitlines()]  # one JSON object, not two raw lines
+    assert entry["level"] == "WARNING" and "end user credentials" in entry["message"]
