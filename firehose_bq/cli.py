@@ -2,7 +2,8 @@
 
 Settings come from the environment; `--env-file` files fill in what the environment does not set
 (later files win over earlier ones), and `--stack` points at the running local stack. Exit codes:
-0 done, 1 the job or a command failed (the reason is printed), 2 bad configuration or usage.
+0 done, 1 the job or a command failed (the reason is printed), 2 bad configuration or usage, 130
+interrupted (a second SIGTERM or Ctrl-C).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from types import FrameType, ModuleType
 from firehose_bq import config as config_module
 from firehose_bq import logs
 from firehose_bq.config import Config, read_env_file
-from firehose_bq.errors import ConfigError, FirehoseError
+from firehose_bq.errors import ConfigError, FirehoseError, worker_error
 
 log = logging.getLogger("firehose_bq")
+EXIT_CODES = ("Exit codes: 0 done, 1 the job or a command failed (the reason is printed), 2 bad configuration or "
+              "usage, 130 interrupted")
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -59,6 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         say("interrupted")
         return 130
+    except Exception as exc:
+        # A bug, or a library's error no branch above knows (Spark's Py4JJavaError): its traceback through
+        # logging (masked; one JSON line under LOG_FORMAT=json), then the reason as the last line.
+        log.error("unexpected failure", exc_info=True)
+        say(f"error: {type(exc).__name__}: {worker_error(exc)}")
+        return 1
 
 
 def _service_errors() -> tuple[type[BaseException], ...]:
@@ -70,11 +79,16 @@ def _service_errors() -> tuple[type[BaseException], ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="firehose-bq", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="firehose-bq", description=__doc__.splitlines()[0],
+        epilog=f"Settings come from environment variables (`firehose-bq config reference` lists them). {EXIT_CODES}.")
     level = os.environ.get("FIREHOSE_LOG_LEVEL", "INFO")
     parser.add_argument("--log-level", default=level.upper() if level.upper() in LOG_LEVELS else level,
                         choices=LOG_LEVELS)
     common = argparse.ArgumentParser(add_help=False)
+    # Also after the command, where its other options go; SUPPRESS: unset there, the one above stands.
+    common.add_argument("--log-level", default=argparse.SUPPRESS, choices=LOG_LEVELS,
+                        help="DEBUG, INFO (default: FIREHOSE_LOG_LEVEL, else INFO), WARNING or ERROR")
     common.add_argument("--env-file", action="append", default=[], type=Path, metavar="FILE",
                         help="NAME=value file for settings the environment does not set (repeatable)")
     common.add_argument("--stack", action="store_true",
@@ -179,7 +193,8 @@ def _load_config(environ: Mapping[str, str]) -> Config:
     topics = cfg.source.topics
     logs.add_fields(table=cfg.bigquery.table_ref, **({"topic": topics[0]} if len(topics) == 1 else {}))
     for name in config_module.unknown_variables(environ):
-        log.warning("%s is set but no setting reads it (typo?)", name)
+        near = config_module.resembling_setting(name)
+        log.warning("%s is set but no setting reads it (typo?%s)", name, f" did you mean {near}?" if near else "")
     return cfg
 
 

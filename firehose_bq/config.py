@@ -8,6 +8,7 @@ unit test keeps the README in step), so the documentation cannot drift from the 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import typing
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from firehose_bq.blobstore import GCS_SCHEME, gcs_location
 from firehose_bq.decode import DECODERS, native_unavailable
 from firehose_bq.dlq.config import KAFKA, DlqConfig
 from firehose_bq.errors import ConfigError
+from firehose_bq.gcp_auth import key_content_problem
 from firehose_bq.logs import LogConfig
 from firehose_bq.policy import DEFAULT_RETRY_DEADLINE_MS, ErrorPolicyConfig
 from firehose_bq.registry.config import RegistryConfig, Secret
@@ -413,6 +415,7 @@ class SparkConfig:
         "Python moves the rows here and the JVM only plans, and on a small machine the optimizing tier's "
         "compiler threads cost a fresh job seconds of start-up (README: Performance). Empty = the JVM's defaults.",
         "-XX:TieredStopAtLevel=1",
+        empty_ok=True,
     )
 
 
@@ -448,6 +451,11 @@ class Config:
 
     def validate(self) -> None:
         problems = []
+        if not SPARK_MASTER.fullmatch(self.spark.master):
+            # Spark says so only once its JVM runs, in a Py4JJavaError traceback.
+            problems.append(f"SPARK_MASTER: {self.spark.master!r} is not a master URL Spark accepts: local, local[N], "
+                            "local[*], local[N,F], local-cluster[N,C,M], spark://host:port[,host:port], yarn or "
+                            "k8s://https://host:port")
         if self.spark.max_offsets_per_trigger == 0:
             problems.append("SPARK_MAX_OFFSETS_PER_TRIGGER: must be positive or -1 (no limit), got 0")
         ns = self.bigquery.metadata_namespace
@@ -475,10 +483,17 @@ class Config:
         if len(self.table.clustering_keys) > MAX_CLUSTERING_KEYS:
             problems.append(f"SINK_BIGQUERY_TABLE_CLUSTERING_KEYS: BigQuery allows at most {MAX_CLUSTERING_KEYS} "
                             f"clustering columns, got {len(self.table.clustering_keys)}")
-        if self.bigquery.storage_api_enable and self.bigquery.write_method in ("file_loads", "mixed"):
+        if self.bigquery.storage_api_enable and self.bigquery.write_method != "storage_write":
             problems.append("SINK_BIGQUERY_STORAGE_API_ENABLE=true contradicts SINK_BIGQUERY_WRITE_METHOD="
                             f"{self.bigquery.write_method}: choose one write method")
         problems.extend(self.upsert.problems(self.input_schema.key_class))
+        problems.extend(self._ignored_problems())
+        problems.extend(self._topic_name_problems())
+        problems.extend(p for env, path in (("SINK_BIGQUERY_CREDENTIAL_PATH", self.bigquery.credential_path),
+                                            ("SINK_BIGQUERY_FILE_LOADS_STAGING_CREDENTIAL_PATH",
+                                             self.bigquery.file_loads_staging_credential_path),
+                                            ("DLQ_GCS_CREDENTIAL_PATH", self.dlq.gcs_credential_path))
+                        if (p := key_content_problem(env, path)))
         problems.extend(self._loop_problems())
         extension = "_json" if self.input_schema.data_type == "JSON" else "_native"
         if self.input_schema.decoder == "native" and (why := native_unavailable(extension)):
@@ -491,6 +506,43 @@ class Config:
             problems.extend(staging_problems(self.bigquery.file_loads_staging_uri, self.spark.checkpoint_location))
         if problems:
             raise ConfigError(problems)
+
+    def _ignored_problems(self) -> list[str]:
+        """Settings the rest of the configuration makes the job ignore: whoever set one expects it to act
+        (a table created unpartitioned cannot be partitioned later; a key left unused leaves the caller
+        anonymous, and the refusal points at the key's roles)."""
+        t, reg, bq = self.table, self.registry, self.bigquery
+        needs = [("SINK_BIGQUERY_TABLE_PARTITION_KEY", bool(t.partition_key) and not t.partitioning_enable,
+                  "SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE=true"),
+                 ("SINK_BIGQUERY_TABLE_PARTITION_EXPIRY_MS", t.partition_expiry_ms != -1 and not t.partitioning_enable,
+                  "SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE=true"),
+                 ("SINK_BIGQUERY_TABLE_CLUSTERING_KEYS", bool(t.clustering_keys) and not t.clustering_enable,
+                  "SINK_BIGQUERY_TABLE_CLUSTERING_ENABLE=true"),
+                 ("SCHEMA_REGISTRY_CONFLUENT_SUBJECT", bool(reg.confluent_subject) and not reg.confluent_url,
+                  "SCHEMA_REGISTRY_CONFLUENT_URL"),
+                 ("SCHEMA_REGISTRY_CONFLUENT_BASIC_AUTH_USER_INFO", bool(reg.confluent_basic_auth) and not reg.confluent_url,
+                  "SCHEMA_REGISTRY_CONFLUENT_URL"),
+                 ("SINK_BIGQUERY_TABLE_SCHEMA_FILE", bool(bq.table_schema_file) and self.input_schema.data_type != "JSON",
+                  "INPUT_SCHEMA_DATA_TYPE=JSON (a protobuf table's schema comes from the descriptors)")]
+        # With an API endpoint the clients send no Google credentials: the emulators take none.
+        anonymous = [("SINK_BIGQUERY_CREDENTIAL_PATH", bq.credential_path, "SINK_BIGQUERY_API_ENDPOINT", bq.api_endpoint),
+                     ("DLQ_GCS_CREDENTIAL_PATH", self.dlq.gcs_credential_path, "DLQ_GCS_API_ENDPOINT",
+                      self.dlq.gcs_api_endpoint),
+                     ("SINK_BIGQUERY_FILE_LOADS_STAGING_CREDENTIAL_PATH", bq.file_loads_staging_credential_path,
+                      "SINK_BIGQUERY_FILE_LOADS_STAGING_GCS_API_ENDPOINT", bq.file_loads_staging_gcs_endpoint)]
+        return ([f"{env}: only used with {need}; set that too or unset this" for env, alone, need in needs if alone]
+                + [f"{env}: not used with {endpoint} set (an emulator's endpoint: its clients send no Google "
+                   "credentials); unset one of them" for env, key, endpoint, url in anonymous if key and url])
+
+    def _topic_name_problems(self) -> list[str]:
+        """Topic names Kafka refuses: the DLQ and fallback topics are first written when a message fails, so
+        the broker would refuse them only then, after the DLQ's retries."""
+        topics = [("SOURCE_KAFKA_TOPIC", t) for t in self.source.topics]
+        topics.append(("SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC", self.bigquery.route_fallback_topic))
+        if self.dlq.enabled and self.dlq.writer_type == KAFKA:
+            topics.append(("DLQ_KAFKA_TOPIC", self.dlq.kafka_topic))
+        return [f"{env}: {topic[:60]!r} is not a Kafka topic name: 1 to 249 of [a-zA-Z0-9._-], not '.' or '..'"
+                for env, topic in topics if topic and (not KAFKA_TOPIC.fullmatch(topic) or topic in (".", ".."))]
 
     def _loop_problems(self) -> list[str]:
         """An output topic that is also an input: each letter or unrouted record is the original record, so
@@ -546,8 +598,11 @@ class Config:
 
     def _json_problems(self) -> list[str]:
         ins, problems = self.input_schema, []
-        for env, value in (("INPUT_SCHEMA_PROTO_CLASS_ROUTES", ins.class_routes),
-                           ("INPUT_SCHEMA_PROTO_KEY_CLASS", ins.key_class)):
+        for env, value in (("INPUT_SCHEMA_PROTO_CLASS", ins.proto_class),
+                           ("INPUT_SCHEMA_PROTO_CLASS_ROUTES", ins.class_routes),
+                           ("INPUT_SCHEMA_PROTO_KEY_CLASS", ins.key_class),
+                           ("SCHEMA_REGISTRY_STENCIL_URLS", ins.stencil_urls),
+                           ("SCHEMA_REGISTRY_CONFLUENT_URL", self.registry.confluent_url)):
             if value:
                 problems.append(f"{env}: protobuf only; with INPUT_SCHEMA_DATA_TYPE=JSON the table's schema is the "
                                 "schema")
@@ -569,6 +624,12 @@ class Config:
     def confluent_subject(self) -> str:
         return self.registry.confluent_subject or f"{self.source.topics[0]}-value"
 
+    def secret_values(self) -> list[str]:
+        """The values of the settings typed `Secret`, for a `Redactor` to mask wherever they would show."""
+        sections = (getattr(self, f.name) for f in dataclasses.fields(self))
+        return [value.reveal() for section in sections for f in dataclasses.fields(section)
+                if isinstance(value := getattr(section, f.name), Secret)]
+
     def public_dict(self) -> dict[str, Any]:
         """Settings for logs: credential paths are shown; secret values are `Secret`s, shown redacted, and
         URLs lose their credentials (a registry URL may carry a password or a token)."""
@@ -576,6 +637,10 @@ class Config:
 
 
 BQ_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,299}")
+KAFKA_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # Kafka's own rule (org.apache.kafka.common.internals.Topic)
+# The master URLs SparkContext.createTaskScheduler parses (its regexes), and the cluster managers it ships.
+SPARK_MASTER = re.compile(r"local(\[([0-9]+|\*)(\s*,\s*[0-9]+)?\])?|local-cluster\[\s*[0-9]+\s*,\s*[0-9]+\s*,\s*[0-9]+\s*\]"
+                          r"|spark://.+|yarn|k8s://.+")
 # https://cloud.google.com/bigquery/docs/labels-intro#requirements
 LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
@@ -650,5 +715,15 @@ def reference_markdown(sections: tuple[type, ...] | None = None) -> str:
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """Set variables under this sink's prefixes that no setting reads (probably typos)."""
-    known = {name for d in reference() for name in (d.env, *d.formerly)}
+    known = _known_names()
     return sorted(k for k in environ if k.startswith(OWNED_PREFIXES) and k not in known)
+
+
+def resembling_setting(name: str) -> str | None:
+    """The setting `name` is most likely a misspelling of (a letter off, a word swapped), if one is close."""
+    close = difflib.get_close_matches(name, sorted(_known_names()), n=1, cutoff=0.9)
+    return close[0] if close else None
+
+
+def _known_names() -> set[str]:
+    return {name for d in reference() for name in (d.env, *d.formerly)}

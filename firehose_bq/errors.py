@@ -8,6 +8,7 @@ their constructor arguments in `args` so that they pickle across Spark's Python 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 
@@ -164,3 +165,19 @@ class DeadLetterError(FirehoseError):
 class DeadLetterTooLargeError(DeadLetterError):
     """A dead letter the DLQ store refuses for its size: no retry can store it, only a larger limit or
     another store can."""
+
+
+# py4j puts ": " before the JVM exception's line.
+_PYTHON_ERROR_LINE = re.compile(r"^(?:: )?([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.+)$")
+
+
+def worker_error(exc: BaseException) -> str:
+    """The last `SomeError: message` line of a Python worker's traceback inside a Spark error (or of the JVM's
+    exception inside a Py4JJavaError): the reason, without pages of frames."""
+    matches = [m for m in map(_PYTHON_ERROR_LINE.match, str(exc).splitlines()) if m]
+    return f"{matches[-1].group(1)}: {matches[-1].group(2)}" if matches else _first_line(exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

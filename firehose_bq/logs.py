@@ -119,6 +119,9 @@ def _install(format_: str, redactor: Redactor, level: int | str) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    # Python's warnings (google-auth's, pyarrow's) would go to stderr as two raw lines each: through
+    # logging they are lines in LOG_FORMAT, masked like the rest.
+    logging.captureWarnings(True)
     for chatty in CHATTY:
         logging.getLogger(chatty).setLevel(max(logging.WARNING, root.level))
 

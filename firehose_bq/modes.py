@@ -33,6 +33,7 @@ from firehose_bq.dlq.config import KAFKA
 from firehose_bq.errors import BatchFailedError, FirehoseError, RowError, SinkError
 from firehose_bq.metrics import BatchStats
 from firehose_bq.policy import ErrorHandling
+from firehose_bq.redact import Redactor
 from firehose_bq.routing import Destination
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema
 
@@ -268,7 +269,8 @@ def handling_of(config: Config) -> ErrorHandling:
         # Written like dead letters (the original record plus why), with the DLQ's retry settings.
         fallback = dataclasses.replace(dlq, enabled=True, writer_type=KAFKA, kafka_brokers=config.source.brokers,
                                        kafka_topic=config.bigquery.route_fallback_topic)
-    return ErrorHandling(config.errors, dlq, fallback, config.bigquery.retry_deadline_ms)
+    return ErrorHandling(config.errors, dlq, fallback, config.bigquery.retry_deadline_ms,
+                         Redactor.of(config.secret_values()))
 
 
 def batch_stats(results: Sequence[TaskResult]) -> BatchStats:

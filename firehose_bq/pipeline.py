@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from firehose_bq import logs
 from firehose_bq.batch.core import UNKNOWN_FIELDS_AT, UNKNOWN_SCHEMA_ID, TaskResult
 from firehose_bq.batch.task import RESULT_SCHEMA, Resume, run_task
 from firehose_bq.config import Config
-from firehose_bq.errors import FirehoseError
+from firehose_bq.errors import FirehoseError, worker_error
 from firehose_bq.metrics import BatchStats, RunSummary
 from firehose_bq.telemetry import Telemetry
 from firehose_bq.modes import WriteMode, batch_stats, handling_of, planned_ranges, settle, write_mode
@@ -266,17 +265,3 @@ def partition_lag(sources: list[Any]) -> dict[tuple[str, int], int] | None:
             for partition, offset in parts.items():
                 lag[(topic, int(partition))] = max(0, offset - end.get(topic, {}).get(partition, 0))
     return lag
-
-
-_PYTHON_ERROR_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit)): (.+)$")
-
-
-def worker_error(exc: BaseException) -> str:
-    """The last `SomeError: message` line of a Python worker's traceback inside a Spark error."""
-    matches = [m for m in map(_PYTHON_ERROR_LINE.match, str(exc).splitlines()) if m]
-    return f"{matches[-1].group(1)}: {matches[-1].group(2)}" if matches else _first_line(exc)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING
 
 from firehose_bq.dlq.config import DlqConfig
 from firehose_bq.errors import ConfigError, ErrorType, FirehoseError, PartialWriteError, RowError, SinkError
+from firehose_bq.redact import Redactor
 from firehose_bq.retrying import Backoff, retry_call
 from firehose_bq.settings import setting
 
@@ -105,11 +106,13 @@ class ErrorPolicyConfig:
         "Error types sent to the dead-letter queue when DLQ_SINK_ENABLE=true (else they stop the job); `*` = "
         "every type not in ERROR_TYPES_FOR_FAILING.",
         ALL_OTHER_TYPES,
+        empty_ok=True,
     )
     retry: str = setting(
         "ERROR_TYPES_FOR_RETRY",
         "Sink error types whose rows are sent again with backoff before the DLQ or failing list applies.",
         ",".join(t.value for t in TRANSIENT),
+        empty_ok=True,
     )
     backoff_initial_ms: int = setting(
         "RETRY_EXPONENTIAL_BACKOFF_INITIAL_MS", "Wait before the first retry.", 10, minimum=0
@@ -195,6 +198,9 @@ class ErrorHandling:
     # None: they are ROUTING_ERRORs for the policy.
     fallback: DlqConfig | None = None
     retry_deadline_ms: int = DEFAULT_RETRY_DEADLINE_MS  # SINK_BIGQUERY_RETRY_DEADLINE_MS
+    # Masks the job's secrets and URL credentials in what leaves the job with a dead letter (its error's
+    # message), as the log handler does in log lines.
+    redactor: Redactor = field(default_factory=Redactor, repr=False)
 
     def write_backoff(self) -> Backoff:
         """How a failed write is retried: RETRY_* within SINK_BIGQUERY_RETRY_DEADLINE_MS."""

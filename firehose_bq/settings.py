@@ -28,11 +28,14 @@ def setting(
     minimum: int | None = None,
     maximum: int | None = None,
     formerly: tuple[str, ...] = (),
+    empty_ok: bool = False,
 ) -> Any:
     """Declare a config field read from `env`; no default means the variable is required. `formerly`:
-    earlier names of the variable, still read when `env` is not set (deployments keep working)."""
+    earlier names of the variable, still read when `env` is not set (deployments keep working).
+    `empty_ok`: set to the empty string, a string setting whose default is not empty takes it as its value
+    (it means something: no JVM options, no error type); otherwise that is a configuration error."""
     meta = {"env": env, "doc": doc, "choices": choices, "minimum": minimum, "maximum": maximum,
-            "formerly": formerly}
+            "formerly": formerly, "empty_ok": empty_ok}
     if default is dataclasses.MISSING:
         return field(metadata=meta)
     if isinstance(default, dict):
@@ -101,6 +104,11 @@ def load_section(cls: type, environ: Mapping[str, str], problems: list[str]) -> 
         if not raw and (required or hints[f.name] is not str or env not in environ):
             if required:
                 problems.append(f"{env}: required but not set ({f.metadata['doc']})")
+            continue
+        if not raw and f.default and not (f.metadata.get("empty_ok") or f.metadata["choices"]):
+            # `NAME=` in an env file, or a template whose variable was unset: taken as the value, '' would
+            # fail far from here (a DLQ topic named '', a Spark master '').
+            problems.append(f"{env}: empty; unset it for the default ({f.default}) or give a value")
             continue
         try:
             values[f.name] = _parse(raw, hints[f.name], f.metadata)

@@ -13,6 +13,7 @@ back as `TaskResult.fatal`, so the driver can stop with one clean reason; offset
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -37,6 +38,7 @@ from firehose_bq.errors import (DeadLetterError, ErrorType, FirehoseError, Messa
 from firehose_bq.logs import log_context
 from firehose_bq.metrics import BatchStats
 from firehose_bq.policy import DLQ, FAILED, FALLBACK, RETRIED, ErrorHandling, Handled, write_with_policy
+from firehose_bq.redact import Redactor
 from firehose_bq.registry.confluent import message_indexes
 from firehose_bq.routing import Destination
 from firehose_bq.sink_schema import SinkSpec
@@ -250,7 +252,7 @@ class _Task:
         them."""
         done = write_with_policy(self.handling, Writable.empty(), failures, None)
         _count(self.result.stats, table, messages, 0, 0, source, done.dead, done.failed)
-        self.letters.extend(_letter(source, f, table) for f in done.dead)
+        self.letters.extend(_letter(source, f, table, self.handling.redactor) for f in done.dead)
 
     def _write(self, destination: Destination | None, part: pa.RecordBatch, rows: Rows) -> None:
         stats, handling = self.result.stats, self.handling
@@ -265,13 +267,13 @@ class _Task:
             done = write_with_policy(handling, pending, failures, writer)
         stats.unknown_fields += _written_unknown(rows, pending, done)
         _count(stats, table, part.num_rows, done.written, done.retried, part, done.dead, done.failed)
-        self.letters.extend(_letter(part, f, table) for f in done.dead)
+        self.letters.extend(_letter(part, f, table, self.handling.redactor) for f in done.dead)
 
     def _unrouted(self, source: pa.RecordBatch, unrouted: list[RowError]) -> None:
         if not unrouted:
             return
         if self.handling.fallback is not None:
-            self.unrouted.extend(_letter(source, f, "") for f in unrouted)
+            self.unrouted.extend(_letter(source, f, "", self.handling.redactor) for f in unrouted)
             self.result.stats.add_outcome(FALLBACK, len(unrouted))
             return
         # No fallback output: an error like any other, for the policy to dead-letter or fail.
@@ -447,12 +449,14 @@ def message_error(source: pa.RecordBatch, failure: RowError) -> MessageError:
     return MessageError(failure.error_type, *_coordinates(source, failure.index), failure.message)
 
 
-def _letter(source: pa.RecordBatch, failure: RowError, route: str) -> DeadLetter:
+def _letter(source: pa.RecordBatch, failure: RowError, route: str, redactor: Redactor) -> DeadLetter:
     i = failure.index
+    error = message_error(source, failure)
     micros = source["timestamp"][i].cast(pa.int64()).as_py() if source["timestamp"][i].is_valid else None
     headers = source["headers"][i].as_py() or []
     attempt = source[ATTEMPT_COLUMN][i].as_py() + 1 if ATTEMPT_COLUMN in source.schema.names else 1
-    return DeadLetter(message_error(source, failure), source["key"][i].as_py(), source["value"][i].as_py(),
+    return DeadLetter(dataclasses.replace(error, message=redactor.text(error.message)), source["key"][i].as_py(),
+                      source["value"][i].as_py(),
                       tuple((h["key"], h["value"]) for h in headers),
                       micros // 1000 if micros is not None and micros >= 0 else None, attempt,
                       int(time.time() * 1000), route=route, exception_class=cause_of(failure),

@@ -149,7 +149,7 @@ class Clients:
 def credentials(cfg: BigQueryConfig) -> Credentials | None:
     """The credentials of every BigQuery client; None = Application Default Credentials."""
     if cfg.api_endpoint:
-        # An emulator (or a private endpoint) takes no Google credentials.
+        # An emulator takes no Google credentials (a key set with an endpoint is a configuration error).
         return AnonymousCredentials()
     if not cfg.credential_path:
         return None

@@ -90,9 +90,6 @@ class DlqConfig:
     def __post_init__(self) -> None:
         if not self.enabled:
             return
-        if self.writer_type == KAFKA and not self.kafka_topic.strip():
-            # An empty value is kept as a value (settings.py), and a Kafka topic "" is only refused on send.
-            raise ConfigError(["DLQ_KAFKA_TOPIC: required with DLQ_WRITER_TYPE=KAFKA"])
         if self.writer_type == BLOB and self.blob_storage_type == LOCAL and not self.blob_local_directory:
             raise ConfigError(["DLQ_BLOB_LOCAL_DIRECTORY: required with DLQ_WRITER_TYPE=BLOB and "
                                "DLQ_BLOB_STORAGE_TYPE=LOCAL"])

@@ -63,3 +63,32 @@ def test_firehose_log_level_ignores_case() -> None:
     done = firehose("config", "check", env={**MINIMAL, "FIREHOSE_LOG_LEVEL": "debug"})
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_log_level_is_taken_after_the_command_too() -> None:
+    # `firehose-bq run --log-level DEBUG` is how most commands take their options; it was a usage error.
+    done = firehose("config", "check", "--log-level", "DEBUG", env={**MINIMAL, "SINK_BIGQUERY_TABEL": "x"})
+    assert done.returncode == 0, done.stderr
+    done = firehose("--log-level", "ERROR", "config", "check", env={**MINIMAL, "SINK_BIGQUERY_TABEL": "x"})
+    assert done.returncode == 0 and "SINK_BIGQUERY_TABEL" not in done.stderr  # the warning is below ERROR
+    done = firehose("config", "check", "--log-level", "ERROR", env={**MINIMAL, "SINK_BIGQUERY_TABEL": "x"})
+    assert done.returncode == 0 and "SINK_BIGQUERY_TABEL" not in done.stderr
+
+
+def test_help_states_the_exit_codes() -> None:
+    done = firehose("--help", env=MINIMAL)
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    assert "Exit codes: 0 done, 1 the job or a command failed (the reason is printed), 2 bad configuration or usage, " \
+           "130 interrupted" in text
+
+
+def test_a_misspelled_setting_is_warned_about_with_the_name_it_resembles() -> None:
+    done = firehose("config", "check", env={**MINIMAL, "SINK_BIGQUERY_TABEL_NAME": "x", "DLQ_SINK_ENABLED": "true",
+                                             "SINK_BIGQUERY_FOO": "y"})
+    assert done.returncode == 0, done.stderr
+    warnings = [line.split(" WARNING firehose_bq: ", 1)[1] for line in done.stderr.splitlines()]
+    assert warnings == [
+        "DLQ_SINK_ENABLED is set but no setting reads it (typo? did you mean DLQ_SINK_ENABLE?)",
+        "SINK_BIGQUERY_FOO is set but no setting reads it (typo?)",
+        "SINK_BIGQUERY_TABEL_NAME is set but no setting reads it (typo? did you mean SINK_BIGQUERY_TABLE_NAME?)"]

@@ -254,13 +254,18 @@ def test_gcs_staging_uses_its_own_endpoint_and_the_bigquery_identity_unless_told
                        SINK_BIGQUERY_CREDENTIAL_PATH="/keys/bq.json")
     assert file_loads.staging_area(cfg) == StagingArea(
         "gs://bucket/stage", GcsOptions(None, "/keys/bq.json", "proj", "SINK_BIGQUERY_CREDENTIAL_PATH"))
+    # Its own key, and its own endpoint (an emulator's, which takes no key: both at once is a config error).
     own = loads_config(SINK_BIGQUERY_FILE_LOADS_STAGING_URI="gs://bucket/stage",
                        SINK_BIGQUERY_CREDENTIAL_PATH="/keys/bq.json",
                        SINK_BIGQUERY_FILE_LOADS_STAGING_CREDENTIAL_PATH="/keys/gcs.json",
-                       SINK_BIGQUERY_FILE_LOADS_STAGING_GCS_API_ENDPOINT="http://127.0.0.1:1",
-                       DLQ_GCS_API_ENDPOINT="http://127.0.0.1:2", DLQ_GCS_CREDENTIAL_PATH="/keys/dlq.json")
+                       DLQ_GCS_CREDENTIAL_PATH="/keys/dlq.json")
     assert file_loads.staging_area(own).gcs == GcsOptions(
-        "http://127.0.0.1:1", "/keys/gcs.json", "proj", "SINK_BIGQUERY_FILE_LOADS_STAGING_CREDENTIAL_PATH")
+        None, "/keys/gcs.json", "proj", "SINK_BIGQUERY_FILE_LOADS_STAGING_CREDENTIAL_PATH")
+    emulated = loads_config(SINK_BIGQUERY_FILE_LOADS_STAGING_URI="gs://bucket/stage",
+                            SINK_BIGQUERY_FILE_LOADS_STAGING_GCS_API_ENDPOINT="http://127.0.0.1:1",
+                            DLQ_GCS_API_ENDPOINT="http://127.0.0.1:2")
+    assert file_loads.staging_area(emulated).gcs == GcsOptions("http://127.0.0.1:1", None, "proj",
+                                                               "SINK_BIGQUERY_CREDENTIAL_PATH")
     # A bad key file is named by the setting it came from, when the store is opened (driver or task).
     with pytest.raises(ConfigError, match="SINK_BIGQUERY_CREDENTIAL_PATH: no such file /keys/bq.json"):
         file_loads.staging_area(cfg).store()
