@@ -16,17 +16,19 @@ and no stream; never notFound, permissions, a stream's state, quotas or 5xx; big
 type not retried. Stopping on it would stop again on every restart, for one row the writers' checks did
 not catch. So its rows are isolated, within the attempt: the rows the request left unsent are written in
 two halves, a half refused the same way in two halves again (depth first; once a row is alone before any
-went in, the request's other half next, and while it is refused too its far end first, as a run of adjacent
-bad rows, or bad rows at the front of each piece tried, would otherwise look like a refusing table), until a row that is refused alone is the only one left of its piece. Such a row becomes a RowError of the refusal's type, saying the
-request was rejected as a whole and it was isolated, and then follows the lists above (the DLQ by
-default); every other row is written once (a half that went in is never sent again), keeping its
+went in, the request's other half next, and while it is refused too its far end first, as a run of
+adjacent bad rows, or bad rows at the front of each piece tried, would otherwise look like a refusing
+table), until a row that is refused alone is the only one left of its piece. Such a row becomes a
+RowError of the refusal's type, saying the request was rejected as a whole and it was isolated, and then
+follows the lists above (the DLQ by default); every other row is written once (a half that went in is never sent again), keeping its
 insertId, and rows a half's write rejected on their own are handled like any row failure (retried when
 their type is). The rule that keeps a fault of the table from costing 2n requests or a dead-lettered
 batch (IsolationBudget, for a request of n rows, L = ⌈log2 n⌉):
 
 - a row is isolated only if a row of the same request went in without it (or was answered on its own, a
-  row BigQuery rejects by itself); until one did, at most 2L+2 refused requests (one bad row is alone after L+1): more, or none going in at all, and the original
-  error stops the job as before: every row is refused, so the table is at fault;
+  row BigQuery rejects by itself); until one did, at most 2L+2 refused requests (one bad row is alone
+  after L+1): more, or none going in at all, and the original error stops the job as before: every row
+  is refused, so the table is at fault;
 - a request of one row has nothing to tell its row from the table: the row fails as isolated, its
   message saying so. Stopping would stop again on every restart (the replayed batch holds that row
   alone again), which a quiet partition, one record per micro-batch, makes the common case; and a table

@@ -53,7 +53,8 @@ class NameTemplate:
 
     def __post_init__(self) -> None:
         for name in self.attributes:
-            if not (name.startswith(HEADER_PREFIX) and len(name) > len(HEADER_PREFIX)) and name not in SOURCE_ATTRIBUTES:
+            header = name.startswith(HEADER_PREFIX) and len(name) > len(HEADER_PREFIX)
+            if not header and name not in SOURCE_ATTRIBUTES:
                 raise TemplateError(f"{self.text!r}: unknown placeholder ${{{name}}} (use ${{header.NAME}}, "
                                     f"{', '.join('${' + a + '}' for a in SOURCE_ATTRIBUTES)})")
 
@@ -167,8 +168,8 @@ class Router:
         dataset, table = self.dataset.render(values), self.table.render(values)
         if dataset is None or table is None:
             missing = [a for a in self.dataset.attributes + self.table.attributes if values.get(a) is None]
-            return None, (f"no {', '.join(dict.fromkeys(missing))} (absent, null, or not UTF-8) to name the destination "
-                          "table by")
+            return None, (f"no {', '.join(dict.fromkeys(missing))} (absent, null, or not UTF-8) to name the "
+                          "destination table by")
         problem = name_problem(dataset, table=False) or name_problem(table, table=True)
         if problem:
             return None, f"destination {dataset}.{table}: {problem}"
