@@ -337,10 +337,11 @@ def _sample(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                                 f"{cls.DESCRIPTOR.full_name}")
         kind, messages = "bookings", sample.booking_messages(cls)
     topic = cfg.source.topics[0]
-    if sample.ensure_topic(cfg.source.brokers, topic, args.partitions):
+    if sample.ensure_topic(cfg.source.brokers, topic, args.partitions, cfg.kafka_security):
         print(f"created topic {topic} with {args.partitions} partitions")
     sent = sample.produce(cfg.source.brokers, topic, messages, args.count, start=args.start,
-                          progress=sys.stderr.isatty() or bool(os.environ.get("FIREHOSE_PROGRESS")))
+                          progress=sys.stderr.isatty() or bool(os.environ.get("FIREHOSE_PROGRESS")),
+                          security=cfg.kafka_security)
     print(f"produced {sent} {kind} to {topic}")
     return 0
 

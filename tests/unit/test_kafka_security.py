@@ -283,3 +283,39 @@ def test_the_replay_consumer_uses_the_source_security(monkeypatch: pytest.Monkey
         replay.KafkaDlqSource("b:1", "dlq", "g", None, security=security)
     assert made[0]["sasl_mechanism"] == "SCRAM-SHA-512" and made[0]["sasl_plain_username"] == "svc"
 
+
+
+def test_sample_produce_uses_the_source_security(monkeypatch: pytest.MonkeyPatch) -> None:
+    from firehose_bq import cli, sample
+
+    made: list[tuple[str, dict[str, object]]] = []
+
+    class Client:
+        def __init__(self, **kwargs: object) -> None:
+            made.append((type(self).__name__, kwargs))
+
+        def create_topics(self, topics: object) -> None:
+            pass
+
+        def send(self, *args: object, **kwargs: object) -> object:
+            raise RuntimeError("sent")  # one attempt is enough: the kwargs are what the test reads
+
+        def close(self, *args: object, **kwargs: object) -> None:
+            pass
+
+    class Admin(Client):
+        pass
+
+    class Producer(Client):
+        pass
+
+    monkeypatch.setattr(sample, "KafkaAdminClient", Admin)
+    monkeypatch.setattr(sample, "KafkaProducer", Producer)
+    example = Path(__file__).resolve().parents[2] / "descriptors" / "example.desc"
+    for name, value in {**MINIMAL, **SASL_SSL, "SCHEMA_REGISTRY_STENCIL_URLS": str(example),
+                        "INPUT_SCHEMA_PROTO_CLASS": "firehose.example.v1.Booking"}.items():
+        monkeypatch.setenv(name, value)
+    cli.main(["sample", "produce", "--count", "1"])
+    assert [kind for kind, _ in made] == ["Admin", "Producer"]
+    for _, kwargs in made:
+        assert kwargs["security_protocol"] == "SASL_SSL" and kwargs["sasl_plain_password"] == PASSWORD
