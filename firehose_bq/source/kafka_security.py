@@ -9,8 +9,8 @@ same brokers, the same credentials, one place that spells them for each library.
 
 The object is pickled to the Spark tasks with the reader, and travels to the source's planning process
 as data source options (`to_options` / `from_options`): the password under an option name that Spark's
-redaction pattern (`spark.redaction.regex`: secret|password|token) matches, so Spark masks it where it redacts
-options.
+redaction pattern (`spark.redaction.regex`: secret|password|token) matches, so the query's plan shows it
+masked (tests/integration/test_kafka_security.py).
 """
 
 from __future__ import annotations

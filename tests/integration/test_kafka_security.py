@@ -77,8 +77,11 @@ def test_the_spark_source_plans_with_the_settings_and_never_shows_the_password(
                                "SOURCE_KAFKA_CONSUMER_CONFIG_SASL_MECHANISM": "PLAIN",
                                "SOURCE_KAFKA_SASL_USERNAME": "svc", "SOURCE_KAFKA_SASL_PASSWORD": password})
     produce_bookings(job_config, 5)
+    pipeline = Pipeline(secured, spark)
+    plan = pipeline.source()._jdf.queryExecution().toString()  # what Spark prints for the query's plan
+    assert "sasl_password" in plan and password not in plan, plan
     with pytest.raises(Exception) as failed:  # noqa: PT011 - Spark wraps the source's SourceError
-        Pipeline(secured, spark).run(available_now=True)
+        pipeline.run(available_now=True)
     text = str(failed.value)
     assert f"Kafka at {job_env['SOURCE_KAFKA_BROKERS']}" in text, text[:2000]
     assert password not in text and password not in caplog.text
