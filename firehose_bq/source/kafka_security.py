@@ -32,9 +32,12 @@ LOGIN_MODULES = {PLAIN: "org.apache.kafka.common.security.plain.PlainLoginModule
                  SCRAM_256: "org.apache.kafka.common.security.scram.ScramLoginModule",
                  SCRAM_512: "org.apache.kafka.common.security.scram.ScramLoginModule"}
 
-# Each library's name for: the protocol, the mechanism, the username, the password, the CA file.
-LIBRDKAFKA_NAMES = ("security.protocol", "sasl.mechanisms", "sasl.username", "sasl.password", "ssl.ca.location")
-KAFKA_PYTHON_NAMES = ("security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password", "ssl_cafile")
+# Each library's name for: the protocol, the mechanism, the username, the password, the CA file, the client's
+# certificate, its key (both from the one PEM keystore file) and the key's password.
+LIBRDKAFKA_NAMES = ("security.protocol", "sasl.mechanisms", "sasl.username", "sasl.password", "ssl.ca.location",
+                    "ssl.certificate.location", "ssl.key.location", "ssl.key.password")
+KAFKA_PYTHON_NAMES = ("security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password", "ssl_cafile",
+                      "ssl_certfile", "ssl_keyfile", "ssl_password")
 
 PROTOCOL_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL"
 MECHANISM_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SASL_MECHANISM"
@@ -42,11 +45,16 @@ JAAS_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SASL_JAAS_CONFIG"
 USERNAME_ENV = "SOURCE_KAFKA_SASL_USERNAME"
 PASSWORD_ENV = "SOURCE_KAFKA_SASL_PASSWORD"
 CA_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_TRUSTSTORE_LOCATION"
+KEYSTORE_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_LOCATION"
+KEY_PASSWORD_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEY_PASSWORD"
 
 # `<module> <flag> key=value ... ;`: Java's JAAS grammar, as Kafka's `sasl.jaas.config` takes one entry.
 _JAAS_HEAD = re.compile(r"\s*([A-Za-z_$][\w$.]*)\s+(required|requisite|sufficient|optional)\b", re.I)
 _JAAS_OPTION = re.compile(r'\s*([\w.-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s;"]+))', re.S)
 _PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+_PEM_KEY = re.compile(rb"-----BEGIN (?:RSA |EC |ENCRYPTED )?PRIVATE KEY-----")
+_EXPORT_HINT = {CA_ENV: "Export its CA to PEM: keytool -exportcert -rfc -alias <ca> -keystore <truststore> -file ca.pem",
+                KEYSTORE_ENV: "Convert it: openssl pkcs12 -in <keystore.p12> -out client.pem (certificate and key)"}
 
 
 class JaasError(ValueError):
@@ -126,10 +134,23 @@ class KafkaSecurityConfig:
         "to PEM (`keytool -exportcert -rfc`). Broker host names are verified either way.",
         "",
     )
+    ssl_keystore_location: str = setting(
+        KEYSTORE_ENV,
+        "With SSL or SASL_SSL, for brokers that authenticate clients by certificate (mutual TLS): PEM file holding "
+        "the client's certificate (chain) and its private key (Kafka's `ssl.keystore.type=PEM`); a JKS/PKCS12 "
+        "keystore is refused.",
+        "",
+    )
+    ssl_key_password: Secret | None = setting(
+        KEY_PASSWORD_ENV,
+        "Password of an encrypted private key in SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_LOCATION. Secret: never "
+        "logged.",
+        None,
+    )
 
     def __post_init__(self) -> None:
         # The env parser hands fields of other types the raw string: wrap it before anything prints it.
-        for name in ("jaas_config", "sasl_password"):
+        for name in ("jaas_config", "sasl_password", "ssl_key_password"):
             if isinstance(value := getattr(self, name), str):
                 object.__setattr__(self, name, Secret(value))
 
@@ -171,8 +192,10 @@ class KafkaSecurityConfig:
                 problems.append(f"{JAAS_ENV}: required with {PROTOCOL_ENV}={self.protocol} (or {USERNAME_ENV} and "
                                 f"{PASSWORD_ENV})")
             problems.extend(self._jaas_problems())
-        if self.ssl_ca_location:
-            problems.extend(self._ca_problems())
+        problems.extend(self._pem_problems(CA_ENV, self.ssl_ca_location, _PEM_CERTIFICATE))
+        problems.extend(self._pem_problems(KEYSTORE_ENV, self.ssl_keystore_location, _PEM_CERTIFICATE, _PEM_KEY))
+        if self.ssl_key_password is not None and not self.ssl_keystore_location:
+            problems.append(f"{KEY_PASSWORD_ENV}: only used with {KEYSTORE_ENV}; set that too or unset this")
         return problems
 
     def _jaas_problems(self) -> list[str]:
@@ -187,18 +210,21 @@ class KafkaSecurityConfig:
             return [f"{JAAS_ENV}: {module} does not log in with {MECHANISM_ENV}={self.sasl_mechanism}: use {wanted}"]
         return []
 
-    def _ca_problems(self) -> list[str]:
+    def _pem_problems(self, env: str, path: str, *wanted: bytes | re.Pattern[bytes]) -> list[str]:
+        """A PEM file setting: only with TLS, readable, holding what `wanted` names (a Java store is not PEM)."""
+        if not path:
+            return []
         if not self.tls:
-            return [f"{CA_ENV}: only used with {PROTOCOL_ENV}=SSL or SASL_SSL (it is {self.protocol})"]
+            return [f"{env}: only used with {PROTOCOL_ENV}=SSL or SASL_SSL (it is {self.protocol})"]
         try:
-            with open(self.ssl_ca_location, "rb") as f:
+            with open(path, "rb") as f:
                 head = f.read(1 << 20)
         except OSError as exc:
-            return [f"{CA_ENV}: cannot read {self.ssl_ca_location}: {exc.strerror or exc}"]
-        if _PEM_CERTIFICATE not in head:
-            return [f"{CA_ENV}: {self.ssl_ca_location} holds no PEM certificate (`{_PEM_CERTIFICATE.decode()}`): a "
-                    "Java JKS or PKCS12 truststore? Export its CA to PEM: keytool -exportcert -rfc -alias <ca> "
-                    "-keystore <truststore> -file ca.pem"]
+            return [f"{env}: cannot read {path}: {exc.strerror or exc}"]
+        for pem in wanted:
+            if not (pem.search(head) if isinstance(pem, re.Pattern) else pem in head):
+                what = "PEM certificate" if pem == _PEM_CERTIFICATE else "PEM private key"
+                return [f"{env}: {path} holds no {what}: a Java JKS or PKCS12 store? {_EXPORT_HINT[env]}"]
         return []
 
     # --- the clients' spelling -------------------------------------------------------------------------------
@@ -211,12 +237,14 @@ class KafkaSecurityConfig:
         """kafka-python keyword arguments; none for PLAINTEXT (its defaults)."""
         return self._spelled(KAFKA_PYTHON_NAMES, self.protocol)
 
-    def _spelled(self, names: tuple[str, str, str, str, str], protocol: str) -> dict[str, Any]:
-        values: list[Any] = [protocol if self.protocol != PLAINTEXT else None] + [None] * 4
+    def _spelled(self, names: tuple[str, ...], protocol: str) -> dict[str, Any]:
+        values: list[Any] = [protocol if self.protocol != PLAINTEXT else None] + [None] * 7
         if self.sasl and (creds := self.credentials()) is not None:
             values[1:4] = self.sasl_mechanism, creds.username, creds.password.reveal()
-        if self.tls and self.ssl_ca_location:
-            values[4] = self.ssl_ca_location
+        if self.tls:
+            key_password = self.ssl_key_password.reveal() if self.ssl_key_password is not None else None
+            values[4:8] = (self.ssl_ca_location or None, self.ssl_keystore_location or None,
+                           self.ssl_keystore_location or None, key_password)
         return {name: value for name, value in zip(names, values, strict=True) if value is not None}
 
     # --- to the source's planning process ----------------------------------------------------------------------
@@ -224,16 +252,20 @@ class KafkaSecurityConfig:
     def to_options(self) -> dict[str, str]:
         """Data source options carrying these settings (credentials resolved; the JAAS line stays here)."""
         options = {"security_protocol": self.protocol, "sasl_mechanism": self.sasl_mechanism,
-                   "ssl_ca_location": self.ssl_ca_location}
+                   "ssl_ca_location": self.ssl_ca_location, "ssl_keystore_location": self.ssl_keystore_location}
+        if self.ssl_key_password is not None:
+            options["ssl_key_password"] = self.ssl_key_password.reveal()
         if self.sasl and (creds := self.credentials()) is not None:
             options.update({"sasl_username": creds.username, "sasl_password": creds.password.reveal()})
         return options
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> KafkaSecurityConfig:
-        password = options.get("sasl_password")
+        password, key_password = options.get("sasl_password"), options.get("ssl_key_password")
         return cls(protocol=options.get("security_protocol") or PLAINTEXT,
                    sasl_mechanism=options.get("sasl_mechanism", ""),
                    sasl_username=options.get("sasl_username", ""),
                    sasl_password=Secret(password) if password else None,
-                   ssl_ca_location=options.get("ssl_ca_location", ""))
+                   ssl_ca_location=options.get("ssl_ca_location", ""),
+                   ssl_keystore_location=options.get("ssl_keystore_location", ""),
+                   ssl_key_password=Secret(key_password) if key_password else None)

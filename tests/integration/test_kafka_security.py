@@ -4,6 +4,7 @@ client fail to connect, with an error naming the brokers, and PLAINTEXT (the def
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from kafka import KafkaProducer
@@ -17,6 +18,7 @@ from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, KAFKA_PYTHON, Range
 from firehose_bq.source.kafka_security import KafkaSecurityConfig
 from tests.integration.test_cli_processes import firehose
 from tests.integration.test_end_to_end import produce_bookings, read_table
+from tests.unit.test_kafka_security import KEY_PASSWORD, pem_keystore
 
 pytestmark = pytest.mark.integration
 
@@ -69,22 +71,26 @@ def test_the_readers_and_the_dlq_producer_use_the_protocol(job_env: dict[str, st
 
 
 def test_the_spark_source_plans_with_the_settings_and_never_shows_the_password(
-        spark, job_env: dict[str, str], job_config: Config, caplog: pytest.LogCaptureFixture) -> None:
+        spark, job_env: dict[str, str], job_config: Config, caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
     # Past the command line's broker check: the query's own planning process (a Python worker Spark starts)
     # must get the settings from the data source options, and whatever Spark reports must not carry them.
     password = "spark-side-pw-4d1e"
     secured = Config.from_env({**job_env, "SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL": "SASL_SSL",
                                "SOURCE_KAFKA_CONSUMER_CONFIG_SASL_MECHANISM": "PLAIN",
-                               "SOURCE_KAFKA_SASL_USERNAME": "svc", "SOURCE_KAFKA_SASL_PASSWORD": password})
+                               "SOURCE_KAFKA_SASL_USERNAME": "svc", "SOURCE_KAFKA_SASL_PASSWORD": password,
+                               "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_LOCATION": pem_keystore(tmp_path),
+                               "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEY_PASSWORD": KEY_PASSWORD})
     produce_bookings(job_config, 5)
     pipeline = Pipeline(secured, spark)
     plan = pipeline.source()._jdf.queryExecution().toString()  # what Spark prints for the query's plan
-    assert "sasl_password" in plan and password not in plan, plan
+    assert "sasl_password" in plan and "ssl_key_password" in plan, plan
+    assert password not in plan and KEY_PASSWORD not in plan, plan
     with pytest.raises(Exception) as failed:  # noqa: PT011 - Spark wraps the source's SourceError
         pipeline.run(available_now=True)
     text = str(failed.value)
     assert f"Kafka at {job_env['SOURCE_KAFKA_BROKERS']}" in text, text[:2000]
     assert password not in text and password not in caplog.text
+    assert KEY_PASSWORD not in text and KEY_PASSWORD not in caplog.text
 
 
 def test_a_sasl_plaintext_job_reads_and_writes_with_both_libraries(spark, job_env: dict[str, str], job_config: Config,

@@ -319,3 +319,69 @@ def test_sample_produce_uses_the_source_security(monkeypatch: pytest.MonkeyPatch
     assert [kind for kind, _ in made] == ["Admin", "Producer"]
     for _, kwargs in made:
         assert kwargs["security_protocol"] == "SASL_SSL" and kwargs["sasl_plain_password"] == PASSWORD
+
+
+# --- client certificates (mutual TLS) -----------------------------------------------------------------------------
+
+KEY_PASSWORD = "key-pw-2e81"
+
+
+@pytest.fixture(scope="module")
+def keystore(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return pem_keystore(tmp_path_factory.mktemp("tls"))
+
+
+def pem_keystore(where: Path) -> str:
+    """A real PEM keystore: a self-signed certificate and its encrypted private key, in one file."""
+    import subprocess
+
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-days", "1", "-subj", "/CN=client",
+                    "-keyout", str(where / "key.pem"), "-out", str(where / "cert.pem"),
+                    "-passout", f"pass:{KEY_PASSWORD}"], check=True, capture_output=True)
+    path = where / "client.pem"
+    path.write_bytes((where / "cert.pem").read_bytes() + (where / "key.pem").read_bytes())
+    return str(path)
+
+
+def test_a_pem_keystore_maps_to_both_libraries_and_both_load_it(keystore: str) -> None:
+    import ssl
+
+    import confluent_kafka as ck
+
+    security = Config.from_env({**MINIMAL, "SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL": "SSL",
+                                "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_LOCATION": keystore,
+                                "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEY_PASSWORD": KEY_PASSWORD}).kafka_security
+    assert security.librdkafka() == {"security.protocol": "ssl", "ssl.certificate.location": keystore,
+                                     "ssl.key.location": keystore, "ssl.key.password": KEY_PASSWORD}
+    kwargs = security.kafka_python()
+    assert kwargs == {"security_protocol": "SSL", "ssl_certfile": keystore, "ssl_keyfile": keystore,
+                      "ssl_password": KEY_PASSWORD}
+    # librdkafka loads certificate and key when the client is made: a wrong password or file fails here.
+    ck.Consumer(confluent_config("127.0.0.1:1", 10, security=security)).close()
+    with pytest.raises(ck.KafkaException):
+        ck.Consumer({**confluent_config("127.0.0.1:1", 10, security=security), "ssl.key.password": "wrong"})
+    # kafka-python hands these to the ssl module's load_cert_chain when it connects.
+    ssl.create_default_context().load_cert_chain(kwargs["ssl_certfile"], kwargs["ssl_keyfile"], kwargs["ssl_password"])
+    assert "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEY_PASSWORD" in config_module.secret_settings()
+    assert KEY_PASSWORD not in repr(security)
+
+
+def test_the_planner_gets_the_keystore_and_its_password_from_the_options(keystore: str) -> None:
+    config = Config.from_env({**MINIMAL, "SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL": "SSL",
+                              "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_LOCATION": keystore,
+                              "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEY_PASSWORD": KEY_PASSWORD})
+    planner, reader = planner_and_reader(config)
+    assert planner.security.librdkafka() == reader.security.librdkafka() == config.kafka_security.librdkafka()
+    assert [k for k, v in config.kafka_security.to_options().items() if v == KEY_PASSWORD] == ["ssl_key_password"]
+
+
+def test_keystore_contradictions_stop_the_start(tmp_path: Path, ca_file: str, keystore: str) -> None:
+    ssl_on = {"SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL": "SSL"}
+    [problem] = _problems({**ssl_on, "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_LOCATION": ca_file})  # no key
+    assert problem.startswith("SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_LOCATION: ") and "no PEM private key" in problem
+    [problem] = _problems({**ssl_on, "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEY_PASSWORD": KEY_PASSWORD})
+    assert problem.startswith("SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEY_PASSWORD: only used with") and KEY_PASSWORD not in problem
+    [problem] = _problems({"SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_LOCATION": keystore})
+    assert problem.startswith("SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_LOCATION: only used with")
+    [problem] = _problems({**ssl_on, "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_LOCATION": str(tmp_path / "none.pem")})
+    assert "cannot read" in problem
