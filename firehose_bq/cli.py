@@ -252,7 +252,7 @@ def _check_source(cfg: Config) -> None:
     the query's source process, after the JVM's start, and Spark reports it under pages of its own traces."""
     from firehose_bq.source.kafka_client import KafkaMetadataClient
 
-    client = KafkaMetadataClient(cfg.source.brokers, cfg.source.consumer_group_id)
+    client = KafkaMetadataClient(cfg.source.brokers, cfg.source.consumer_group_id, security=cfg.kafka_security)
     try:
         client.partitions(cfg.source.topics)
     finally:
@@ -275,12 +275,13 @@ def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             raise ConfigError([f"--from-blob: {exc}"]) from None
         source = BlobDlqSource(store, args.max_messages)
     else:
-        dlq = cfg.dlq.with_brokers(cfg.source.brokers)
+        dlq = cfg.dlq.with_brokers(cfg.source.brokers, cfg.kafka_security)
         topic = args.topic or dlq.kafka_topic
         brokers = cfg.source.brokers if topic == cfg.bigquery.route_fallback_topic else dlq.kafka_brokers
         group = args.group or (f"{cfg.source.consumer_group_id}-replay-{topic}" if args.topic
                                else f"{cfg.source.consumer_group_id}-dlq-replay")
-        source = KafkaDlqSource(brokers, topic, group, args.max_messages, cfg.source.isolation_level)
+        source = KafkaDlqSource(brokers, topic, group, args.max_messages, cfg.source.isolation_level,
+                                cfg.kafka_security)
     from firehose_bq.telemetry import Telemetry
 
     telemetry = Telemetry(cfg.metrics, f"{cfg.spark.app_name}-dlq-replay").start()
@@ -336,10 +337,11 @@ def _sample(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                                 f"{cls.DESCRIPTOR.full_name}")
         kind, messages = "bookings", sample.booking_messages(cls)
     topic = cfg.source.topics[0]
-    if sample.ensure_topic(cfg.source.brokers, topic, args.partitions):
+    if sample.ensure_topic(cfg.source.brokers, topic, args.partitions, cfg.kafka_security):
         print(f"created topic {topic} with {args.partitions} partitions")
     sent = sample.produce(cfg.source.brokers, topic, messages, args.count, start=args.start,
-                          progress=sys.stderr.isatty() or bool(os.environ.get("FIREHOSE_PROGRESS")))
+                          progress=sys.stderr.isatty() or bool(os.environ.get("FIREHOSE_PROGRESS")),
+                          security=cfg.kafka_security)
     print(f"produced {sent} {kind} to {topic}")
     return 0
 

@@ -31,6 +31,7 @@ from firehose_bq.settings import SettingDoc, load_section, read_env_file, settin
 from firehose_bq.settings import reference as _reference
 from firehose_bq.settings import reference_markdown as _reference_markdown
 from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED
+from firehose_bq.source.kafka_security import KafkaSecurityConfig
 from firehose_bq.telemetry import MetricsConfig
 from firehose_bq.upsert.config import UpsertConfig
 
@@ -427,6 +428,7 @@ def _broker_set(brokers: str) -> frozenset[str]:
 @dataclass(frozen=True)
 class Config:
     source: SourceConfig
+    kafka_security: KafkaSecurityConfig
     input_schema: InputSchemaConfig
     registry: RegistryConfig
     bigquery: BigQueryConfig
@@ -488,6 +490,7 @@ class Config:
                             f"{self.bigquery.write_method}: choose one write method")
         problems.extend(self.upsert.problems(self.input_schema.key_class))
         problems.extend(self._ignored_problems())
+        problems.extend(self.kafka_security.problems())
         problems.extend(self._topic_name_problems())
         problems.extend(p for env, path in (("SINK_BIGQUERY_CREDENTIAL_PATH", self.bigquery.credential_path),
                                             ("SINK_BIGQUERY_FILE_LOADS_STAGING_CREDENTIAL_PATH",

@@ -263,7 +263,7 @@ def _no_identity() -> str:
 
 def handling_of(config: Config) -> ErrorHandling:
     """The error policy, DLQ and fallback output of a job (or replay), as its tasks apply them."""
-    dlq = config.dlq.with_brokers(config.source.brokers)
+    dlq = config.dlq.with_brokers(config.source.brokers, config.kafka_security)
     fallback = None
     if config.bigquery.route_fallback_topic:
         # Written like dead letters (the original record plus why), with the DLQ's retry settings.

@@ -74,7 +74,7 @@ class Pipeline:
         self._handling = handling_of(config)
         src = config.source
         self._reader = RangeReader(src.brokers, resolve_client(src.client), src.stall_timeout_ms,
-                                   isolation_level=src.isolation_level)
+                                   isolation_level=src.isolation_level, security=config.kafka_security)
         # Now rather than when the query starts: Spark looks the session's Python data sources up on the
         # first registration (a process of its own), which then overlaps the table's preparation.
         spark.dataSource.register(KafkaDataSource)
@@ -92,6 +92,7 @@ class Pipeline:
             .option("starting_offsets", src.auto_offset_reset)
             .option("max_offsets_per_trigger", str(self.mode.max_offsets_per_trigger()))
             .option("isolation_level", src.isolation_level)  # the planner's, as self._reader's
+            .options(**self.config.kafka_security.to_options())  # likewise
             .load()
         )
 

@@ -20,6 +20,8 @@ MASK = "***"
 _URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{}]+")
 # Punctuation that ends a sentence rather than a URL ("... from http://h/x: refused").
 _TRAILING = ".,:;!?"
+# The password of a Java JAAS line (Kafka's sasl.jaas.config): `password="..."`, quotes escaped with `\`.
+_JAAS_PASSWORD = re.compile(r'\bpassword\s*=\s*"((?:[^"\\]|\\.)*)"', re.S)
 # Shorter fragments of a secret are not hunted for in text: they would mask ordinary words and numbers.
 MIN_SECRET_CHARS = 4
 
@@ -53,9 +55,12 @@ def secret_fragments(value: str) -> list[str]:
     """The parts of a secret setting's value that may show up alone in a message.
 
     A header list `Name: Bearer tok, Other: v` yields each header's value and its credential after the
-    auth scheme; `user:password` yields the password too.
+    auth scheme; `user:password` yields the password too; a JAAS line (`... password="p";`) yields its
+    password, as written and unescaped.
     """
     fragments = {value}
+    for password in _JAAS_PASSWORD.finditer(value):
+        fragments.update((password.group(1), re.sub(r"\\(.)", r"\1", password.group(1), flags=re.S)))
     for item in value.split(","):
         _, sep, header_value = item.partition(":")
         for part in (item, header_value if sep else ""):

@@ -22,6 +22,8 @@ from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient, NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
+from firehose_bq.source.kafka_security import KafkaSecurityConfig
+
 EXAMPLE_MESSAGE = "firehose.example.v1.Booking"
 STATUSES = ("CREATED", "DRIVER_FOUND", "COMPLETED", "CANCELLED")
 TAGS = ("airport", "night", "promo", "shared", "vip")
@@ -80,9 +82,9 @@ def booking(i: int, cls: type[pb_message.Message]) -> pb_message.Message:
     return msg
 
 
-def ensure_topic(brokers: str, topic: str, partitions: int) -> bool:
+def ensure_topic(brokers: str, topic: str, partitions: int, security: KafkaSecurityConfig = KafkaSecurityConfig()) -> bool:
     """Create the topic if missing; True when it was created."""
-    admin = KafkaAdminClient(bootstrap_servers=brokers.split(","))
+    admin = KafkaAdminClient(bootstrap_servers=brokers.split(","), **security.kafka_python())
     try:
         admin.create_topics([NewTopic(topic, partitions, 1)])
         return True
@@ -105,12 +107,13 @@ def produce(
     *,
     start: int = 0,
     progress: bool = True,
+    security: KafkaSecurityConfig = KafkaSecurityConfig(),
 ) -> int:
     """Send `count` records made by `messages(i)`; waits until all are acknowledged."""
     from tqdm import tqdm
 
     producer = KafkaProducer(bootstrap_servers=brokers.split(","), linger_ms=20, acks="all",
-                             batch_size=256 * 1024)
+                             batch_size=256 * 1024, **security.kafka_python())
     failures: list[BaseException] = []
     try:
         with tqdm(total=count, desc=f"producing to {topic}", unit="msg", disable=not progress) as bar:

@@ -56,12 +56,18 @@ def reference(sections: tuple[type, ...]) -> list[SettingDoc]:
     """Every setting of `sections` in declaration order: the source of README's configuration tables."""
     docs = []
     for section in sections:
-        for f in dataclasses.fields(section):
+        for f in settings_of(section):
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             required = default is dataclasses.MISSING
             docs.append(SettingDoc(f.metadata["env"], "" if required else _format_default(default),
                                    _doc_with_choices(f), required, f.metadata.get("formerly", ())))
     return docs
+
+
+def settings_of(section: type) -> list[dataclasses.Field[Any]]:
+    """The fields of `section` made with `setting`; a field without an env name is filled in by code (e.g. the
+    DLQ producer's Kafka security, which is the source's)."""
+    return [f for f in dataclasses.fields(section) if "env" in f.metadata]
 
 
 def reference_markdown(sections: tuple[type, ...]) -> str:
@@ -96,7 +102,7 @@ def load_section(cls: type, environ: Mapping[str, str], problems: list[str]) -> 
     hints = typing.get_type_hints(cls)
     before = len(problems)
     values = {}
-    for f in dataclasses.fields(cls):
+    for f in settings_of(cls):
         env = _set_name(f.metadata, environ, problems)
         raw = (environ.get(env) or "").strip()
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING

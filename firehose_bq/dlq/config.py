@@ -9,6 +9,7 @@ from firehose_bq.blobstore import GcsOptions
 from firehose_bq.errors import ConfigError
 from firehose_bq.retrying import Backoff
 from firehose_bq.settings import setting
+from firehose_bq.source.kafka_security import KafkaSecurityConfig
 
 KAFKA, BLOB, LOG = "KAFKA", "BLOB", "LOG"
 LOCAL, GCS = "LOCAL", "GCS"
@@ -87,6 +88,10 @@ class DlqConfig:
         None,
     )
 
+    # Not a setting: the source's (with_brokers). The DLQ topic is on the source's brokers unless
+    # DLQ_KAFKA_BROKERS says otherwise, and those are reached with the same security settings.
+    kafka_security: KafkaSecurityConfig = dataclasses.field(default_factory=KafkaSecurityConfig)
+
     def __post_init__(self) -> None:
         if not self.enabled:
             return
@@ -110,6 +115,7 @@ class DlqConfig:
     def gcs_options(self) -> GcsOptions:
         return GcsOptions(self.gcs_api_endpoint, self.gcs_credential_path, self.gcs_project, "DLQ_GCS_CREDENTIAL_PATH")
 
-    def with_brokers(self, source_brokers: str) -> DlqConfig:
-        """This config with DLQ_KAFKA_BROKERS filled in from the source when unset."""
-        return self if self.kafka_brokers else dataclasses.replace(self, kafka_brokers=source_brokers)
+    def with_brokers(self, source_brokers: str, security: KafkaSecurityConfig) -> DlqConfig:
+        """This config with DLQ_KAFKA_BROKERS filled in from the source when unset, and the source's Kafka
+        security settings."""
+        return dataclasses.replace(self, kafka_brokers=self.kafka_brokers or source_brokers, kafka_security=security)

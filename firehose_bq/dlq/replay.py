@@ -50,6 +50,7 @@ from firehose_bq.modes import (FileLoadsMode, UpsertMode, WriteMode, batch_stats
                                write_mode)
 from firehose_bq.source.batches import ARROW_SCHEMA
 from firehose_bq.source.kafka_client import READ_COMMITTED
+from firehose_bq.source.kafka_security import KafkaSecurityConfig
 from firehose_bq.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -88,12 +89,13 @@ class KafkaDlqSource:
     the end and the reads, so they agree: under read_committed the end is the last stable offset."""
 
     def __init__(self, brokers: str, topic: str, group_id: str, max_messages: int | None,
-                 isolation_level: str = READ_COMMITTED) -> None:
+                 isolation_level: str = READ_COMMITTED, security: KafkaSecurityConfig = KafkaSecurityConfig()) -> None:
         from kafka import KafkaConsumer, TopicPartition
 
         self._consumer = KafkaConsumer(bootstrap_servers=brokers, group_id=group_id, enable_auto_commit=False,
                                        auto_offset_reset="earliest", max_partition_fetch_bytes=MAX_FETCH_BYTES,
-                                       fetch_max_bytes=MAX_FETCH_BYTES, isolation_level=isolation_level)
+                                       fetch_max_bytes=MAX_FETCH_BYTES, isolation_level=isolation_level,
+                                       **security.kafka_python())
         found = self._consumer.partitions_for_topic(topic)
         if not found:
             self._consumer.close()

@@ -56,7 +56,8 @@ class KafkaDlqWriter:
         self._producer = KafkaProducer(bootstrap_servers=cfg.kafka_brokers, acks=acks,
                                        max_request_size=MAX_REQUEST_BYTES, retries=3,
                                        bootstrap_timeout_ms=int(CONNECT_TIMEOUT_S * 1000), max_block_ms=send_ms,
-                                       request_timeout_ms=send_ms, delivery_timeout_ms=send_ms)
+                                       request_timeout_ms=send_ms, delivery_timeout_ms=send_ms,
+                                       **cfg.kafka_security.kafka_python())
 
     def write(self, letters: Sequence[DeadLetter]) -> None:
         from kafka.errors import MessageSizeTooLargeError, RecordListTooLargeError

@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from firehose_bq.errors import SourceError
 from firehose_bq.source import batches
+from firehose_bq.source.kafka_security import KafkaSecurityConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -58,7 +59,8 @@ class KafkaMetadataClient:
     `isolation.level` since 1.8 (librdkafka#3423), so under read_committed its "high" is the LSO. Commits
     go to the group without joining it."""
 
-    def __init__(self, brokers: str, group_id: str, isolation_level: str = READ_COMMITTED) -> None:
+    def __init__(self, brokers: str, group_id: str, isolation_level: str = READ_COMMITTED,
+                 security: KafkaSecurityConfig = KafkaSecurityConfig()) -> None:
         import confluent_kafka as ck
 
         self._ck = ck
@@ -72,6 +74,7 @@ class KafkaMetadataClient:
             "isolation.level": isolation_level,
             "socket.timeout.ms": REQUEST_TIMEOUT_MS,
             "logger": librdkafka_logger(),
+            **security.librdkafka(),
         })
 
     def _call(self, what: str, call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -165,6 +168,7 @@ class RangeReader:
     stall_timeout_ms: int
     batch_rows: int = READ_BATCH_ROWS
     isolation_level: str = READ_COMMITTED  # the one the ranges were planned with (KafkaMetadataClient)
+    security: KafkaSecurityConfig = KafkaSecurityConfig()  # the source's: pickled with the reader to the tasks
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
         """Records of one partition in [start, end), as Arrow batches (batches.ARROW_SCHEMA) of at most
@@ -177,7 +181,8 @@ class RangeReader:
         """
         confluent = self.client == CONFLUENT_KAFKA
         polls = (_polls_confluent if confluent else _polls_kafka_python)(
-            self.brokers, topic, partition, start, end, self.stall_timeout_ms, self.batch_rows, self.isolation_level)
+            self.brokers, topic, partition, start, end, self.stall_timeout_ms, self.batch_rows, self.isolation_level,
+            self.security)
         build = batches.from_confluent if confluent else batches.from_kafka_python
         for messages in _rebatch(polls, self.batch_rows):
             yield _uncollected(build, messages, topic, partition)
@@ -264,8 +269,8 @@ class _Progress:
                            "starts where SOURCE_KAFKA_CONSUMER_CONFIG_AUTO_OFFSET_RESET points")
 
 
-def _polls_kafka_python(brokers: str, topic: str, partition: int, start: int, end: int,
-                        stall_timeout_ms: int, batch_rows: int, isolation_level: str) -> Iterator[list[Any]]:
+def _polls_kafka_python(brokers: str, topic: str, partition: int, start: int, end: int, stall_timeout_ms: int,
+                        batch_rows: int, isolation_level: str, security: KafkaSecurityConfig) -> Iterator[list[Any]]:
     """kafka-python's ConsumerRecords below `end`, one list per poll."""
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import OffsetOutOfRangeError
@@ -279,6 +284,7 @@ def _polls_kafka_python(brokers: str, topic: str, partition: int, start: int, en
         max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES,
         fetch_max_bytes=4 * MAX_PARTITION_FETCH_BYTES,
         request_timeout_ms=REQUEST_TIMEOUT_MS,
+        **security.kafka_python(),
     )
     tp = TopicPartition(topic, partition)
     progress = _Progress(topic, partition, start, end, stall_timeout_ms, isolation_level,
@@ -326,9 +332,11 @@ def librdkafka_logger() -> logging.Logger:
     return logger
 
 
-def confluent_config(brokers: str, batch_rows: int, isolation_level: str = READ_COMMITTED) -> dict[str, Any]:
+def confluent_config(brokers: str, batch_rows: int, isolation_level: str = READ_COMMITTED,
+                     security: KafkaSecurityConfig = KafkaSecurityConfig()) -> dict[str, Any]:
     """librdkafka settings of a range reader."""
     return {
+        **security.librdkafka(),
         "bootstrap.servers": brokers,
         "logger": librdkafka_logger(),
         # Always explicit: librdkafka's default (read_committed) is not kafka-python's (read_uncommitted).
@@ -352,13 +360,13 @@ def confluent_config(brokers: str, batch_rows: int, isolation_level: str = READ_
     }
 
 
-def _polls_confluent(brokers: str, topic: str, partition: int, start: int, end: int,
-                     stall_timeout_ms: int, batch_rows: int, isolation_level: str) -> Iterator[list[Any]]:
+def _polls_confluent(brokers: str, topic: str, partition: int, start: int, end: int, stall_timeout_ms: int,
+                     batch_rows: int, isolation_level: str, security: KafkaSecurityConfig) -> Iterator[list[Any]]:
     """The same over librdkafka, which fetches and decodes in C, tens of times faster here: its
     Messages below `end`, error events taken out, one list per poll."""
     import confluent_kafka as ck
 
-    consumer = ck.Consumer(confluent_config(brokers, batch_rows, isolation_level))
+    consumer = ck.Consumer(confluent_config(brokers, batch_rows, isolation_level, security))
     offset = ck.Message.offset
     tp = ck.TopicPartition(topic, partition)
     progress = _Progress(topic, partition, start, end, stall_timeout_ms, isolation_level,

@@ -46,6 +46,7 @@ from pyspark.sql.types import StructType
 
 from firehose_bq.errors import SourceError
 from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED, KafkaMetadataClient, Offsets
+from firehose_bq.source.kafka_security import KafkaSecurityConfig
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.isolation_level not in ISOLATION_LEVELS:
             raise SourceError(f"isolation_level must be one of {', '.join(ISOLATION_LEVELS)}, "
                               f"got {self.isolation_level!r}")
+        self.security = KafkaSecurityConfig.from_options(options)  # the job's, as its tasks' RangeReader has it
         self._target: Offsets | None = None  # end offsets frozen by Trigger.AvailableNow
         self._client: KafkaMetadataClient | None = None
 
@@ -113,7 +115,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _kafka(self) -> KafkaMetadataClient:
         if self._client is None:
-            self._client = KafkaMetadataClient(self.brokers, self.group_id, self.isolation_level)
+            self._client = KafkaMetadataClient(self.brokers, self.group_id, self.isolation_level, self.security)
         return self._client
 
     # --- driver side -----------------------------------------------------------------------------------

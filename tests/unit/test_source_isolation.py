@@ -138,8 +138,8 @@ def test_the_setting_takes_only_kafkas_levels() -> None:
         KafkaStreamReader({"brokers": "b:1", "topics": "t", "group_id": "g", "isolation_level": "READ_COMMITTED"})
 
 
-@pytest.mark.parametrize("level", [READ_COMMITTED, READ_UNCOMMITTED])
-def test_the_job_hands_its_level_to_the_planner_and_the_readers(level: str) -> None:
+def planner_and_reader(config: Config) -> tuple[KafkaStreamReader, RangeReader]:
+    """The source's planner as Spark makes it from the options the job's Pipeline gives, and the tasks' reader."""
     from firehose_bq.pipeline import Pipeline
 
     options: dict[str, str] = {}
@@ -152,13 +152,25 @@ def test_the_job_hands_its_level_to_the_planner_and_the_readers(level: str) -> N
             options[key] = value
             return self
 
+        def options(self, **values: str) -> Stream:
+            options.update(values)
+            return self
+
         def load(self) -> None:
             return None
 
     spark = SimpleNamespace(dataSource=SimpleNamespace(register=lambda source: None), readStream=Stream())
-    pipeline = Pipeline(Config.from_env({**MINIMAL, "SOURCE_KAFKA_ISOLATION_LEVEL": level}), spark)  # type: ignore[arg-type]
+    pipeline = Pipeline(config, spark)  # type: ignore[arg-type]
     pipeline.source()
-    assert KafkaStreamReader(options).isolation_level == pipeline._reader.isolation_level == level
+    # Spark hands a Python data source its options as strings, names lower-cased.
+    assert all(isinstance(v, str) for v in options.values())
+    return KafkaStreamReader({k.lower(): v for k, v in options.items()}), pipeline._reader
+
+
+@pytest.mark.parametrize("level", [READ_COMMITTED, READ_UNCOMMITTED])
+def test_the_job_hands_its_level_to_the_planner_and_the_readers(level: str) -> None:
+    planner, reader = planner_and_reader(Config.from_env({**MINIMAL, "SOURCE_KAFKA_ISOLATION_LEVEL": level}))
+    assert planner.isolation_level == reader.isolation_level == level
 
 
 @pytest.mark.parametrize("level", [READ_COMMITTED, READ_UNCOMMITTED])

@@ -1,0 +1,271 @@
+"""How every Kafka client of the job reaches a secured cluster: SSL and SASL settings, one mapping per library.
+
+The settings keep Firehose's names (SOURCE_KAFKA_CONSUMER_CONFIG_*: its env files carry over), and its
+Java form of the credentials: a JAAS line such as
+`org.apache.kafka.common.security.scram.ScramLoginModule required username="u" password="p";`. Every
+client the job makes (the driver's metadata client, both range readers, the DLQ and route-fallback
+producer, the replay consumer) takes its security options from `librdkafka()` or `kafka_python()`: the
+same brokers, the same credentials, one place that spells them for each library.
+
+The object is pickled to the Spark tasks with the reader, and travels to the source's planning process
+as data source options (`to_options` / `from_options`): the password under an option name that Spark's
+redaction pattern (`spark.redaction.regex`: secret|password|token) matches, so the query's plan shows it
+masked (tests/integration/test_kafka_security.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from firehose_bq.registry.config import Secret
+from firehose_bq.settings import setting
+
+PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL = "PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"
+PROTOCOLS = (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)
+PLAIN, SCRAM_256, SCRAM_512 = "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"
+MECHANISMS = (PLAIN, SCRAM_256, SCRAM_512)
+# The login module a mechanism's JAAS line names (Kafka refuses a PLAIN client logging in with SCRAM's).
+LOGIN_MODULES = {PLAIN: "org.apache.kafka.common.security.plain.PlainLoginModule",
+                 SCRAM_256: "org.apache.kafka.common.security.scram.ScramLoginModule",
+                 SCRAM_512: "org.apache.kafka.common.security.scram.ScramLoginModule"}
+
+# Each library's name for: the protocol, the mechanism, the username, the password, the CA file, the client's
+# certificate, its key (both from the one PEM keystore file) and the key's password.
+LIBRDKAFKA_NAMES = ("security.protocol", "sasl.mechanisms", "sasl.username", "sasl.password", "ssl.ca.location",
+                    "ssl.certificate.location", "ssl.key.location", "ssl.key.password")
+KAFKA_PYTHON_NAMES = ("security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password", "ssl_cafile",
+                      "ssl_certfile", "ssl_keyfile", "ssl_password")
+
+PROTOCOL_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL"
+MECHANISM_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SASL_MECHANISM"
+JAAS_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SASL_JAAS_CONFIG"
+USERNAME_ENV = "SOURCE_KAFKA_SASL_USERNAME"
+PASSWORD_ENV = "SOURCE_KAFKA_SASL_PASSWORD"
+CA_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_TRUSTSTORE_LOCATION"
+KEYSTORE_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_LOCATION"
+KEY_PASSWORD_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEY_PASSWORD"
+
+# `<module> <flag> key=value ... ;`: Java's JAAS grammar, as Kafka's `sasl.jaas.config` takes one entry.
+_JAAS_HEAD = re.compile(r"\s*([A-Za-z_$][\w$.]*)\s+(required|requisite|sufficient|optional)\b", re.I)
+_JAAS_OPTION = re.compile(r'\s*([\w.-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s;"]+))', re.S)
+_PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+_PEM_KEY = re.compile(rb"-----BEGIN (?:RSA |EC |ENCRYPTED )?PRIVATE KEY-----")
+_EXPORT_HINT = {CA_ENV: "Export its CA to PEM: keytool -exportcert -rfc -alias <ca> -keystore <truststore> -file ca.pem",
+                KEYSTORE_ENV: "Convert it: openssl pkcs12 -in <keystore.p12> -out client.pem (certificate and key)"}
+
+
+class JaasError(ValueError):
+    """A JAAS line this job cannot use; its message never quotes the line (it holds a password)."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    login_module: str
+    username: str
+    password: Secret
+
+
+def parse_jaas(text: str) -> Credentials:
+    """Username and password of a Kafka PlainLoginModule or ScramLoginModule JAAS line."""
+    head = _JAAS_HEAD.match(text)
+    if head is None:
+        raise JaasError("expected `<LoginModule class> required username=\"...\" password=\"...\";`")
+    module = head.group(1)
+    if module not in set(LOGIN_MODULES.values()):
+        raise JaasError(f"login module {module} is not supported: only {LOGIN_MODULES[PLAIN]} and "
+                        f"{LOGIN_MODULES[SCRAM_512]} (username and password)")
+    options: dict[str, str] = {}
+    rest = text[head.end():]
+    while not rest.strip().startswith(";"):
+        option = _JAAS_OPTION.match(rest)
+        if option is None:
+            raise JaasError("expected key=\"value\" options ended by `;` after the login module (an unterminated "
+                            "quote, or no `;` at the end?)" if rest.strip() else "missing the `;` that ends the line")
+        quoted, bare = option.group(2), option.group(3)
+        options[option.group(1)] = re.sub(r"\\(.)", r"\1", quoted, flags=re.S) if quoted is not None else bare
+        rest = rest[option.end():]
+    if rest.strip() != ";":
+        raise JaasError("one login module only: text after the `;` that ends it")
+    missing = [name for name in ("username", "password") if not options.get(name)]
+    if missing:
+        raise JaasError(f"{module} has no {' and no '.join(missing)}")
+    return Credentials(module, options["username"], Secret(options["password"]))
+
+
+@dataclass(frozen=True)
+class KafkaSecurityConfig:
+    """Security of the connections to SOURCE_KAFKA_BROKERS, used by every Kafka client of the job."""
+
+    protocol: str = setting(
+        PROTOCOL_ENV,
+        "How every Kafka client of the job connects (the source's readers, the DLQ and route-fallback producer, "
+        "`replay-dlq`): TLS and/or SASL authentication, as Kafka's `security.protocol`. See Secured Kafka.",
+        PLAINTEXT,
+        choices=PROTOCOLS,
+    )
+    sasl_mechanism: str = setting(
+        MECHANISM_ENV,
+        "SASL mechanism (Kafka's `sasl.mechanism`); required with a SASL_* protocol (Kerberos/GSSAPI and OAUTHBEARER "
+        "are not supported).",
+        "",
+        choices=MECHANISMS,
+    )
+    jaas_config: Secret | None = setting(
+        JAAS_ENV,
+        "SASL credentials in Firehose's (Java) form: `org.apache.kafka.common.security.scram.ScramLoginModule "
+        "required username=\"u\" password=\"p\";` (or PlainLoginModule for PLAIN); only username and password "
+        "are read. Or set SOURCE_KAFKA_SASL_USERNAME and SOURCE_KAFKA_SASL_PASSWORD instead (not both). "
+        "Secret: never logged.",
+        None,
+    )
+    sasl_username: str = setting(
+        USERNAME_ENV, "SASL username, instead of SOURCE_KAFKA_CONSUMER_CONFIG_SASL_JAAS_CONFIG.", "",
+    )
+    sasl_password: Secret | None = setting(
+        PASSWORD_ENV, "SASL password, with SOURCE_KAFKA_SASL_USERNAME. Secret: never logged.", None,
+    )
+    ssl_ca_location: str = setting(
+        CA_ENV,
+        "With SSL or SASL_SSL: PEM file of the CA certificate(s) that signed the brokers' certificates (Kafka's "
+        "`ssl.truststore.type=PEM`); unset = the system's CAs. A Java JKS/PKCS12 truststore is refused: export it "
+        "to PEM (`keytool -exportcert -rfc`). Broker host names are verified either way.",
+        "",
+    )
+    ssl_keystore_location: str = setting(
+        KEYSTORE_ENV,
+        "With SSL or SASL_SSL, for brokers that authenticate clients by certificate (mutual TLS): PEM file holding "
+        "the client's certificate (chain) and its private key (Kafka's `ssl.keystore.type=PEM`); a JKS/PKCS12 "
+        "keystore is refused.",
+        "",
+    )
+    ssl_key_password: Secret | None = setting(
+        KEY_PASSWORD_ENV,
+        "Password of an encrypted private key in SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_LOCATION. Secret: never "
+        "logged.",
+        None,
+    )
+
+    def __post_init__(self) -> None:
+        # The env parser hands fields of other types the raw string: wrap it before anything prints it.
+        for name in ("jaas_config", "sasl_password", "ssl_key_password"):
+            if isinstance(value := getattr(self, name), str):
+                object.__setattr__(self, name, Secret(value))
+
+    @property
+    def sasl(self) -> bool:
+        return self.protocol in (SASL_PLAINTEXT, SASL_SSL)
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol in (SSL, SASL_SSL)
+
+    def credentials(self) -> Credentials | None:
+        """The SASL username and password, from the JAAS line or the plain settings (JaasError if unusable)."""
+        if self.jaas_config is not None:
+            return parse_jaas(self.jaas_config.reveal())
+        if self.sasl_username and self.sasl_password is not None:
+            return Credentials(LOGIN_MODULES.get(self.sasl_mechanism, ""), self.sasl_username, self.sasl_password)
+        return None
+
+    def problems(self) -> list[str]:
+        """Contradictions that would otherwise surface as a broker's refusal (or a hang) at the first connection."""
+        problems = []
+        given = [JAAS_ENV] * (self.jaas_config is not None) + [USERNAME_ENV] * bool(self.sasl_username)
+        if self.sasl_password is not None and not self.sasl_username:
+            problems.append(f"{PASSWORD_ENV}: only used with {USERNAME_ENV}; set that too or unset this")
+        if self.sasl_username and self.sasl_password is None:
+            problems.append(f"{USERNAME_ENV}: needs {PASSWORD_ENV} too")
+        if len(given) > 1:
+            problems.append(f"{JAAS_ENV} / {USERNAME_ENV}: set one way of giving the SASL credentials, not both")
+        if not self.sasl:
+            problems.extend(f"{env}: only used with {PROTOCOL_ENV}=SASL_PLAINTEXT or SASL_SSL (it is {self.protocol})"
+                            for env, value in ((MECHANISM_ENV, self.sasl_mechanism), (JAAS_ENV, self.jaas_config),
+                                               (USERNAME_ENV, self.sasl_username)) if value)
+        else:
+            if not self.sasl_mechanism:
+                problems.append(f"{MECHANISM_ENV}: required with {PROTOCOL_ENV}={self.protocol}: one of "
+                                f"{', '.join(MECHANISMS)}")
+            if not given:
+                problems.append(f"{JAAS_ENV}: required with {PROTOCOL_ENV}={self.protocol} (or {USERNAME_ENV} and "
+                                f"{PASSWORD_ENV})")
+            problems.extend(self._jaas_problems())
+        problems.extend(self._pem_problems(CA_ENV, self.ssl_ca_location, _PEM_CERTIFICATE))
+        problems.extend(self._pem_problems(KEYSTORE_ENV, self.ssl_keystore_location, _PEM_CERTIFICATE, _PEM_KEY))
+        if self.ssl_key_password is not None and not self.ssl_keystore_location:
+            problems.append(f"{KEY_PASSWORD_ENV}: only used with {KEYSTORE_ENV}; set that too or unset this")
+        return problems
+
+    def _jaas_problems(self) -> list[str]:
+        if self.jaas_config is None:
+            return []
+        try:
+            module = parse_jaas(self.jaas_config.reveal()).login_module
+        except JaasError as exc:
+            return [f"{JAAS_ENV}: {exc}"]
+        wanted = LOGIN_MODULES.get(self.sasl_mechanism)
+        if wanted and module != wanted:
+            return [f"{JAAS_ENV}: {module} does not log in with {MECHANISM_ENV}={self.sasl_mechanism}: use {wanted}"]
+        return []
+
+    def _pem_problems(self, env: str, path: str, *wanted: bytes | re.Pattern[bytes]) -> list[str]:
+        """A PEM file setting: only with TLS, readable, holding what `wanted` names (a Java store is not PEM)."""
+        if not path:
+            return []
+        if not self.tls:
+            return [f"{env}: only used with {PROTOCOL_ENV}=SSL or SASL_SSL (it is {self.protocol})"]
+        try:
+            with open(path, "rb") as f:
+                head = f.read(1 << 20)
+        except OSError as exc:
+            return [f"{env}: cannot read {path}: {exc.strerror or exc}"]
+        for pem in wanted:
+            if not (pem.search(head) if isinstance(pem, re.Pattern) else pem in head):
+                what = "PEM certificate" if pem == _PEM_CERTIFICATE else "PEM private key"
+                return [f"{env}: {path} holds no {what}: a Java JKS or PKCS12 store? {_EXPORT_HINT[env]}"]
+        return []
+
+    # --- the clients' spelling -------------------------------------------------------------------------------
+
+    def librdkafka(self) -> dict[str, Any]:
+        """confluent-kafka (librdkafka) properties; none for PLAINTEXT (its defaults)."""
+        return self._spelled(LIBRDKAFKA_NAMES, self.protocol.lower())
+
+    def kafka_python(self) -> dict[str, Any]:
+        """kafka-python keyword arguments; none for PLAINTEXT (its defaults)."""
+        return self._spelled(KAFKA_PYTHON_NAMES, self.protocol)
+
+    def _spelled(self, names: tuple[str, ...], protocol: str) -> dict[str, Any]:
+        values: list[Any] = [protocol if self.protocol != PLAINTEXT else None] + [None] * 7
+        if self.sasl and (creds := self.credentials()) is not None:
+            values[1:4] = self.sasl_mechanism, creds.username, creds.password.reveal()
+        if self.tls:
+            key_password = self.ssl_key_password.reveal() if self.ssl_key_password is not None else None
+            values[4:8] = (self.ssl_ca_location or None, self.ssl_keystore_location or None,
+                           self.ssl_keystore_location or None, key_password)
+        return {name: value for name, value in zip(names, values, strict=True) if value is not None}
+
+    # --- to the source's planning process ----------------------------------------------------------------------
+
+    def to_options(self) -> dict[str, str]:
+        """Data source options carrying these settings (credentials resolved; the JAAS line stays here)."""
+        options = {"security_protocol": self.protocol, "sasl_mechanism": self.sasl_mechanism,
+                   "ssl_ca_location": self.ssl_ca_location, "ssl_keystore_location": self.ssl_keystore_location}
+        if self.ssl_key_password is not None:
+            options["ssl_key_password"] = self.ssl_key_password.reveal()
+        if self.sasl and (creds := self.credentials()) is not None:
+            options.update({"sasl_username": creds.username, "sasl_password": creds.password.reveal()})
+        return options
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> KafkaSecurityConfig:
+        password, key_password = options.get("sasl_password"), options.get("ssl_key_password")
+        return cls(protocol=options.get("security_protocol") or PLAINTEXT,
+                   sasl_mechanism=options.get("sasl_mechanism", ""),
+                   sasl_username=options.get("sasl_username", ""),
+                   sasl_password=Secret(password) if password else None,
+                   ssl_ca_location=options.get("ssl_ca_location", ""),
+                   ssl_keystore_location=options.get("ssl_keystore_location", ""),
+                   ssl_key_password=Secret(key_password) if key_password else None)
