@@ -19,6 +19,29 @@ from typing import Any
 from firehose_bq.errors import ConfigError
 
 
+class Secret:
+    """A string whose repr and str are redacted (Spark plans, logs and tracebacks show settings)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+
 def setting(
     env: str,
     doc: str,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from firehose_bq.errors import ConfigError
 from firehose_bq.retrying import Backoff
-from firehose_bq.settings import setting
+from firehose_bq.settings import Secret, setting
 
 LONG_POLLING = "LONG_POLLING"
 VERSION_BASED_REFRESH = "VERSION_BASED_REFRESH"
@@ -19,29 +19,6 @@ QUICK_BACKOFF_MS = 1000
 
 # RFC 9110 token characters: anything else in a header name is a typo or a value pasted in its place.
 HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-
-
-class Secret:
-    """A string whose repr and str are redacted (Spark plans, logs and tracebacks show settings)."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('***')"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(self._value)
 
 
 @dataclass(frozen=True)
