@@ -270,6 +270,7 @@ class Kill:
     moment: str  # what it looked like, for the test's output
     executor_dir: Path  # the killed executor's work dir (its log, its unpacked archive)
     workers: list[WorkerStart]
+    missed: list[Path]  # executors killed before it whose tasks had all finished
 
 
 def kill_executor_mid_batch(job: subprocess.Popen[str], log_path: Path, cluster: Standalone,
@@ -279,6 +280,7 @@ def kill_executor_mid_batch(job: subprocess.Popen[str], log_path: Path, cluster:
     The executor's log, not the table's count, says a task is running: a count between two batch
     boundaries may also mean every task wrote and the driver is settling the batch."""
     deadline = time.monotonic() + JOB_TIMEOUT_S
+    missed: list[Path] = []  # executors killed after their tasks had finished: no batch was in flight
     while True:
         assert job.poll() is None, f"job ended before the kill:\n{log_path.read_text()}"
         assert time.monotonic() < deadline, f"no batch caught in flight:\n{log_path.read_text()}"
@@ -292,15 +294,20 @@ def kill_executor_mid_batch(job: subprocess.Popen[str], log_path: Path, cluster:
             # took long enough for the task seen running to finish before the kill (no task in flight).
             workers = worker_starts(executor.pid)
             if task_attempts(executor_dir, "Running") - task_attempts(executor_dir, "Finished"):
-                break
+                victims = kill_tree(executor.pid)
+                assert wait_gone(victims, 10), "the executor survived SIGKILL"
+                # A task of 1,000 rows takes a few hundred ms: it may finish between the log read and the
+                # kill. Then nothing was in flight; the worker launches another executor: try its batch.
+                if task_attempts(executor_dir, "Running") - task_attempts(executor_dir, "Finished"):
+                    break
+                missed.append(executor_dir)
         time.sleep(0.02)
-    victims = kill_tree(executor.pid)
-    assert wait_gone(victims, 10), "the executor survived SIGKILL"
     done = BATCH_DONE.findall(log_path.read_text())
     moment = (f"executor JVM {executor.pid} and {len(victims) - 1} Python processes killed with {landed} rows in "
               f"the table (batch {landed // PER_BATCH} or later under way; last batch logged done: "
               f"{done[-1][0] if done else None}), {table_rows(client, cfg)} right after")
-    return Kill(moment, executor_dir, workers)
+    return Kill(moment + (f"; {len(missed)} earlier kill(s) found no task in flight" if missed else ""),
+                executor_dir, workers, missed)
 
 
 def test_executor_killed_mid_batch_is_replaced_and_no_offset_is_lost(
@@ -337,7 +344,8 @@ def test_executor_killed_mid_batch_is_replaced_and_no_offset_is_lost(
     # Recovery as Spark does it: the tasks running on the killed executor (started in its log, never
     # finished) are attempted again on the executor the worker launched in its place.
     in_flight = task_attempts(kill.executor_dir, "Running") - task_attempts(kill.executor_dir, "Finished")
-    successors = [d for d in kill.executor_dir.parent.iterdir() if d.is_dir() and d != kill.executor_dir]
+    successors = [d for d in kill.executor_dir.parent.iterdir()
+                  if d.is_dir() and d != kill.executor_dir and d not in kill.missed]
     retried = {attempt for d in successors for attempt in task_attempts(d, "Finished")}
     print(f"  tasks in flight on the killed executor (stage, task, attempt): {sorted(in_flight)}; executors "
           f"launched after it: {len(successors)}; runs: {len(logs)}")
