@@ -618,10 +618,10 @@ class Config:
         """Where each record goes: the dataset/table templates and the class route map."""
         bq, ins = self.bigquery, self.input_schema
         default_class = ins.proto_class or None if ins.data_type == "PROTOBUF" else None
+        streaming = (tuple(NameTemplate(t, table=True) for t in bq.mixed_streaming_tables)
+                     if bq.write_method == "mixed" else None)
         return Router(NameTemplate(bq.dataset), NameTemplate(bq.table, table=True), default_class,
-                      ins.class_header or None, parse_class_routes(ins.class_routes),
-                      tuple(NameTemplate(t, table=True) for t in bq.mixed_streaming_tables) if bq.write_method == "mixed" else None,
-                      bq.max_destinations)
+                      ins.class_header or None, parse_class_routes(ins.class_routes), streaming, bq.max_destinations)
 
     @property
     def confluent_subject(self) -> str:
