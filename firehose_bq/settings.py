@@ -192,8 +192,13 @@ def _parse(raw: str, annotation: Any, meta: Mapping[str, Any]) -> Any:
         if not items:
             raise ValueError("expected at least one comma-separated value")
         return items
-    if meta["choices"] and raw not in meta["choices"]:
-        raise ValueError(f"expected one of {', '.join(meta['choices'])}, got {raw!r}")
+    if meta["choices"]:
+        # Whatever its case, as Kafka reads its own (security.protocol, auto.offset.reset): a Firehose env
+        # file's `sasl_ssl` worked there. The value is the choice's own spelling.
+        chosen = [choice for choice in meta["choices"] if choice.lower() == raw.lower()]
+        if not chosen:
+            raise ValueError(f"expected one of {', '.join(meta['choices'])}, got {raw!r}")
+        return chosen[0]
     return raw
 
 

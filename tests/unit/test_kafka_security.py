@@ -179,6 +179,15 @@ def test_a_contradiction_stops_the_start_in_one_line_naming_the_variable(env: di
     assert PASSWORD not in problems[0]
 
 
+def test_the_protocol_is_read_whatever_its_case_as_kafka_reads_security_protocol() -> None:
+    # Kafka's SecurityProtocol.forName upper-cases the value: `sasl_ssl` in a Firehose env file works there.
+    security = Config.from_env({**MINIMAL, **SASL_SSL,
+                                "SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL": "sasl_ssl"}).kafka_security
+    assert security.protocol == "SASL_SSL" and security.tls and security.sasl
+    assert security.librdkafka()["security.protocol"] == "sasl_ssl"
+    assert security.kafka_python()["security_protocol"] == "SASL_SSL"
+
+
 def test_a_ca_file_that_is_not_pem_or_a_ca_without_tls_is_refused(tmp_path: Path, ca_file: str) -> None:
     jks = tmp_path / "truststore.jks"
     jks.write_bytes(b"\xfe\xed\xfe\xed\x00\x00\x00\x02")
