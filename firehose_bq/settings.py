@@ -129,8 +129,9 @@ def load_section(cls: type, environ: Mapping[str, str], problems: list[str]) -> 
         env = _set_name(f.metadata, environ, problems)
         raw = (environ.get(env) or "").strip()
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        # An empty optional string is a value (e.g. metadata at the root); anything else empty is unset.
-        if not raw and (required or hints[f.name] is not str or env not in environ):
+        # An empty optional string is a value (e.g. metadata at the root); anything else empty is unset, as
+        # is an empty value of a setting whose default is empty (a choice's, which '' is not among).
+        if not raw and (required or hints[f.name] is not str or env not in environ or f.default == ""):
             if required:
                 problems.append(f"{env}: required but not set ({f.metadata['doc']})")
             continue

@@ -188,6 +188,14 @@ def test_the_protocol_is_read_whatever_its_case_as_kafka_reads_security_protocol
     assert security.kafka_python()["security_protocol"] == "SASL_SSL"
 
 
+def test_empty_security_settings_of_a_templated_env_file_are_the_plaintext_defaults() -> None:
+    # A deployment template that renders every security variable, empty for a cluster without security.
+    empty = {name: "" for name in ("SOURCE_KAFKA_CONSUMER_CONFIG_SASL_MECHANISM",
+                                   "SOURCE_KAFKA_CONSUMER_CONFIG_SASL_JAAS_CONFIG", "SOURCE_KAFKA_SASL_USERNAME",
+                                   "SOURCE_KAFKA_SASL_PASSWORD", "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_TRUSTSTORE_LOCATION")}
+    assert Config.from_env({**MINIMAL, **empty}).kafka_security == KafkaSecurityConfig()
+
+
 def test_a_ca_file_that_is_not_pem_or_a_ca_without_tls_is_refused(tmp_path: Path, ca_file: str) -> None:
     jks = tmp_path / "truststore.jks"
     jks.write_bytes(b"\xfe\xed\xfe\xed\x00\x00\x00\x02")
