@@ -15,13 +15,15 @@ import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from firehose_bq.source.kafka_security import JAAS_VALUE, jaas_value
+
 MASK = "***"
 # A URL inside free text: a scheme, then anything up to whitespace or a quote/bracket that ends it.
 _URL_IN_TEXT = re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()\[\]{}]+")
 # Punctuation that ends a sentence rather than a URL ("... from http://h/x: refused").
 _TRAILING = ".,:;!?"
-# The password of a Java JAAS line (Kafka's sasl.jaas.config): `password="..."`, quotes escaped with `\`.
-_JAAS_PASSWORD = re.compile(r'\bpassword\s*=\s*"((?:[^"\\]|\\.)*)"', re.S)
+# The password of a Java JAAS line (Kafka's sasl.jaas.config): `password="..."`, '...' or bare.
+_JAAS_PASSWORD = re.compile(r"\bpassword\s*=\s*" + JAAS_VALUE, re.S)
 # Shorter fragments of a secret are not hunted for in text: they would mask ordinary words and numbers.
 MIN_SECRET_CHARS = 4
 
@@ -60,7 +62,8 @@ def secret_fragments(value: str) -> list[str]:
     """
     fragments = {value}
     for password in _JAAS_PASSWORD.finditer(value):
-        fragments.update((password.group(1), re.sub(r"\\(.)", r"\1", password.group(1), flags=re.S)))
+        written = next(group for group in password.groups() if group is not None)
+        fragments.update((written, jaas_value(password, 1)))
     for item in value.split(","):
         _, sep, header_value = item.partition(":")
         for part in (item, header_value if sep else ""):

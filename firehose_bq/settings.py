@@ -129,8 +129,9 @@ def load_section(cls: type, environ: Mapping[str, str], problems: list[str]) -> 
         env = _set_name(f.metadata, environ, problems)
         raw = (environ.get(env) or "").strip()
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        # An empty optional string is a value (e.g. metadata at the root); anything else empty is unset.
-        if not raw and (required or hints[f.name] is not str or env not in environ):
+        # An empty optional string is a value (e.g. metadata at the root); anything else empty is unset, as
+        # is an empty value of a setting whose default is empty (a choice's, which '' is not among).
+        if not raw and (required or hints[f.name] is not str or env not in environ or f.default == ""):
             if required:
                 problems.append(f"{env}: required but not set ({f.metadata['doc']})")
             continue
@@ -192,8 +193,13 @@ def _parse(raw: str, annotation: Any, meta: Mapping[str, Any]) -> Any:
         if not items:
             raise ValueError("expected at least one comma-separated value")
         return items
-    if meta["choices"] and raw not in meta["choices"]:
-        raise ValueError(f"expected one of {', '.join(meta['choices'])}, got {raw!r}")
+    if meta["choices"]:
+        # Whatever its case, as Kafka reads its own (security.protocol, auto.offset.reset): a Firehose env
+        # file's `sasl_ssl` worked there. The value is the choice's own spelling.
+        chosen = [choice for choice in meta["choices"] if choice.lower() == raw.lower()]
+        if not chosen:
+            raise ValueError(f"expected one of {', '.join(meta['choices'])}, got {raw!r}")
+        return chosen[0]
     return raw
 
 

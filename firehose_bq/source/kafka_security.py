@@ -49,7 +49,10 @@ KEY_PASSWORD_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEY_PASSWORD"
 
 # `<module> <flag> key=value ... ;`: Java's JAAS grammar, as Kafka's `sasl.jaas.config` takes one entry.
 _JAAS_HEAD = re.compile(r"\s*([A-Za-z_$][\w$.]*)\s+(required|requisite|sufficient|optional)\b", re.I)
-_JAAS_OPTION = re.compile(r'\s*([\w.-]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^\s;"]+))', re.S)
+# A value: quoted with " or ' (Kafka's JaasConfig takes both; Confluent Cloud's client settings use '), `\`
+# escaping the next character, or bare.
+JAAS_VALUE = r"""(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)'|([^\s;"']+))"""
+_JAAS_OPTION = re.compile(r"\s*([\w.-]+)\s*=\s*" + JAAS_VALUE, re.S)
 _PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
 _PEM_KEY = re.compile(rb"-----BEGIN (?:RSA |EC |ENCRYPTED )?PRIVATE KEY-----")
 _EXPORT_HINT = {CA_ENV: "Export its CA to PEM: keytool -exportcert -rfc -alias <ca> -keystore <truststore> -file ca.pem",
@@ -58,6 +61,13 @@ _EXPORT_HINT = {CA_ENV: "Export its CA to PEM: keytool -exportcert -rfc -alias <
 
 class JaasError(ValueError):
     """A JAAS line this job cannot use; its message never quotes the line (it holds a password)."""
+
+
+def jaas_value(match: re.Match[str], first: int) -> str:
+    """The value JAAS_VALUE matched from group `first` on: unquoted, escapes undone."""
+    double, single, bare = match.group(first, first + 1, first + 2)
+    quoted = double if double is not None else single
+    return re.sub(r"\\(.)", r"\1", quoted, flags=re.S) if quoted is not None else bare
 
 
 @dataclass(frozen=True)
@@ -83,8 +93,7 @@ def parse_jaas(text: str) -> Credentials:
         if option is None:
             raise JaasError("expected key=\"value\" options ended by `;` after the login module (an unterminated "
                             "quote, or no `;` at the end?)" if rest.strip() else "missing the `;` that ends the line")
-        quoted, bare = option.group(2), option.group(3)
-        options[option.group(1)] = re.sub(r"\\(.)", r"\1", quoted, flags=re.S) if quoted is not None else bare
+        options[option.group(1)] = jaas_value(option, 2)
         rest = rest[option.end():]
     if rest.strip() != ";":
         raise JaasError("one login module only: text after the `;` that ends it")

@@ -61,6 +61,13 @@ def test_jaas_escaped_quotes_bare_values_spacing_and_other_options() -> None:
     assert creds.password.reveal() == 'a "quoted" p\\w;d'
 
 
+def test_jaas_single_quoted_values_as_kafka_and_confluent_cloud_write_them() -> None:
+    # Kafka's JaasConfig takes ' as a quote too; Confluent Cloud's client settings are written that way.
+    creds = parse_jaas("org.apache.kafka.common.security.plain.PlainLoginModule required username='ABCKEY' "
+                       "password='x\\'y\"z;w';")
+    assert (creds.username, creds.password.reveal()) == ("ABCKEY", "x'y\"z;w")
+
+
 @pytest.mark.parametrize(("line", "says"), [
     ('org.apache.kafka.common.security.scram.ScramLoginModule required username="u";', "has no password"),
     (f'org.apache.kafka.common.security.scram.ScramLoginModule required password="{PASSWORD}";', "has no username"),
@@ -172,6 +179,23 @@ def test_a_contradiction_stops_the_start_in_one_line_naming_the_variable(env: di
     assert PASSWORD not in problems[0]
 
 
+def test_the_protocol_is_read_whatever_its_case_as_kafka_reads_security_protocol() -> None:
+    # Kafka's SecurityProtocol.forName upper-cases the value: `sasl_ssl` in a Firehose env file works there.
+    security = Config.from_env({**MINIMAL, **SASL_SSL,
+                                "SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL": "sasl_ssl"}).kafka_security
+    assert security.protocol == "SASL_SSL" and security.tls and security.sasl
+    assert security.librdkafka()["security.protocol"] == "sasl_ssl"
+    assert security.kafka_python()["security_protocol"] == "SASL_SSL"
+
+
+def test_empty_security_settings_of_a_templated_env_file_are_the_plaintext_defaults() -> None:
+    # A deployment template that renders every security variable, empty for a cluster without security.
+    empty = {name: "" for name in ("SOURCE_KAFKA_CONSUMER_CONFIG_SASL_MECHANISM",
+                                   "SOURCE_KAFKA_CONSUMER_CONFIG_SASL_JAAS_CONFIG", "SOURCE_KAFKA_SASL_USERNAME",
+                                   "SOURCE_KAFKA_SASL_PASSWORD", "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_TRUSTSTORE_LOCATION")}
+    assert Config.from_env({**MINIMAL, **empty}).kafka_security == KafkaSecurityConfig()
+
+
 def test_a_ca_file_that_is_not_pem_or_a_ca_without_tls_is_refused(tmp_path: Path, ca_file: str) -> None:
     jks = tmp_path / "truststore.jks"
     jks.write_bytes(b"\xfe\xed\xfe\xed\x00\x00\x00\x02")
@@ -197,6 +221,14 @@ def test_the_jaas_line_and_password_are_secret_settings_and_masked() -> None:
     masked = redactor.text(f"auth failed with {PASSWORD}; then a\"b-9f3e; then a\\\"b-9f3e for svc")
     assert PASSWORD not in masked and "b-9f3e" not in masked
     assert "svc" in masked  # a user name is no secret: short common words must not vanish from every line
+
+
+def test_a_single_quoted_or_bare_jaas_password_is_masked_alone_too() -> None:
+    for written, password in (("'q7\\'pw-51ad'", "q7'pw-51ad"), ("q7pw-51ad", "q7pw-51ad")):
+        line = f"org.apache.kafka.common.security.plain.PlainLoginModule required username=svc password={written};"
+        assert parse_jaas(line).password.reveal() == password
+        masked = Redactor.of([line]).text(f"auth failed with {password} for svc")
+        assert "pw-51ad" not in masked and "svc" in masked
 
 
 def test_config_check_and_the_job_settings_never_show_the_password() -> None:
