@@ -514,14 +514,8 @@ class Config:
         """Settings the rest of the configuration makes the job ignore: whoever set one expects it to act
         (a table created unpartitioned cannot be partitioned later; a key left unused leaves the caller
         anonymous, and the refusal points at the key's roles)."""
-        t, reg, bq = self.table, self.registry, self.bigquery
-        needs = [("SINK_BIGQUERY_TABLE_PARTITION_KEY", bool(t.partition_key) and not t.partitioning_enable,
-                  "SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE=true"),
-                 ("SINK_BIGQUERY_TABLE_PARTITION_EXPIRY_MS", t.partition_expiry_ms != -1 and not t.partitioning_enable,
-                  "SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE=true"),
-                 ("SINK_BIGQUERY_TABLE_CLUSTERING_KEYS", bool(t.clustering_keys) and not t.clustering_enable,
-                  "SINK_BIGQUERY_TABLE_CLUSTERING_ENABLE=true"),
-                 ("SCHEMA_REGISTRY_CONFLUENT_SUBJECT", bool(reg.confluent_subject) and not reg.confluent_url,
+        reg, bq = self.registry, self.bigquery
+        needs = [("SCHEMA_REGISTRY_CONFLUENT_SUBJECT", bool(reg.confluent_subject) and not reg.confluent_url,
                   "SCHEMA_REGISTRY_CONFLUENT_URL"),
                  ("SCHEMA_REGISTRY_CONFLUENT_BASIC_AUTH_USER_INFO", bool(reg.confluent_basic_auth) and not reg.confluent_url,
                   "SCHEMA_REGISTRY_CONFLUENT_URL"),
@@ -536,6 +530,20 @@ class Config:
         return ([f"{env}: only used with {need}; set that too or unset this" for env, alone, need in needs if alone]
                 + [f"{env}: not used with {endpoint} set (an emulator's endpoint: its clients send no Google "
                    "credentials); unset one of them" for env, key, endpoint, url in anonymous if key and url])
+
+    def switched_off(self) -> list[str]:
+        """Table layout settings whose switch is off: warned about, not refused. Firehose env files often
+        carry a partition key or clustering keys and toggle the feature, and its sink ignores them too; but
+        a table created without them stays so (BigQuery cannot partition a table later), so say it."""
+        t = self.table
+        off = [("SINK_BIGQUERY_TABLE_PARTITION_KEY", bool(t.partition_key) and not t.partitioning_enable,
+                "SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE"),
+               ("SINK_BIGQUERY_TABLE_PARTITION_EXPIRY_MS", t.partition_expiry_ms != -1 and not t.partitioning_enable,
+                "SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE"),
+               ("SINK_BIGQUERY_TABLE_CLUSTERING_KEYS", bool(t.clustering_keys) and not t.clustering_enable,
+                "SINK_BIGQUERY_TABLE_CLUSTERING_ENABLE")]
+        return [f"{env} is set but {switch} is not true: a table this job creates has no such layout (and an "
+                "existing table keeps its own)" for env, unused, switch in off if unused]
 
     def _topic_name_problems(self) -> list[str]:
         """Topic names Kafka refuses: the DLQ and fallback topics are first written when a message fails, so

@@ -92,3 +92,10 @@ def test_a_misspelled_setting_is_warned_about_with_the_name_it_resembles() -> No
         "DLQ_SINK_ENABLED is set but no setting reads it (typo? did you mean DLQ_SINK_ENABLE?)",
         "SINK_BIGQUERY_FOO is set but no setting reads it (typo?)",
         "SINK_BIGQUERY_TABEL_NAME is set but no setting reads it (typo? did you mean SINK_BIGQUERY_TABLE_NAME?)"]
+
+
+def test_a_partition_key_with_partitioning_off_starts_with_a_warning() -> None:
+    done = firehose("config", "check", env={**MINIMAL, "SINK_BIGQUERY_TABLE_PARTITION_KEY": "message_timestamp"})
+    assert done.returncode == 0, done.stderr
+    assert ("WARNING firehose_bq: SINK_BIGQUERY_TABLE_PARTITION_KEY is set but SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE "
+            "is not true") in done.stderr
