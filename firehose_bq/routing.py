@@ -126,7 +126,9 @@ class Router:
         return tuple(dict.fromkeys(self.dataset.attributes + self.table.attributes + header + streaming))
 
     def _streams(self, table: str, values: Mapping[str, str | None]) -> bool:
-        return any(t.render(values) == table for t in self.streaming or ())
+        # A plain entry names the table as written too: a static table is used as written, while rendering
+        # gives a name with a reserved prefix (`_partition_log`) a `_` in front, which it would never equal.
+        return any(t.render(values) == table or (not t.is_template and t.text == table) for t in self.streaming or ())
 
     def assign(self, source: pa.RecordBatch) -> Assignment:
         """Each record's destination, or why it has none."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from firehose_bq.errors import ErrorType
-from firehose_bq.routing import Destination, NameTemplate, TemplateError, header_values, parse_class_routes, router_of
+from firehose_bq.routing import (Destination, NameTemplate, Router, TemplateError, header_values, parse_class_routes,
+                                 router_of)
 from tests.unit.batch.sources import source_batch
 
 
@@ -96,3 +97,16 @@ def test_class_routes_parse_and_refuse_nonsense() -> None:
     for bad in ("a", "a=", "=p.A", "a=p.A,a=p.B"):
         with pytest.raises(ValueError):
             parse_class_routes(bad)
+
+
+def test_a_mixed_mode_streaming_entry_names_a_static_table_as_written() -> None:
+    """A static table is used as written; rendering gives a reserved prefix (`_partition_log`) a `_` in
+    front, so the entry never matched and the table was loaded instead of streamed."""
+    entry = (NameTemplate("_partition_log", table=True),)
+    static = Router(NameTemplate("ds"), NameTemplate("_partition_log", table=True), "pkg.M", streaming=entry)
+    assert static.static_destination().streaming
+    routed = Router(NameTemplate("ds"), NameTemplate("${header.t}", table=True), "pkg.M", streaming=entry)
+    (destination, _), = routed.assign(source_batch([b""], headers=[[("t", b"_partition_log")]])).groups
+    assert destination.table == "__partition_log" and destination.streaming  # rendered alike: as before
+    other = Router(NameTemplate("ds"), NameTemplate("bookings", table=True), "pkg.M", streaming=entry)
+    assert not other.static_destination().streaming
