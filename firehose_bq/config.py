@@ -511,9 +511,10 @@ class Config:
             raise ConfigError(problems)
 
     def _ignored_problems(self) -> list[str]:
-        """Settings the rest of the configuration makes the job ignore: whoever set one expects it to act
-        (a table created unpartitioned cannot be partitioned later; a key left unused leaves the caller
-        anonymous, and the refusal points at the key's roles)."""
+        """Settings the rest of the configuration makes the job ignore: whoever set one expects it to act (a
+        registry setting without its URL was never asked; a key left unused leaves the caller anonymous, and
+        the refusal points at the key's roles). Table layout settings with their switch off are warnings
+        instead (`switched_off`)."""
         reg, bq = self.registry, self.bigquery
         needs = [("SCHEMA_REGISTRY_CONFLUENT_SUBJECT", bool(reg.confluent_subject) and not reg.confluent_url,
                   "SCHEMA_REGISTRY_CONFLUENT_URL"),
