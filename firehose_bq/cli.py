@@ -195,7 +195,7 @@ def _load_config(environ: Mapping[str, str]) -> Config:
     for name in config_module.unknown_variables(environ):
         near = config_module.resembling_setting(name)
         log.warning("%s is set but no setting reads it (typo?%s)", name, f" did you mean {near}?" if near else "")
-    for warning in cfg.switched_off():
+    for warning in [*cfg.switched_off(), *cfg.load_quota_warnings()]:
         log.warning("%s", warning)
     return cfg
 

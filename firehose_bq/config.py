@@ -49,6 +49,8 @@ INSERT_ALL_RECOMMENDED_ROWS = 500
 WRITE_METHODS = ("insertall", "storage_write", "file_loads", "mixed")
 # BigQuery allows 1,500 load jobs per table per day: 86,400 s / 1,500 = 57.6 s is the shortest interval that
 # runs around the clock under it; a minute leaves 60 jobs a day for retries and replays.
+LOAD_JOBS_PER_TABLE_PER_DAY = 1_500
+DAY_MS = 86_400_000
 FILE_LOADS_TRIGGER_MS = 60_000
 
 
@@ -288,7 +290,8 @@ class BigQueryConfig:
         "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS",
         "With `file_loads`: the micro-batch interval of a streaming run (instead of SPARK_TRIGGER_INTERVAL_MS), "
         "so one load job per table per trigger. BigQuery allows 1,500 load jobs per table per day (failed "
-        "ones included): one a minute is 1,440, the shortest interval that runs all day under that quota.",
+        "ones included): one a minute is 1,440; under 57600 the job warns at start that a busy table runs out "
+        "of that quota within the day.",
         FILE_LOADS_TRIGGER_MS,
         minimum=0,
     )
@@ -545,6 +548,23 @@ class Config:
                 "SINK_BIGQUERY_TABLE_CLUSTERING_ENABLE")]
         return [f"{env} is set but {switch} is not true: a table this job creates has no such layout (and an "
                 "existing table keeps its own)" for env, unused, switch in off if unused]
+
+    def load_quota_warnings(self) -> list[str]:
+        """A file-loads trigger faster than BigQuery's load-job quota allows. A short trigger is a fair choice
+        for a backfill or a test that ends within hours, so it is not refused; but a job left streaming at it
+        has its loads refused (quotaExceeded) until the next day, and stops once its retries run out."""
+        bq = self.bigquery
+        interval = bq.file_loads_trigger_ms
+        if bq.effective_write_method not in ("file_loads", "mixed") or interval * LOAD_JOBS_PER_TABLE_PER_DAY >= DAY_MS:
+            return []
+        pace = (f"a load job per table every {interval / 1000:g} s" if interval
+                else "a load job per table as soon as the previous batch ends")
+        spent = (f"{LOAD_JOBS_PER_TABLE_PER_DAY * interval / 3_600_000:.1f} h of streaming" if interval
+                 else f"{LOAD_JOBS_PER_TABLE_PER_DAY:,} batches")
+        return [f"SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS={interval} means {pace}, and BigQuery allows "
+                f"{LOAD_JOBS_PER_TABLE_PER_DAY:,} a day per table (failed ones included): a table written in every "
+                f"batch runs out after {spent}, its loads are then refused until the next day and the job stops. "
+                f"{DAY_MS // LOAD_JOBS_PER_TABLE_PER_DAY} ms or more runs all day."]
 
     def _topic_name_problems(self) -> list[str]:
         """Topic names Kafka refuses: the DLQ and fallback topics are first written when a message fails, so

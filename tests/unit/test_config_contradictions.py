@@ -154,3 +154,23 @@ def test_a_key_that_an_api_endpoint_would_leave_unused_stops_the_start(key: str,
     (name,) = [n for n in endpoint if not n.startswith("SINK_BIGQUERY_STORAGE")]
     problems = _problems({**MINIMAL, key: "/keys/sa.json", **endpoint})
     assert len(problems) == 1 and problems[0].startswith(f"{key}: ") and name in problems[0], problems
+
+
+@pytest.mark.parametrize(("method", "interval", "warned"), [
+    ("file_loads", "60000", False), ("file_loads", "57600", False), ("file_loads", "57599", True),
+    ("file_loads", "10000", True), ("file_loads", "0", True), ("mixed", "30000", True),
+    ("storage_write", "1000", False), ("insertall", "0", False),
+])
+def test_a_file_loads_trigger_faster_than_the_load_job_quota_is_warned_about(method: str, interval: str,
+                                                                              warned: bool) -> None:
+    # 1,500 load jobs per table per day: a 10 s trigger spends them in about 4 hours of streaming, then every
+    # load is refused until the next day. Fine for a backfill that ends sooner, so a warning, not a refusal.
+    cfg = Config.from_env({**MINIMAL, "SINK_BIGQUERY_WRITE_METHOD": method,
+                           "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS": interval})
+    warnings = cfg.load_quota_warnings()
+    assert bool(warnings) == warned
+    if interval == "10000":
+        (warning,) = warnings
+        assert "every 10 s" in warning and "runs out after 4.2 h of streaming" in warning and "57600 ms" in warning
+    if interval == "0" and warned:
+        assert "as soon as the previous batch ends" in warnings[0] and "after 1,500 batches" in warnings[0]
