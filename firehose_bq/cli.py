@@ -215,7 +215,7 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     spark, workers = None, None
     try:
         _check_source(cfg)
-        spark = spark_session(cfg.spark)
+        spark = spark_session(cfg.spark, json_logs=logs.logs_json())
         refuse_speculation(spark)
         workers = start_workers(spark)
         if cache is None:

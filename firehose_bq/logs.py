@@ -95,12 +95,22 @@ class WorkerLogging:
 def for_workers(**fields: Any) -> WorkerLogging | None:
     """How this process logs (as `configure` set it up), plus `fields`; None when it was never configured
     (a library caller's own logging, which tasks then leave alone too)."""
-    handler = next((h for h in logging.getLogger().handlers if isinstance(h, _StderrHandler)), None)
+    handler = _our_handler()
     if handler is None or not isinstance(handler.formatter, TextFormatter | JsonFormatter):
         return None
     process = next((f.fields for f in handler.filters if isinstance(f, _Fields)), {})
     return WorkerLogging(JSON if isinstance(handler.formatter, JsonFormatter) else TEXT,
                          logging.getLogger().level, handler.formatter.redactor, {**process, **fields})
+
+
+def logs_json() -> bool:
+    """Whether `configure` set this process up to log JSON lines (what the Spark driver's JVM should do too)."""
+    handler = _our_handler()
+    return handler is not None and isinstance(handler.formatter, JsonFormatter)
+
+
+def _our_handler() -> logging.Handler | None:
+    return next((h for h in logging.getLogger().handlers if isinstance(h, _StderrHandler)), None)
 
 
 def apply_in_worker(settings: WorkerLogging | None) -> None:

@@ -64,6 +64,11 @@ CHECKPOINT_LOGS = ("offsets", "commits")
 # Where SPARK_DRIVER_JAVA_OPTIONS goes: Spark puts it before spark.driver.extraJavaOptions on the driver's
 # command line, so a user's own options still win.
 DRIVER_DEFAULT_JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
+# Under LOG_FORMAT=json the driver JVM's log4j lines are JSON lines too (see the file), unless the user
+# configures log4j: a log4j2 file in Spark's conf directory (on the driver's class path) or the property.
+JVM_JSON_LOGGING = Path(__file__).resolve().parent / "log4j2-json.properties"
+LOG4J_PROPERTY = "log4j2.configurationFile"
+LOG4J_FILES = ("log4j2.properties", "log4j2.xml", "log4j2.json", "log4j2.jsn", "log4j2.yaml", "log4j2.yml")
 # The job that starts the workers ahead of the first batch, as stop_session finds it to cancel it, and how
 # long a stop waits for it to end (it takes a few seconds on a cold JVM), then for it to end once cancelled.
 START_WORKERS_GROUP = "firehose-bq-start-workers"
@@ -87,7 +92,9 @@ def java_version() -> int:
     return major
 
 
-def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None) -> SparkSession:
+def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None,
+                  json_logs: bool = False) -> SparkSession:
+    """The job's session. `json_logs`: the job logs JSON lines (LOG_FORMAT=json), and so should the JVM."""
     java_version()
     # Python workers must be this interpreter, which has the package and its dependencies.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -105,8 +112,9 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None)
     # once the JVM runs, and whatever the builder sets overrides it: start the JVM first, then keep theirs.
     # Its JVM options, though, must be on its command line (a JVM already running keeps its own).
     launch = SparkConf(loadDefaults=False)
-    if cfg.driver_java_options and not spark_configures(DRIVER_DEFAULT_JAVA_OPTIONS, os.environ):
-        launch.set(DRIVER_DEFAULT_JAVA_OPTIONS, cfg.driver_java_options)
+    java_options = driver_java_options(cfg, json_logs, os.environ)
+    if java_options and not spark_configures(DRIVER_DEFAULT_JAVA_OPTIONS, os.environ):
+        launch.set(DRIVER_DEFAULT_JAVA_OPTIONS, java_options)
     SparkContext._ensure_initialized(conf=launch)
     defaults = SparkConf()
     # A worker PYTHONPATH of theirs goes after ours; a daemon of their own replaces ours.
@@ -200,6 +208,27 @@ def _is_local(spark: SparkSession, location: str) -> bool:
         return False
 
 
+def driver_java_options(cfg: SparkConfig, json_logs: bool, environ: Mapping[str, str]) -> str:
+    """SPARK_DRIVER_JAVA_OPTIONS, plus the JSON log configuration when the job logs JSON and the user does
+    not configure log4j. (As a file URI: Spark splits the options at spaces, a path may hold some.)"""
+    options = cfg.driver_java_options
+    if json_logs and not configures_log4j(environ):
+        options = f"{options} -D{LOG4J_PROPERTY}={JVM_JSON_LOGGING.as_uri()}".strip()
+    return options
+
+
+def configures_log4j(environ: Mapping[str, str]) -> bool:
+    """Whether the user configures the driver's log4j: a log4j2 file in Spark's conf directory, or the
+    property in PYSPARK_SUBMIT_ARGS or spark-defaults.conf. (One in spark.driver.extraJavaOptions wins anyway:
+    those options come after ours.)"""
+    conf_dir = Path(_conf_dir(environ))
+    return spark_configures(LOG4J_PROPERTY, environ) or any((conf_dir / name).is_file() for name in LOG4J_FILES)
+
+
+def _conf_dir(environ: Mapping[str, str]) -> str:
+    return environ.get("SPARK_CONF_DIR") or os.path.join(environ.get("SPARK_HOME") or _spark_home(), "conf")
+
+
 def spark_configures(key: str, environ: Mapping[str, str]) -> bool:
     """Whether the configuration spark-submit will read sets `key`: PYSPARK_SUBMIT_ARGS, a properties
     file it names, or spark-defaults.conf in SPARK_CONF_DIR (else SPARK_HOME/conf). Read as text: a key
@@ -209,8 +238,7 @@ def spark_configures(key: str, environ: Mapping[str, str]) -> bool:
         return True
     words = args.split()
     files = [Path(words[i + 1]) for i, w in enumerate(words[:-1]) if w == "--properties-file"]
-    conf_dir = environ.get("SPARK_CONF_DIR") or os.path.join(environ.get("SPARK_HOME") or _spark_home(), "conf")
-    files.append(Path(conf_dir) / "spark-defaults.conf")
+    files.append(Path(_conf_dir(environ)) / "spark-defaults.conf")
     pattern = re.compile(rf"^\s*{re.escape(key)}(\s|=|:|$)", re.M)
     for file in files:
         try:

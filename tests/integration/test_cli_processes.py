@@ -102,8 +102,14 @@ def test_lines_logged_in_spark_tasks_are_json_with_the_tasks_context(job_env: di
     done = firehose("run", "--available-now", env={**job_env, "LOG_FORMAT": "json", "DLQ_SINK_ENABLE": "true",
                                                    "DLQ_WRITER_TYPE": "LOG"})
     assert done.returncode == 0, done.stderr
-    # Spark's own (JVM) lines stay as log4j writes them; ours are JSON, the workers' included.
-    ours = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    # Every line is JSON: ours, the workers' and the JVM's (log4j2-json.properties). The one exception is the
+    # JVM's own notice at start-up, which no logging configuration reaches.
+    lines = done.stderr.splitlines()
+    assert [line for line in lines if not line.startswith("{")] == ["WARNING: Using incubator modules: jdk.incubator.vector"]
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    jvm = [r for r in records if r["logger"].startswith("org.apache.")]
+    assert jvm and all(r.keys() >= {"time", "level", "message"} and r["time"].endswith("+00:00") for r in jvm)
+    ours = [r for r in records if r["logger"].startswith("firehose_bq")]
     letter = next(line for line in ours if line["message"].startswith("dead letter "))
     policy = next(line for line in ours if "go to the DLQ with DESERIALIZATION_ERROR" in line["message"])
     for line in (letter, policy):

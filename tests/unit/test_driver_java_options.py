@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from firehose_bq import spark as spark_module
 from firehose_bq.config import SparkConfig
-from firehose_bq.spark import DRIVER_DEFAULT_JAVA_OPTIONS, spark_configures
+from firehose_bq.spark import DRIVER_DEFAULT_JAVA_OPTIONS, JVM_JSON_LOGGING, driver_java_options, spark_configures
 
 KEY = DRIVER_DEFAULT_JAVA_OPTIONS
 
@@ -43,3 +46,36 @@ def test_submit_args_and_the_properties_file_they_name(tmp_path: Path) -> None:
 
 def test_the_default_is_the_first_jit_tier() -> None:
     assert SparkConfig(checkpoint_location="x").driver_java_options == "-XX:TieredStopAtLevel=1"
+
+
+def test_json_logs_give_the_jvm_the_json_log_configuration(tmp_path: Path) -> None:
+    # Under LOG_FORMAT=json a log shipper gets Spark's own lines (a failed task's Java trace) as JSON too.
+    cfg, quiet = SparkConfig(checkpoint_location="x"), {"SPARK_CONF_DIR": str(tmp_path)}
+    assert driver_java_options(cfg, False, quiet) == "-XX:TieredStopAtLevel=1"
+    options = driver_java_options(cfg, True, quiet)
+    first, prop = options.split(" ")
+    assert first == "-XX:TieredStopAtLevel=1" and prop == f"-Dlog4j2.configurationFile={JVM_JSON_LOGGING.as_uri()}"
+    assert JVM_JSON_LOGGING.is_file() and "JsonTemplateLayout" in JVM_JSON_LOGGING.read_text()
+    bare = SparkConfig(checkpoint_location="x", driver_java_options="")
+    assert driver_java_options(bare, True, quiet) == prop
+
+
+def test_a_spaced_install_path_stays_one_java_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Spark splits the options at spaces: the file goes as a URI, whose spaces are escaped.
+    monkeypatch.setattr(spark_module, "JVM_JSON_LOGGING", tmp_path / "my venv" / "log4j2-json.properties")
+    options = driver_java_options(SparkConfig(checkpoint_location="x", driver_java_options=""), True,
+                                  {"SPARK_CONF_DIR": str(tmp_path)})
+    assert " " not in options and "my%20venv" in options
+
+
+@pytest.mark.parametrize("name", ["log4j2.properties", "log4j2.xml", "log4j2.yaml"])
+def test_a_users_log4j_configuration_is_kept(tmp_path: Path, name: str) -> None:
+    (tmp_path / name).write_text("rootLogger.level = info\n")
+    assert driver_java_options(SparkConfig(checkpoint_location="x"), True,
+                               {"SPARK_CONF_DIR": str(tmp_path)}) == "-XX:TieredStopAtLevel=1"
+
+
+def test_a_log4j_property_in_the_submit_args_is_kept(tmp_path: Path) -> None:
+    environ = {"SPARK_CONF_DIR": str(tmp_path),
+               "PYSPARK_SUBMIT_ARGS": "--driver-java-options -Dlog4j2.configurationFile=/etc/mine.xml pyspark-shell"}
+    assert "log4j2-json" not in driver_java_options(SparkConfig(checkpoint_location="x"), True, environ)

@@ -80,6 +80,7 @@ def test_configure_switches_the_format_and_adds_process_fields(capsys: pytest.Ca
     level, handlers = root.level, list(root.handlers)
     try:
         say = logs.configure("INFO", {"LOG_FORMAT": "json"})
+        assert logs.logs_json()  # the Spark driver's JVM is told to log JSON too
         logs.add_fields(table="p.d.t")
         logs.add_fields(topic="orders")
         logging.getLogger("firehose_bq.test").info("hello %s", "world")
@@ -88,6 +89,7 @@ def test_configure_switches_the_format_and_adds_process_fields(capsys: pytest.Ca
         assert [(x["message"], x["table"], x["topic"]) for x in lines] == [
             ("hello world", "p.d.t", "orders"), ("error: it broke", "p.d.t", "orders")]
         say = logs.configure("INFO", {})  # replaces its own handler: one line per event, as text
+        assert not logs.logs_json()
         logging.getLogger("firehose_bq.test").info("again")
         say("error: plain")
         err = capsys.readouterr().err.splitlines()
