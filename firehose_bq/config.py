@@ -31,7 +31,7 @@ from firehose_bq.settings import SettingDoc, load_section, read_env_file, settin
 from firehose_bq.settings import reference as _reference
 from firehose_bq.settings import reference_markdown as _reference_markdown
 from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED
-from firehose_bq.source.kafka_security import KafkaSecurityConfig
+from firehose_bq.source.kafka_security import DLQ_SECURITY_ENVS, KafkaSecurityConfig, dlq_security_problems
 from firehose_bq.telemetry import MetricsConfig
 from firehose_bq.upsert.config import UpsertConfig
 
@@ -451,11 +451,13 @@ class Config:
         if problems:
             raise ConfigError(problems)
         config = cls(**sections)
-        config.validate()
+        config.validate(environ)
         return config
 
-    def validate(self) -> None:
-        problems = []
+    def validate(self, environ: Mapping[str, str] | None = None) -> None:
+        """Raise ConfigError naming every contradiction; `environ` also has variables read by no section."""
+        problems = dlq_security_problems(environ or {}, self.kafka_security,
+                                         self.dlq.enabled and self.dlq.writer_type == KAFKA)
         if not SPARK_MASTER.fullmatch(self.spark.master):
             # Spark says so only once its JVM runs, in a Py4JJavaError traceback.
             problems.append(f"SPARK_MASTER: {self.spark.master!r} is not a master URL Spark accepts: local, local[N], "
@@ -729,6 +731,7 @@ def secret_settings() -> tuple[str, ...]:
         hints = typing.get_type_hints(section)
         names.extend(f.metadata["env"] for f in dataclasses.fields(section)
                      if Secret in (hints[f.name], *typing.get_args(hints[f.name])))
+    names.extend(dlq for dlq, source in DLQ_SECURITY_ENVS.items() if source in names)
     return tuple(names)
 
 
@@ -758,4 +761,5 @@ def resembling_setting(name: str) -> str | None:
 
 
 def _known_names() -> set[str]:
-    return {name for d in reference() for name in (d.env, *d.formerly)}
+    # Firehose's DLQ security variables are read too: each must match the source's (dlq_security_problems).
+    return {name for d in reference() for name in (d.env, *d.formerly)} | set(DLQ_SECURITY_ENVS)

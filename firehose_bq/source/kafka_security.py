@@ -47,6 +47,12 @@ CA_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_TRUSTSTORE_LOCATION"
 KEYSTORE_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_LOCATION"
 KEY_PASSWORD_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEY_PASSWORD"
 
+# Firehose's DLQ producer takes security settings of its own (any DLQ_KAFKA_* property), and its env files
+# carry them: this job's DLQ producer and `replay-dlq` use the source's, so each must say the same.
+DLQ_SECURITY_ENVS = {"DLQ_KAFKA_SECURITY_PROTOCOL": PROTOCOL_ENV, "DLQ_KAFKA_SASL_MECHANISM": MECHANISM_ENV,
+                     "DLQ_KAFKA_SASL_JAAS_CONFIG": JAAS_ENV, "DLQ_KAFKA_SSL_TRUSTSTORE_LOCATION": CA_ENV,
+                     "DLQ_KAFKA_SSL_KEYSTORE_LOCATION": KEYSTORE_ENV, "DLQ_KAFKA_SSL_KEY_PASSWORD": KEY_PASSWORD_ENV}
+
 # `<module> <flag> key=value ... ;`: Java's JAAS grammar, as Kafka's `sasl.jaas.config` takes one entry.
 _JAAS_HEAD = re.compile(r"\s*([A-Za-z_$][\w$.]*)\s+(required|requisite|sufficient|optional)\b", re.I)
 # A value: quoted with " or ' (Kafka's JaasConfig takes both; Confluent Cloud's client settings use '), `\`
@@ -68,6 +74,23 @@ def jaas_value(match: re.Match[str], first: int) -> str:
     double, single, bare = match.group(first, first + 1, first + 2)
     quoted = double if double is not None else single
     return re.sub(r"\\(.)", r"\1", quoted, flags=re.S) if quoted is not None else bare
+
+
+def dlq_security_problems(environ: Mapping[str, str], source: KafkaSecurityConfig, dlq_kafka: bool) -> list[str]:
+    """Firehose's DLQ_KAFKA_* security variables that say otherwise than the source's settings (`source`):
+    this job reaches the DLQ topic with those (`dlq_kafka`: the DLQ is on and written to Kafka; otherwise the
+    variables are unused). Compared as Kafka reads them: names without case, a JAAS line by its credentials."""
+    if not dlq_kafka:
+        return []
+    problems = []
+    for dlq_env, source_env in DLQ_SECURITY_ENVS.items():
+        given = environ.get(dlq_env, "").strip()
+        if given and not source.says(source_env, given):
+            # The values are not quoted: three of them are secrets.
+            problems.append(f"{dlq_env}: differs from {source_env}, and the DLQ producer and `replay-dlq` connect "
+                            f"with the source's Kafka security settings (a DLQ with security of its own is not "
+                            f"supported): unset {dlq_env}, or give it the source's value")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -161,6 +184,22 @@ class KafkaSecurityConfig:
         for name in ("jaas_config", "sasl_password", "ssl_key_password"):
             if isinstance(value := getattr(self, name), str):
                 object.__setattr__(self, name, Secret(value))
+
+    def says(self, env: str, value: str) -> bool:
+        """Whether `value`, given for the setting named `env`, means what this config has for it."""
+        if env == PROTOCOL_ENV:
+            return value.upper() == self.protocol
+        if env == MECHANISM_ENV:
+            return value.upper() == self.sasl_mechanism.upper()
+        if env == JAAS_ENV:
+            try:
+                given, ours = parse_jaas(value), self.credentials()
+            except JaasError:
+                return False
+            return ours is not None and (given.username, given.password.reveal()) == (ours.username, ours.password.reveal())
+        if env == KEY_PASSWORD_ENV:
+            return self.ssl_key_password is not None and value == self.ssl_key_password.reveal()
+        return value == {CA_ENV: self.ssl_ca_location, KEYSTORE_ENV: self.ssl_keystore_location}[env]
 
     @property
     def sasl(self) -> bool:

@@ -210,6 +210,53 @@ def test_firehose_security_variables_are_settings_not_typos() -> None:
     assert config_module.unknown_variables({**MINIMAL, **SASL_SSL}) == []
 
 
+# --- Firehose's DLQ_KAFKA_* security variables ------------------------------------------------------------------
+
+DLQ_ON = {"DLQ_SINK_ENABLE": "true", "DLQ_WRITER_TYPE": "KAFKA"}
+
+
+def test_firehose_dlq_security_variables_saying_what_the_source_says_are_accepted(ca_file: str) -> None:
+    # A Firehose env file gives its DLQ producer the same security again: it carries over, without warnings.
+    single_quoted = SCRAM.replace('"', "'")
+    same = {"DLQ_KAFKA_SECURITY_PROTOCOL": "sasl_ssl", "DLQ_KAFKA_SASL_MECHANISM": "scram-sha-512",
+            "DLQ_KAFKA_SASL_JAAS_CONFIG": single_quoted, "DLQ_KAFKA_SSL_TRUSTSTORE_LOCATION": ca_file}
+    env = {**MINIMAL, **SASL_SSL, "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_TRUSTSTORE_LOCATION": ca_file, **DLQ_ON, **same}
+    Config.from_env(env)
+    assert config_module.unknown_variables(env) == []
+    plain = {"SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+             "SOURCE_KAFKA_CONSUMER_CONFIG_SASL_MECHANISM": "SCRAM-SHA-512",
+             "SOURCE_KAFKA_SASL_USERNAME": "svc", "SOURCE_KAFKA_SASL_PASSWORD": PASSWORD}
+    Config.from_env({**MINIMAL, **plain, **DLQ_ON, "DLQ_KAFKA_SASL_JAAS_CONFIG": SCRAM})  # same credentials
+    Config.from_env({**MINIMAL, **DLQ_ON, "DLQ_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT"})  # the source's default
+
+
+@pytest.mark.parametrize(("dlq", "named"), [
+    ({"DLQ_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT"}, "DLQ_KAFKA_SECURITY_PROTOCOL"),
+    ({"DLQ_KAFKA_SASL_MECHANISM": "PLAIN"}, "DLQ_KAFKA_SASL_MECHANISM"),
+    ({"DLQ_KAFKA_SASL_JAAS_CONFIG": SCRAM.replace(PASSWORD, "other-pa$s-9e41")}, "DLQ_KAFKA_SASL_JAAS_CONFIG"),
+    ({"DLQ_KAFKA_SASL_JAAS_CONFIG": "not a jaas line other-pa$s-9e41"}, "DLQ_KAFKA_SASL_JAAS_CONFIG"),
+    ({"DLQ_KAFKA_SSL_TRUSTSTORE_LOCATION": "/etc/other-ca.pem"}, "DLQ_KAFKA_SSL_TRUSTSTORE_LOCATION"),
+    ({"DLQ_KAFKA_SSL_KEY_PASSWORD": "other-pa$s-9e41"}, "DLQ_KAFKA_SSL_KEY_PASSWORD"),
+])
+def test_a_dlq_with_security_of_its_own_stops_the_start(dlq: dict[str, str], named: str) -> None:
+    # Firehose would have produced dead letters with these; this job would use the source's and be refused by
+    # the DLQ's brokers only at the first dead letter, minutes into the run.
+    [problem] = _problems({**SASL_SSL, **DLQ_ON, **dlq})
+    assert problem.startswith(f"{named}: differs from SOURCE_KAFKA_") and "not supported" in problem
+    assert "9e41" not in problem and PASSWORD not in problem
+
+
+def test_dlq_security_variables_are_unused_without_a_kafka_dlq() -> None:
+    other = {"DLQ_KAFKA_SECURITY_PROTOCOL": "SSL", "DLQ_KAFKA_SASL_JAAS_CONFIG": "x"}
+    Config.from_env({**MINIMAL, **other})
+    Config.from_env({**MINIMAL, **other, "DLQ_SINK_ENABLE": "true", "DLQ_WRITER_TYPE": "LOG"})
+
+
+def test_the_dlq_jaas_line_and_key_password_are_masked_as_the_sources_are() -> None:
+    secret = config_module.secret_settings()
+    assert "DLQ_KAFKA_SASL_JAAS_CONFIG" in secret and "DLQ_KAFKA_SSL_KEY_PASSWORD" in secret
+
+
 # --- secrets -----------------------------------------------------------------------------------------------------
 
 
