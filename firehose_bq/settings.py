@@ -193,6 +193,9 @@ def _parse(raw: str, annotation: Any, meta: Mapping[str, Any]) -> Any:
         if not items:
             raise ValueError("expected at least one comma-separated value")
         return items
+    if base is Secret:
+        # Wrapped here, the one place a value leaves the environment: no section holds it as a plain str.
+        return Secret(raw)
     if meta["choices"]:
         # Whatever its case, as Kafka reads its own (security.protocol, auto.offset.reset): a Firehose env
         # file's `sasl_ssl` worked there. The value is the choice's own spelling.

@@ -156,12 +156,6 @@ class KafkaSecurityConfig:
         None,
     )
 
-    def __post_init__(self) -> None:
-        # The env parser hands fields of other types the raw string: wrap it before anything prints it.
-        for name in ("jaas_config", "sasl_password", "ssl_key_password"):
-            if isinstance(value := getattr(self, name), str):
-                object.__setattr__(self, name, Secret(value))
-
     @property
     def sasl(self) -> bool:
         return self.protocol in (SASL_PLAINTEXT, SASL_SSL)
