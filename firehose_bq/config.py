@@ -550,9 +550,7 @@ class Config:
         """Topic names Kafka refuses: the DLQ and fallback topics are first written when a message fails, so
         the broker would refuse them only then, after the DLQ's retries."""
         topics = [("SOURCE_KAFKA_TOPIC", t) for t in self.source.topics]
-        topics.append(("SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC", self.bigquery.route_fallback_topic))
-        if self.dlq.enabled and self.dlq.writer_type == KAFKA:
-            topics.append(("DLQ_KAFKA_TOPIC", self.dlq.kafka_topic))
+        topics += [(env, topic) for env, topic, _ in self.kafka_outputs()]
         return [f"{env}: {topic[:60]!r} is not a Kafka topic name: 1 to 249 of [a-zA-Z0-9._-], not '.' or '..'"
                 for env, topic in topics if topic and (not KAFKA_TOPIC.fullmatch(topic) or topic in (".", ".."))]
 
@@ -561,12 +559,21 @@ class Config:
         the job would read it back, fail or leave it unrouted the same way, and write it again in every
         batch, forever, while every batch commits."""
         source = _broker_set(self.source.brokers)
-        outputs = [("SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC", self.bigquery.route_fallback_topic, source)]
-        if self.dlq.enabled and self.dlq.writer_type == KAFKA:
-            outputs.append(("DLQ_KAFKA_TOPIC", self.dlq.kafka_topic, _broker_set(self.dlq.kafka_brokers) or source))
         return [f"{env}: {topic!r} is also in SOURCE_KAFKA_TOPIC on the same brokers: the job would read its own "
                 "output back and write it again every batch; use a topic of its own"
-                for env, topic, brokers in outputs if topic in self.source.topics and brokers == source]
+                for env, topic, brokers in self.kafka_outputs()
+                if topic in self.source.topics and _broker_set(brokers) == source]
+
+    def kafka_outputs(self) -> list[tuple[str, str, str]]:
+        """(setting, topic, bootstrap servers) of each Kafka topic the job writes records to: the route
+        fallback topic and the KAFKA DLQ's, those in use."""
+        outputs = []
+        if self.bigquery.route_fallback_topic:
+            outputs.append(("SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC", self.bigquery.route_fallback_topic,
+                            self.source.brokers))
+        if self.dlq.enabled and self.dlq.writer_type == KAFKA:
+            outputs.append(("DLQ_KAFKA_TOPIC", self.dlq.kafka_topic, self.dlq.kafka_brokers or self.source.brokers))
+        return outputs
 
     def _routing_problems(self) -> list[str]:
         problems = []
