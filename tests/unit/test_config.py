@@ -113,7 +113,7 @@ def test_empty_required_value_is_missing() -> None:
         ("SINK_BIGQUERY_TABLE_NAME", "my table", "SINK_BIGQUERY_TABLE_NAME: 'my table' is not a valid BigQuery table name"),
         ("SINK_BIGQUERY_TABLE_NAME", "-x_${header.t}", "SINK_BIGQUERY_TABLE_NAME: '-x_${header.t}' is not a valid"),
         ("SINK_BIGQUERY_DATASET_NAME", "my-data", "SINK_BIGQUERY_DATASET_NAME: 'my-data' is not a valid BigQuery "
-                                                  "dataset name (ASCII letters, digits, _; not starting with a digit)"),
+                                                  "dataset name (ASCII letters, digits and _)"),
         ("SINK_BIGQUERY_TABLE_NAME", "t" * 1025, "SINK_BIGQUERY_TABLE_NAME: a name longer than 1024 characters"),
         ("SINK_BIGQUERY_METADATA_NAMESPACE", "a.b", "SINK_BIGQUERY_METADATA_NAMESPACE: 'a.b' is not a valid"),
         ("SPARK_MAX_OFFSETS_PER_TRIGGER", "0", "SPARK_MAX_OFFSETS_PER_TRIGGER: must be positive or -1"),
@@ -127,6 +127,12 @@ def test_cross_checks(name: str, value: str, problem: str) -> None:
 def test_a_table_name_may_hold_dashes_as_bigquery_allows() -> None:
     assert Config.from_env({**MINIMAL, "SINK_BIGQUERY_TABLE_NAME": "orders-v2"}).bigquery.table == "orders-v2"
     Config.from_env({**MINIMAL, "SINK_BIGQUERY_TABLE_NAME": "events-${header.type}"})
+
+
+def test_dataset_and_table_names_may_start_with_a_digit_as_bigquery_allows() -> None:
+    cfg = Config.from_env({**MINIMAL, "SINK_BIGQUERY_DATASET_NAME": "2024_raw", "SINK_BIGQUERY_TABLE_NAME": "2024_events"})
+    assert (cfg.bigquery.dataset, cfg.bigquery.table) == ("2024_raw", "2024_events")
+    Config.from_env({**MINIMAL, "SINK_BIGQUERY_TABLE_NAME": "2024_${header.type}"})
 
 
 def test_unknown_variables_under_our_prefixes_are_reported() -> None:
