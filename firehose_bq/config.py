@@ -47,6 +47,9 @@ OWNED_PREFIXES = ("SOURCE_KAFKA_", "SINK_BIGQUERY_", "INPUT_SCHEMA_", "SCHEMA_RE
 INSERT_ALL_MAX_ROWS_LIMIT = 50_000
 INSERT_ALL_RECOMMENDED_ROWS = 500
 WRITE_METHODS = ("insertall", "storage_write", "file_loads", "mixed")
+# One BigQuery request: a load or MERGE job's insert, an insertAll of 9 MB, an Arrow append, all answer in
+# seconds; a minute covers a slow region without leaving a dead endpoint unnoticed for long.
+CLIENT_TIMEOUT_MS = 60_000
 # BigQuery allows 1,500 load jobs per table per day: 86,400 s / 1,500 = 57.6 s is the shortest interval that
 # runs around the clock under it; a minute leaves 60 jobs a day for retries and replays.
 FILE_LOADS_TRIGGER_MS = 60_000
@@ -331,7 +334,11 @@ class BigQueryConfig:
         maximum=INSERT_ALL_MAX_ROWS_LIMIT,
     )
     client_timeout_ms: int = setting(
-        "SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS", "Timeout of one BigQuery request.", 60_000, minimum=1
+        "SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS",
+        f"Timeout of one BigQuery request; -1 = the default ({CLIENT_TIMEOUT_MS} ms), as in Firehose, whose env "
+        "files set -1. Firehose's 0 (no timeout) is refused: a BigQuery that never answers would hold a task forever.",
+        CLIENT_TIMEOUT_MS,
+        minimum=-1,
     )
     retry_deadline_ms: int = setting(
         "SINK_BIGQUERY_RETRY_DEADLINE_MS",
@@ -347,6 +354,11 @@ class BigQueryConfig:
     @property
     def table_ref(self) -> str:
         return f"{self.project_id}.{self.dataset}.{self.table}"
+
+    @property
+    def request_timeout_s(self) -> float:
+        """SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS in seconds, -1 being the default."""
+        return (CLIENT_TIMEOUT_MS if self.client_timeout_ms == -1 else self.client_timeout_ms) / 1000
 
     @property
     def effective_write_method(self) -> str:
@@ -458,6 +470,10 @@ class Config:
             problems.append(f"SPARK_MASTER: {self.spark.master!r} is not a master URL Spark accepts: local, local[N], "
                             "local[*], local[N,F], local-cluster[N,C,M], spark://host:port[,host:port], yarn or "
                             "k8s://https://host:port")
+        if self.bigquery.client_timeout_ms == 0:
+            problems.append(f"SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS: must be positive or -1 (the default, "
+                            f"{CLIENT_TIMEOUT_MS} ms), got 0: without a timeout a BigQuery that never answers would "
+                            "hold a task forever")
         if self.spark.max_offsets_per_trigger == 0:
             problems.append("SPARK_MAX_OFFSETS_PER_TRIGGER: must be positive or -1 (no limit), got 0")
         ns = self.bigquery.metadata_namespace

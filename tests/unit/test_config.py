@@ -201,3 +201,14 @@ def test_example_layers_over_local_env_are_valid_configs(layer: str) -> None:
            **config.read_env_file(README.parent / "config" / layer)}
     assert config.unknown_variables(env) == []
     Config.from_env(env)
+
+
+def test_a_firehose_env_files_client_read_timeout_of_minus_1_is_the_default() -> None:
+    """Firehose documents SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS=-1 (its default, set in its env files) as the
+    client's default timeout; 0 there is no timeout, which would let a BigQuery that never answers hold a task."""
+    minus_one = Config.from_env({**MINIMAL, "SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS": "-1"})
+    assert minus_one.bigquery.request_timeout_s == Config.from_env(MINIMAL).bigquery.request_timeout_s == 60.0
+    assert Config.from_env({**MINIMAL, "SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS": "2500"}).bigquery.request_timeout_s == 2.5
+    for bad, problem in (("0", "must be positive or -1 (the default, 60000 ms), got 0"), ("-2", "must be at least -1")):
+        with pytest.raises(ConfigError, match=re.escape(f"SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS: {problem}")):
+            Config.from_env({**MINIMAL, "SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS": bad})
