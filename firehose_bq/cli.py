@@ -237,9 +237,9 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         try:
             summary = pipeline.run(available_now=args.available_now, stop=stop)
         except FirehoseError:
-            print(pipeline.summary.render())
+            print(logs.masked(pipeline.summary.render()))
             raise
-        print(summary.render())
+        print(logs.masked(summary.render()))
         return 0
     finally:
         if cache is not None:
@@ -259,6 +259,21 @@ def _check_source(cfg: Config) -> None:
         client.partitions(cfg.source.topics)
     finally:
         client.close()
+    _check_outputs(cfg)
+
+
+def _check_outputs(cfg: Config) -> None:
+    """The DLQ and route fallback topics can be written (they exist, or the brokers create them as the first
+    write would): otherwise the first bad or unrouted record, maybe hours in, stops the job after every retry."""
+    from firehose_bq.source.kafka_client import KafkaMetadataClient
+
+    for env, topic, brokers in cfg.kafka_outputs():
+        client = KafkaMetadataClient(brokers, cfg.source.consumer_group_id, security=cfg.kafka_security,
+                                     auto_create=True)
+        try:
+            client.require_writable(env, topic)
+        finally:
+            client.close()
 
 
 def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -269,6 +284,7 @@ def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     cfg = _load_config(environ)
     if args.max_messages is not None and args.max_messages < 1:
         raise ConfigError(["--max-messages: must be at least 1"])
+    _check_outputs(cfg)  # a letter that fails again goes to the DLQ (from a BLOB replay, maybe its first write)
     source: DlqSource
     if args.from_blob:
         try:
@@ -293,7 +309,7 @@ def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     finally:
         source.close()
         telemetry.close()
-    print(summary.render())
+    print(logs.masked(summary.render()))  # counts only today; masked as every summary is
     return 0
 
 

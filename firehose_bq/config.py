@@ -47,6 +47,9 @@ OWNED_PREFIXES = ("SOURCE_KAFKA_", "SINK_BIGQUERY_", "INPUT_SCHEMA_", "SCHEMA_RE
 INSERT_ALL_MAX_ROWS_LIMIT = 50_000
 INSERT_ALL_RECOMMENDED_ROWS = 500
 WRITE_METHODS = ("insertall", "storage_write", "file_loads", "mixed")
+# One BigQuery request: a load or MERGE job's insert, an insertAll of 9 MB, an Arrow append, all answer in
+# seconds; a minute covers a slow region without leaving a dead endpoint unnoticed for long.
+CLIENT_TIMEOUT_MS = 60_000
 # BigQuery allows 1,500 load jobs per table per day: 86,400 s / 1,500 = 57.6 s is the shortest interval that
 # runs around the clock under it; a minute leaves 60 jobs a day for retries and replays.
 LOAD_JOBS_PER_TABLE_PER_DAY = 1_500
@@ -334,7 +337,11 @@ class BigQueryConfig:
         maximum=INSERT_ALL_MAX_ROWS_LIMIT,
     )
     client_timeout_ms: int = setting(
-        "SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS", "Timeout of one BigQuery request.", 60_000, minimum=1
+        "SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS",
+        f"Timeout of one BigQuery request; -1 = the default ({CLIENT_TIMEOUT_MS} ms), as in Firehose, whose env "
+        "files set -1. Firehose's 0 (no timeout) is refused: a BigQuery that never answers would hold a task forever.",
+        CLIENT_TIMEOUT_MS,
+        minimum=-1,
     )
     retry_deadline_ms: int = setting(
         "SINK_BIGQUERY_RETRY_DEADLINE_MS",
@@ -350,6 +357,11 @@ class BigQueryConfig:
     @property
     def table_ref(self) -> str:
         return f"{self.project_id}.{self.dataset}.{self.table}"
+
+    @property
+    def request_timeout_s(self) -> float:
+        """SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS in seconds, -1 being the default."""
+        return (CLIENT_TIMEOUT_MS if self.client_timeout_ms == -1 else self.client_timeout_ms) / 1000
 
     @property
     def effective_write_method(self) -> str:
@@ -463,6 +475,10 @@ class Config:
             problems.append(f"SPARK_MASTER: {self.spark.master!r} is not a master URL Spark accepts: local, local[N], "
                             "local[*], local[N,F], local-cluster[N,C,M], spark://host:port[,host:port], yarn or "
                             "k8s://https://host:port")
+        if self.bigquery.client_timeout_ms == 0:
+            problems.append(f"SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS: must be positive or -1 (the default, "
+                            f"{CLIENT_TIMEOUT_MS} ms), got 0: without a timeout a BigQuery that never answers would "
+                            "hold a task forever")
         if self.spark.max_offsets_per_trigger == 0:
             problems.append("SPARK_MAX_OFFSETS_PER_TRIGGER: must be positive or -1 (no limit), got 0")
         ns = self.bigquery.metadata_namespace
@@ -572,9 +588,7 @@ class Config:
         """Topic names Kafka refuses: the DLQ and fallback topics are first written when a message fails, so
         the broker would refuse them only then, after the DLQ's retries."""
         topics = [("SOURCE_KAFKA_TOPIC", t) for t in self.source.topics]
-        topics.append(("SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC", self.bigquery.route_fallback_topic))
-        if self.dlq.enabled and self.dlq.writer_type == KAFKA:
-            topics.append(("DLQ_KAFKA_TOPIC", self.dlq.kafka_topic))
+        topics += [(env, topic) for env, topic, _ in self.kafka_outputs()]
         return [f"{env}: {topic[:60]!r} is not a Kafka topic name: 1 to 249 of [a-zA-Z0-9._-], not '.' or '..'"
                 for env, topic in topics if topic and (not KAFKA_TOPIC.fullmatch(topic) or topic in (".", ".."))]
 
@@ -583,12 +597,21 @@ class Config:
         the job would read it back, fail or leave it unrouted the same way, and write it again in every
         batch, forever, while every batch commits."""
         source = _broker_set(self.source.brokers)
-        outputs = [("SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC", self.bigquery.route_fallback_topic, source)]
-        if self.dlq.enabled and self.dlq.writer_type == KAFKA:
-            outputs.append(("DLQ_KAFKA_TOPIC", self.dlq.kafka_topic, _broker_set(self.dlq.kafka_brokers) or source))
         return [f"{env}: {topic!r} is also in SOURCE_KAFKA_TOPIC on the same brokers: the job would read its own "
                 "output back and write it again every batch; use a topic of its own"
-                for env, topic, brokers in outputs if topic in self.source.topics and brokers == source]
+                for env, topic, brokers in self.kafka_outputs()
+                if topic in self.source.topics and _broker_set(brokers) == source]
+
+    def kafka_outputs(self) -> list[tuple[str, str, str]]:
+        """(setting, topic, bootstrap servers) of each Kafka topic the job writes records to: the route
+        fallback topic and the KAFKA DLQ's, those in use."""
+        outputs = []
+        if self.bigquery.route_fallback_topic:
+            outputs.append(("SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC", self.bigquery.route_fallback_topic,
+                            self.source.brokers))
+        if self.dlq.enabled and self.dlq.writer_type == KAFKA:
+            outputs.append(("DLQ_KAFKA_TOPIC", self.dlq.kafka_topic, self.dlq.kafka_brokers or self.source.brokers))
+        return outputs
 
     def _routing_problems(self) -> list[str]:
         problems = []

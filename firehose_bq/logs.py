@@ -95,22 +95,35 @@ class WorkerLogging:
 def for_workers(**fields: Any) -> WorkerLogging | None:
     """How this process logs (as `configure` set it up), plus `fields`; None when it was never configured
     (a library caller's own logging, which tasks then leave alone too)."""
-    handler = _our_handler()
-    if handler is None or not isinstance(handler.formatter, TextFormatter | JsonFormatter):
+    configured = _configured()
+    if configured is None:
         return None
+    handler, formatter = configured
     process = next((f.fields for f in handler.filters if isinstance(f, _Fields)), {})
-    return WorkerLogging(JSON if isinstance(handler.formatter, JsonFormatter) else TEXT,
-                         logging.getLogger().level, handler.formatter.redactor, {**process, **fields})
+    return WorkerLogging(JSON if isinstance(formatter, JsonFormatter) else TEXT,
+                         logging.getLogger().level, formatter.redactor, {**process, **fields})
+
+
+def masked(text: str) -> str:
+    """`text` for stdout (a run's summary, whose `stopped because` line is an error's message): masked as a
+    log line is; before `configure`, URL credentials only."""
+    configured = _configured()
+    return configured[1].redactor.text(text) if configured is not None else urls_in(text)
+
+
+def _configured() -> tuple[logging.Handler, TextFormatter | JsonFormatter] | None:
+    """The handler `configure` installed and its formatter; None if never configured (a library caller's
+    own logging)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, _StderrHandler) and isinstance(handler.formatter, TextFormatter | JsonFormatter):
+            return handler, handler.formatter
+    return None
 
 
 def logs_json() -> bool:
     """Whether `configure` set this process up to log JSON lines (what the Spark driver's JVM should do too)."""
-    handler = _our_handler()
-    return handler is not None and isinstance(handler.formatter, JsonFormatter)
-
-
-def _our_handler() -> logging.Handler | None:
-    return next((h for h in logging.getLogger().handlers if isinstance(h, _StderrHandler)), None)
+    configured = _configured()
+    return configured is not None and isinstance(configured[1], JsonFormatter)
 
 
 def apply_in_worker(settings: WorkerLogging | None) -> None:

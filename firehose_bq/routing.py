@@ -36,8 +36,11 @@ HEADER_PREFIX = "header."
 # BigQuery's limits on dataset and table names (characters).
 MAX_DATASET_NAME = 1024
 MAX_TABLE_NAME = 1024
-DATASET_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-TABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+# BigQuery's dataset names: letters, digits, `_`, anywhere (`2024_events` too). Its table names take Unicode
+# letters, marks, numbers, connectors, dashes and spaces; this sink keeps to ASCII letters, digits, `_` and
+# `-` (not first: a name read as an option by `bq` and shells), which SQL and every API take quoted.
+DATASET_NAME = re.compile(r"[A-Za-z0-9_]+")
+TABLE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
 
 
 class TemplateError(ValueError):
@@ -71,7 +74,11 @@ class NameTemplate:
         if any(values.get(a) is None for a in self.attributes):
             return None
         name = PLACEHOLDER.sub(lambda m: sanitize_chars(values[m.group(1)] or ""), self.text)
-        # The text around the values is the job's own, checked at start: a table's keeps its dashes.
+        if self.text[:1].isdigit():
+            # The job's own text, checked at start, starts the name: BigQuery takes its leading digit as it is.
+            return name
+        # The text around the values is the job's own, checked at start: a table's keeps its dashes. A
+        # value's leading digit gets a `_`, as it always has (the tables of running jobs keep their names).
         return sanitize_name(name, limit=None, dashes=self.table)
 
 
@@ -186,8 +193,8 @@ def name_problem(name: str, table: bool) -> str | None:
     if len(name) > limit:
         return f"a name longer than {limit} characters"
     if not (TABLE_NAME if table else DATASET_NAME).fullmatch(name):
-        return (f"{name!r} is not a valid BigQuery {'table' if table else 'dataset'} name (ASCII letters, digits, "
-                f"_{' and -' if table else ''}; not starting with a digit{' or -' if table else ''})")
+        return (f"{name!r} is not a valid BigQuery {'table' if table else 'dataset'} name (ASCII letters, digits"
+                f"{', _ and -; not starting with -' if table else ' and _'})")
     return None
 
 

@@ -9,6 +9,7 @@ table. `config.py` holds the job's sections; other packages (e.g. `registry`) de
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -102,7 +103,8 @@ def reference_markdown(sections: tuple[type, ...]) -> str:
 
 
 def read_env_file(path: Path) -> dict[str, str]:
-    """Parse a `NAME=value` file (comments, blank lines, optional quotes) into a dict."""
+    """Parse a `NAME=value` file (comments, blank lines, optional quotes) into a dict, as docker compose and
+    python-dotenv read one: see `_env_value`."""
     values: dict[str, str] = {}
     for number, raw in enumerate(path.read_text().splitlines(), start=1):
         line = raw.strip()
@@ -111,11 +113,43 @@ def read_env_file(path: Path) -> dict[str, str]:
         name, sep, value = line.removeprefix("export ").partition("=")
         if not sep or not name.strip().isidentifier():
             raise ConfigError([f"{path}:{number}: expected NAME=value, got {raw!r}"])
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        values[name.strip()] = value
+        try:
+            values[name.strip()] = _env_value(value.strip())
+        except ValueError as exc:  # the line itself is not shown: it may hold a password
+            raise ConfigError([f"{path}:{number}: {name.strip()}: {exc}"]) from None
     return values
+
+
+# What a backslash escape in a double-quoted value means; any other `\x` stays as written.
+_DOUBLE_QUOTED_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "'": "'"}
+
+
+def _env_value(value: str) -> str:
+    """An env file's value. Double quotes: `\\"`, `\\\\`, `\\n`, `\\r`, `\\t` are escapes (a JAAS line's inner
+    quotes, a newline); single quotes: literal but for `\\'`; unquoted: as written. After a closing quote, or after
+    whitespace in an unquoted value, `#` starts a comment."""
+    if value[:1] not in ("'", '"'):
+        return re.split(r"\s#", value, maxsplit=1)[0].rstrip()
+    quote, i = value[0], 1
+    chars: list[str] = []
+    while i < len(value):
+        char = value[i]
+        if char == "\\" and i + 1 < len(value):
+            escaped = value[i + 1]
+            if quote == '"':
+                chars.append(_DOUBLE_QUOTED_ESCAPES.get(escaped, char + escaped))
+            else:
+                chars.append("'" if escaped == "'" else char + escaped)
+            i += 2
+            continue
+        if char == quote:
+            rest = value[i + 1:].strip()
+            if rest and not rest.startswith("#"):
+                raise ValueError(f"text after the closing {quote}: quote the whole value (not shown: it may be secret)")
+            return "".join(chars)
+        chars.append(char)
+        i += 1
+    raise ValueError(f"no closing {quote} (an escaped \\{quote} does not end the value; one value per line)")
 
 
 # --- parsing -------------------------------------------------------------------------------------------
@@ -193,6 +227,9 @@ def _parse(raw: str, annotation: Any, meta: Mapping[str, Any]) -> Any:
         if not items:
             raise ValueError("expected at least one comma-separated value")
         return items
+    if base is Secret:
+        # Wrapped here, the one place a value leaves the environment: no section holds it as a plain str.
+        return Secret(raw)
     if meta["choices"]:
         # Whatever its case, as Kafka reads its own (security.protocol, auto.offset.reset): a Firehose env
         # file's `sasl_ssl` worked there. The value is the choice's own spelling.

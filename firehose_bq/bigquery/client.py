@@ -35,13 +35,13 @@ def call_options(cfg: BigQueryConfig) -> dict[str, object]:
     tables, reading a schema on the driver): the client retries it until SINK_BIGQUERY_RETRY_DEADLINE_MS.
     Without them it would retry for 600 s."""
     return {"retry": bigquery.DEFAULT_RETRY.with_timeout(cfg.retry_deadline_ms / 1000),
-            "timeout": cfg.client_timeout_ms / 1000}
+            "timeout": cfg.request_timeout_s}
 
 
 def attempt_options(cfg: BigQueryConfig) -> dict[str, object]:
     """`retry` and `timeout` for a BigQuery call that is one attempt of a write our retry layer repeats
     (policy.py, the load job, the MERGE): the client does not retry it, or the retries would multiply."""
-    return {"retry": None, "timeout": cfg.client_timeout_ms / 1000}
+    return {"retry": None, "timeout": cfg.request_timeout_s}
 
 
 def make_client(cfg: BigQueryConfig, creds: Credentials | None = None) -> bigquery.Client:

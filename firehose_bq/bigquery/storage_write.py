@@ -86,7 +86,7 @@ class StorageWriteWriter:
         self._write_client = write_client
         self._table = cfg.table_ref
         self._stream = f"projects/{cfg.project_id}/datasets/{cfg.dataset}/tables/{cfg.table}/streams/_default"
-        self._read_timeout_s = cfg.client_timeout_ms / 1000
+        self._read_timeout_s = cfg.request_timeout_s
         self._live = LiveTable(client, cfg.table_ref, attempt_options(cfg))
 
     def close(self) -> None:

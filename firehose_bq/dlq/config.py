@@ -55,7 +55,12 @@ class DlqConfig:
     kafka_brokers: str = setting(
         "DLQ_KAFKA_BROKERS", "Bootstrap servers of the DLQ topic; empty = SOURCE_KAFKA_BROKERS.", ""
     )
-    kafka_topic: str = setting("DLQ_KAFKA_TOPIC", "DLQ topic (KAFKA writer).", "firehose-retry-topic")
+    kafka_topic: str = setting(
+        "DLQ_KAFKA_TOPIC",
+        "DLQ topic (KAFKA writer). Not created by the job: it must exist, or the brokers create topics on first "
+        "use (checked at start).",
+        "firehose-retry-topic",
+    )
     kafka_acks: str = setting(
         "DLQ_KAFKA_ACKS",
         "Producer acks of the DLQ writer. all: a letter counts as written once every in-sync replica has it; "

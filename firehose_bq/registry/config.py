@@ -1,4 +1,4 @@
-"""Schema registry settings, and `Secret`, the type that keeps header and password values out of logs."""
+"""Schema registry settings; header and password values are `Secret`s (firehose_bq.settings), kept out of logs."""
 
 from __future__ import annotations
 
@@ -98,11 +98,6 @@ class RegistryConfig:
     )
 
     def __post_init__(self) -> None:
-        # The env parser hands fields of other types the raw string: wrap it before anything prints it.
-        for name in ("fetch_headers", "confluent_basic_auth"):
-            value = getattr(self, name)
-            if isinstance(value, str):
-                object.__setattr__(self, name, Secret(value))
         try:
             self.stencil_headers()
         except ValueError as exc:

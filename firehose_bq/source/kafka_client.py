@@ -60,7 +60,9 @@ class KafkaMetadataClient:
     go to the group without joining it."""
 
     def __init__(self, brokers: str, group_id: str, isolation_level: str = READ_COMMITTED,
-                 security: KafkaSecurityConfig = KafkaSecurityConfig()) -> None:
+                 security: KafkaSecurityConfig = KafkaSecurityConfig(), *, auto_create: bool = False) -> None:
+        """`auto_create`: its metadata requests let the brokers create a missing topic, as a producer's do
+        (`require_writable`); off, a missing source topic is reported, never created."""
         import confluent_kafka as ck
 
         self._ck = ck
@@ -73,6 +75,7 @@ class KafkaMetadataClient:
             "enable.auto.commit": False,
             "isolation.level": isolation_level,
             "socket.timeout.ms": REQUEST_TIMEOUT_MS,
+            "allow.auto.create.topics": auto_create,
             "logger": librdkafka_logger(),
             **security.librdkafka(),
         })
@@ -98,6 +101,17 @@ class KafkaMetadataClient:
                 raise SourceError(f"topic {topic!r} does not exist on {self._brokers}{detail}")
             result.extend((topic, p) for p in sorted(found.partitions))
         return result
+
+    def require_writable(self, env: str, topic: str) -> None:
+        """What the job's first write to `topic` (a dead letter, an unrouted record) would meet, found at start:
+        the topic exists, or the brokers create it on this request as they would on that write (this client
+        made with `auto_create`). Otherwise SourceError naming `env` and the topic: left to that write, it
+        would wait for the topic through every DLQ retry and stop the job, batch after batch."""
+        found = self._call(f"metadata of {topic!r}", self._consumer.list_topics, topic,
+                           timeout=self._timeout_s).topics.get(topic)
+        problem = output_topic_problem(found, self._ck.KafkaError)
+        if problem is not None:
+            raise SourceError(f"{env}: topic {topic!r} on {self._brokers} {problem}")
 
     def end_offsets(self, topics: tuple[str, ...]) -> Offsets:
         return self._watermarks(self.partitions(topics), high=True)
@@ -136,6 +150,20 @@ class KafkaMetadataClient:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def output_topic_problem(found: Any, errors: Any) -> str | None:
+    """Why a topic the job writes to cannot be written, from its metadata (`found`: librdkafka's TopicMetadata,
+    None if absent; `errors`: confluent_kafka.KafkaError, for its codes); None if it can be."""
+    code = found.error.code() if found is not None and found.error is not None else None
+    if found is None or code in (errors.UNKNOWN_TOPIC_OR_PART, errors._UNKNOWN_TOPIC):
+        return ("does not exist, and the brokers do not create topics on first use (auto.create.topics.enable="
+                "false): create it, then start the job (it creates no topics itself)")
+    if code == errors.LEADER_NOT_AVAILABLE:
+        return None  # being created by this very request (auto-creation): a producer waits for its leader
+    if code is not None:
+        return f"cannot be written: {found.error.str()}"
+    return None if found.partitions else "has no partitions"
 
 
 KAFKA_PYTHON = "kafka-python"

@@ -179,12 +179,6 @@ class KafkaSecurityConfig:
         None,
     )
 
-    def __post_init__(self) -> None:
-        # The env parser hands fields of other types the raw string: wrap it before anything prints it.
-        for name in ("jaas_config", "sasl_password", "ssl_key_password"):
-            if isinstance(value := getattr(self, name), str):
-                object.__setattr__(self, name, Secret(value))
-
     def says(self, env: str, value: str) -> bool:
         """Whether `value`, given for the setting named `env`, means what this config has for it."""
         if env == PROTOCOL_ENV:

@@ -11,7 +11,7 @@ import pytest
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import SchemaError
 from firehose_bq.registry.cache import DescriptorCache
-from firehose_bq.registry.config import RegistryConfig
+from firehose_bq.registry.config import RegistryConfig, Secret
 from firehose_bq.registry.confluent import ConfluentRegistry, encode_frame
 from tests.integration.conftest import FakeRegistry
 from tests.unit.registry.fixtures import MONEY_PROTO, ORDER_PROTO, eventually, regtest_set, with_new_field
@@ -32,7 +32,7 @@ def test_version_based_cache_follows_new_versions_ignores_republish_and_survives
     fake, server = registry
     v2 = with_new_field(v1)
     fake.publish_versions("/orders", {1: v1})
-    config = fast(refresh_strategy="VERSION_BASED_REFRESH", fetch_headers="Authorization: Bearer t0ken")
+    config = fast(refresh_strategy="VERSION_BASED_REFRESH", fetch_headers=Secret("Authorization: Bearer t0ken"))
     with DescriptorCache.for_stencil([f"{fake.url}/orders"], config) as cache:
         heard: list[Descriptors] = []
         cache.add_listener(heard.append)
@@ -84,7 +84,7 @@ def test_a_confluent_framed_message_decodes_with_the_resolved_class(
     fake.routes["/subjects/money-value/versions/1"] = json.dumps(
         {"subject": "money-value", "version": 1, "id": 41, "schemaType": "PROTOBUF", "schema": MONEY_PROTO}
     ).encode()
-    confluent = ConfluentRegistry.from_config(fast(confluent_url=fake.url, confluent_basic_auth="sink:pa55"))
+    confluent = ConfluentRegistry.from_config(fast(confluent_url=fake.url, confluent_basic_auth=Secret("sink:pa55")))
     assert confluent is not None
 
     line = Descriptors((v1,)).message_class("regtest.Order.Line")(sku="A-1", notes=[{"text": "fragile"}])

@@ -76,3 +76,47 @@ def test_a_python_warning_is_a_log_line_in_the_log_format() -> None:
     assert done.returncode == 0, done.stderr
     [entry] = [json.loads(line) for line in done.stderr.strip().splitlines()]  # one JSON object, not two raw lines
     assert entry["level"] == "WARNING" and "end user credentials" in entry["message"]
+
+
+TOKEN = "tok-never-shown-29"
+# A run that stops: the summary's `stopped because` line is the error's message, which may quote a URL
+# with credentials or a secret setting's value. Spark, the source check and the registry are faked: what is
+# tested is what the command prints.
+STOPS = f"""
+import sys, types
+from firehose_bq import cli, pipeline, sink_schema, spark
+from firehose_bq.errors import FirehoseError
+from firehose_bq.metrics import RunSummary
+
+class Stops:
+    def __init__(self, *args, **kwargs):
+        self.summary, self.schema = RunSummary(), types.SimpleNamespace(on_descriptors_changed=None)
+
+    def run(self, **kwargs):
+        self.summary.failure = "https://user:{PASSWORD}@sr.example/x refused Bearer {TOKEN}"
+        raise FirehoseError(self.summary.failure)
+
+class Cache:
+    get = refresh_now = stats = add_listener = stop = lambda *args: None
+    def start(self):
+        return self
+
+cli._check_source = lambda cfg: None
+spark.spark_session = lambda cfg: object()
+spark.refuse_speculation = spark.start_workers = lambda session: None
+spark.stop_session = lambda session, workers: None
+sink_schema.descriptor_cache = lambda cfg: Cache()
+pipeline.Pipeline = Stops
+sys.exit(cli.main(["run", "--available-now"]))
+"""
+
+
+def test_the_summary_of_a_run_that_stops_is_masked_like_its_error_line() -> None:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SOURCE_", "SINK_", "INPUT_", "SCHEMA_",
+                                                                       "SPARK_", "LOG_"))}
+    env = {**base, **MINIMAL, "SCHEMA_REGISTRY_STENCIL_FETCH_HEADERS": f"Authorization: Bearer {TOKEN}"}
+    done = subprocess.run([sys.executable, "-c", STOPS], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 1, done.stderr
+    assert PASSWORD not in done.stdout + done.stderr and TOKEN not in done.stdout + done.stderr
+    assert "stopped because    https://***@sr.example/x refused ***" in done.stdout.splitlines()

@@ -113,7 +113,7 @@ def test_empty_required_value_is_missing() -> None:
         ("SINK_BIGQUERY_TABLE_NAME", "my table", "SINK_BIGQUERY_TABLE_NAME: 'my table' is not a valid BigQuery table name"),
         ("SINK_BIGQUERY_TABLE_NAME", "-x_${header.t}", "SINK_BIGQUERY_TABLE_NAME: '-x_${header.t}' is not a valid"),
         ("SINK_BIGQUERY_DATASET_NAME", "my-data", "SINK_BIGQUERY_DATASET_NAME: 'my-data' is not a valid BigQuery "
-                                                  "dataset name (ASCII letters, digits, _; not starting with a digit)"),
+                                                  "dataset name (ASCII letters, digits and _)"),
         ("SINK_BIGQUERY_TABLE_NAME", "t" * 1025, "SINK_BIGQUERY_TABLE_NAME: a name longer than 1024 characters"),
         ("SINK_BIGQUERY_METADATA_NAMESPACE", "a.b", "SINK_BIGQUERY_METADATA_NAMESPACE: 'a.b' is not a valid"),
         ("SPARK_MAX_OFFSETS_PER_TRIGGER", "0", "SPARK_MAX_OFFSETS_PER_TRIGGER: must be positive or -1"),
@@ -127,6 +127,12 @@ def test_cross_checks(name: str, value: str, problem: str) -> None:
 def test_a_table_name_may_hold_dashes_as_bigquery_allows() -> None:
     assert Config.from_env({**MINIMAL, "SINK_BIGQUERY_TABLE_NAME": "orders-v2"}).bigquery.table == "orders-v2"
     Config.from_env({**MINIMAL, "SINK_BIGQUERY_TABLE_NAME": "events-${header.type}"})
+
+
+def test_dataset_and_table_names_may_start_with_a_digit_as_bigquery_allows() -> None:
+    cfg = Config.from_env({**MINIMAL, "SINK_BIGQUERY_DATASET_NAME": "2024_raw", "SINK_BIGQUERY_TABLE_NAME": "2024_events"})
+    assert (cfg.bigquery.dataset, cfg.bigquery.table) == ("2024_raw", "2024_events")
+    Config.from_env({**MINIMAL, "SINK_BIGQUERY_TABLE_NAME": "2024_${header.type}"})
 
 
 def test_unknown_variables_under_our_prefixes_are_reported() -> None:
@@ -172,6 +178,7 @@ SPARK_VARIABLES = {"SPARK_CONF_DIR", "SPARK_SIMPLIFIED_TRACEBACK"}
 def test_readme_prose_names_only_settings_that_exist() -> None:
     # The generated tables cannot go stale; the prose around them can (a renamed or removed setting).
     declared = {name for d in config.reference() + config.reference((StackConfig,)) for name in (d.env, *d.formerly)}
+    declared |= set(config.DLQ_SECURITY_ENVS)  # read to be compared with the source's, not settings
     named = set(re.findall(r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)`", README.read_text()))
     prefixes = (*config.OWNED_PREFIXES, "SPARK_", "LOG_", "FIREHOSE_STACK_")
     assert sorted(n for n in named if n.startswith(prefixes) and n not in declared | SPARK_VARIABLES) == []
@@ -195,3 +202,14 @@ def test_example_layers_over_local_env_are_valid_configs(layer: str) -> None:
            **config.read_env_file(README.parent / "config" / layer)}
     assert config.unknown_variables(env) == []
     Config.from_env(env)
+
+
+def test_a_firehose_env_files_client_read_timeout_of_minus_1_is_the_default() -> None:
+    """Firehose documents SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS=-1 (its default, set in its env files) as the
+    client's default timeout; 0 there is no timeout, which would let a BigQuery that never answers hold a task."""
+    minus_one = Config.from_env({**MINIMAL, "SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS": "-1"})
+    assert minus_one.bigquery.request_timeout_s == Config.from_env(MINIMAL).bigquery.request_timeout_s == 60.0
+    assert Config.from_env({**MINIMAL, "SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS": "2500"}).bigquery.request_timeout_s == 2.5
+    for bad, problem in (("0", "must be positive or -1 (the default, 60000 ms), got 0"), ("-2", "must be at least -1")):
+        with pytest.raises(ConfigError, match=re.escape(f"SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS: {problem}")):
+            Config.from_env({**MINIMAL, "SINK_BIGQUERY_CLIENT_READ_TIMEOUT_MS": bad})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,7 +14,7 @@ from firehose_bq.dlq.config import DlqConfig
 from firehose_bq.dlq.letters import H_ATTEMPT, H_EXCEPTION, H_NULLS, H_OFFSET, H_ROUTE, H_TYPE, DeadLetter
 from firehose_bq.blobstore import LocalBlobStore
 from firehose_bq.dlq.writers import BlobDlqWriter, dead_letter
-from firehose_bq.errors import DeadLetterError, ErrorType, FirehoseError, MessageError
+from firehose_bq.errors import DeadLetterError, ErrorType, FirehoseError, MessageError, SourceError
 from tests.unit.clock import Clock
 
 LETTER = DeadLetter(MessageError(ErrorType.SINK_4XX_ERROR, "orders", 2, 41, "invalid at ts: out of range"),
@@ -362,3 +363,63 @@ def test_the_replay_remembers_two_of_the_streams_own_batches_of_letters() -> Non
     assert RecentLetters.for_mode(write_mode(config())).size == 200_000 + DLQ_BATCH
     assert RecentLetters.for_mode(write_mode(config(SPARK_MAX_OFFSETS_PER_TRIGGER="-1"))).size \
         == RecentLetters.UNLIMITED
+
+
+class _Broker:
+    """confluent_kafka.Consumer's metadata calls against a broker that holds `topics` and creates none (its
+    auto.create.topics.enable=false): an unknown topic is answered with UNKNOWN_TOPIC_OR_PART."""
+
+    topics: dict[str, object] = {}
+    configs: list[dict[str, object]] = []
+
+    def __init__(self, conf: dict[str, object]) -> None:
+        self.configs.append(conf)
+
+    def list_topics(self, topic: str, timeout: float) -> SimpleNamespace:
+        import confluent_kafka as ck
+
+        found = self.topics.get(topic) or SimpleNamespace(error=ck.KafkaError(ck.KafkaError.UNKNOWN_TOPIC_OR_PART),
+                                                          partitions={})
+        return SimpleNamespace(topics={topic: found})
+
+    def poll(self, timeout: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_dlq_topic_the_brokers_lack_and_do_not_create_stops_the_start_naming_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Left to the first dead letter, the producer would wait for the topic's metadata through every DLQ
+    retry (about 3 minutes), stop the job, and do the same again after each restart."""
+    import confluent_kafka as ck
+
+    from firehose_bq import cli
+    from firehose_bq.config import Config
+    from tests.unit.test_config import MINIMAL
+
+    monkeypatch.setattr(ck, "Consumer", _Broker)
+    monkeypatch.setattr(_Broker, "configs", [])
+    monkeypatch.setattr(_Broker, "topics", {"fallback": SimpleNamespace(error=None, partitions={0: object()})})
+    cfg = Config.from_env({**MINIMAL, "DLQ_SINK_ENABLE": "true", "DLQ_KAFKA_TOPIC": "letters",
+                           "DLQ_KAFKA_BROKERS": "dlq:9092", "SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC": "fallback"})
+    with pytest.raises(SourceError, match=r"^DLQ_KAFKA_TOPIC: topic 'letters' on dlq:9092 does not exist, and the "
+                                          r"brokers do not create topics on first use .*: create it"):
+        cli._check_outputs(cfg)
+    # Asked as the DLQ producer asks: a broker that creates topics on first use creates it now instead.
+    assert [c["bootstrap.servers"] for c in _Broker.configs] == ["k:9092", "dlq:9092"]
+    assert all(c["allow.auto.create.topics"] is True for c in _Broker.configs)
+    _Broker.topics["letters"] = SimpleNamespace(error=ck.KafkaError(ck.KafkaError.LEADER_NOT_AVAILABLE), partitions={})
+    cli._check_outputs(cfg)  # just created by that request: its leader comes within the producer's wait
+
+
+def test_a_dlq_topic_the_job_may_not_write_is_reported_with_the_brokers_reason() -> None:
+    import confluent_kafka as ck
+
+    from firehose_bq.source.kafka_client import output_topic_problem
+
+    denied = SimpleNamespace(error=ck.KafkaError(ck.KafkaError.TOPIC_AUTHORIZATION_FAILED), partitions={})
+    assert output_topic_problem(denied, ck.KafkaError) == "cannot be written: Broker: Topic authorization failed"
+    assert output_topic_problem(None, ck.KafkaError).startswith("does not exist")
+    assert output_topic_problem(SimpleNamespace(error=None, partitions={0: object()}), ck.KafkaError) is None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from firehose_bq.errors import ErrorType
-from firehose_bq.routing import (Destination, NameTemplate, Router, TemplateError, header_values, parse_class_routes,
-                                 router_of)
+from firehose_bq.routing import (Destination, NameTemplate, Router, TemplateError, header_values, name_problem,
+                                 parse_class_routes, router_of)
 from tests.unit.batch.sources import source_batch
 
 
@@ -32,6 +32,19 @@ def test_a_tables_own_text_keeps_its_dashes_and_the_values_never_do() -> None:
     assert NameTemplate("${header.n}-x", table=True).render({"header.n": "7"}) == "_7-x"
     router = router_of("ds", "orders-v2", "pkg.M", None, "")
     assert [d for d, _ in router.assign(source_batch([b""])).groups] == [Destination("ds", "orders-v2", "pkg.M")]
+
+
+def test_a_name_whose_own_text_starts_with_a_digit_is_kept_as_bigquery_takes_it() -> None:
+    """BigQuery's dataset and table names may start with a digit (`2024_events`); a value that starts the
+    name still gets a `_` in front, as before: routed tables keep the names they had."""
+    assert NameTemplate("2024_events", table=True).render({}) == "2024_events"
+    assert NameTemplate("2024_${header.kind}", table=True).render({"header.kind": "a-b"}) == "2024_a_b"
+    assert NameTemplate("2024_raw").render({}) == "2024_raw"
+    assert NameTemplate("${header.year}_events").render({"header.year": "2024"}) == "_2024_events"
+    assert name_problem("2024_events", table=True) is None and name_problem("7", table=False) is None
+    router = router_of("2024_raw", "2024_${header.kind}", "pkg.M", None, "")
+    batch = source_batch([b""], headers=[[("kind", b"clicks")]])
+    assert [d for d, _ in router.assign(batch).groups] == [Destination("2024_raw", "2024_clicks", "pkg.M")]
 
 
 def test_header_values_take_the_last_and_null_for_missing() -> None:

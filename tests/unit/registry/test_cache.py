@@ -15,7 +15,7 @@ import pytest
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import RegistryUnavailableError, SchemaError
 from firehose_bq.registry.cache import DescriptorCache, confluent_fetch
-from firehose_bq.registry.config import RegistryConfig
+from firehose_bq.registry.config import RegistryConfig, Secret
 from firehose_bq.registry.confluent import ConfluentRegistry
 from firehose_bq.registry.stencil import StencilFetcher
 from firehose_bq.retrying import Backoff
@@ -117,7 +117,7 @@ def test_a_registry_that_is_down_keeps_the_last_good_descriptors(tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     v1 = regtest_set(tmp_path)
     get = FakeGet({SOURCE: v1})
-    config = RegistryConfig(fetch_headers="Authorization: Bearer s3cr3t", fetch_retries=1, fetch_backoff_min_ms=1)
+    config = RegistryConfig(fetch_headers=Secret("Authorization: Bearer s3cr3t"), fetch_retries=1, fetch_backoff_min_ms=1)
     descriptors = DescriptorCache(StencilFetcher([SOURCE], config, get=get).fetch, source=SOURCE,
                                   refresh_interval_s=None, min_on_demand_interval_s=0).start()
     loaded_at = descriptors.stats().last_success_time

@@ -163,7 +163,7 @@ def test_unusable_schemas_are_schema_errors(body: bytes, problem: str) -> None:
 
 def test_from_config_is_off_without_a_url() -> None:
     assert ConfluentRegistry.from_config(RegistryConfig()) is None
-    on = ConfluentRegistry.from_config(RegistryConfig(confluent_url=URL + "/", confluent_basic_auth="u:p"))
+    on = ConfluentRegistry.from_config(RegistryConfig(confluent_url=URL + "/", confluent_basic_auth=Secret("u:p")))
     assert on is not None and on.url == URL
 
 

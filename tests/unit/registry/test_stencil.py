@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from firehose_bq.errors import RegistryUnavailableError, SchemaError
-from firehose_bq.registry.config import RegistryConfig
+from firehose_bq.registry.config import RegistryConfig, Secret
 from firehose_bq.registry.stencil import StencilFetcher
 from tests.unit.registry.fixtures import FakeGet, regtest_set, with_new_field
 
@@ -42,7 +42,7 @@ def test_a_registry_that_does_not_answer_is_worth_a_retry_and_one_that_refuses_i
 
 def test_long_polling_downloads_every_time_with_headers_and_timeout(v1: bytes) -> None:
     get = FakeGet({URL: v1})
-    stencil = fetcher(get, fetch_headers="Authorization: Bearer t0ken", fetch_timeout_ms=2500)
+    stencil = fetcher(get, fetch_headers=Secret("Authorization: Bearer t0ken"), fetch_timeout_ms=2500)
     first, second = stencil.fetch(), stencil.fetch()
     assert first == second and first.sources == (URL,)
     assert "regtest.Order" in first.message_names()
@@ -68,7 +68,7 @@ def test_a_bad_version_listing_is_a_schema_error_naming_the_url(listing: bytes) 
 
 
 def test_failures_name_the_url_but_never_the_headers() -> None:
-    stencil = fetcher(FakeGet({URL: [http_error(401)]}), fetch_headers="Authorization: Bearer s3cr3t")
+    stencil = fetcher(FakeGet({URL: [http_error(401)]}), fetch_headers=Secret("Authorization: Bearer s3cr3t"))
     with pytest.raises(SchemaError) as raised:
         stencil.fetch()
     assert f"cannot fetch descriptors from {URL}: HTTP Error 401" in str(raised.value)
