@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib.abc
 import os
 import sys
 import traceback
@@ -38,6 +39,14 @@ TASK_MODULES = ("firehose_bq.batch.task", "firehose_bq.decode.native", "firehose
                 "confluent_kafka", "firehose_bq.bigquery.storage_write", "firehose_bq.bigquery.insert_all",
                 "google.cloud.bigquery_storage_v1.services.big_query_write.transports")
 PYSPARK_WORKER = "pyspark.worker"
+# What the workers' modules import only because it is installed, and no worker uses: pandas (the driver
+# needs it: PySpark's mapInArrow checks its version). google-cloud-bigquery and its Storage clients import
+# it for their DataFrame methods, and pyarrow on its first `pa.array()` of a list: 0.2-0.35 CPU-s and ~40 MB of
+# the daemon's start, paid while the daemon holds the JVM's lock on starting Python processes (so the
+# query's planning waits for it). Refused while the daemon imports, those libraries take it as absent and
+# keep that view in every worker: a worker cannot convert Arrow to pandas (`to_pandas()`) or call the
+# BigQuery client's DataFrame methods, which no task does. Imported later, it imports as usual.
+NOT_PRELOADED = ("pandas",)
 
 
 def modules_for(worker_module: str) -> tuple[str, ...]:
@@ -64,7 +73,7 @@ def preload(modules: Sequence[str]) -> str | None:
         os.environ.setdefault(key, value)
     try:
         # The daemon's stdout is its channel to the JVM (it writes its port there): nothing else may go to it.
-        with contextlib.redirect_stdout(sys.stderr):
+        with contextlib.redirect_stdout(sys.stderr), _refused(NOT_PRELOADED):
             for name in modules:
                 __import__(name)
     except Exception:  # noqa: BLE001 - an import that fails here fails in the worker too, with Spark's report
@@ -76,6 +85,28 @@ def preload(modules: Sequence[str]) -> str | None:
     # collection in a worker does not write to (and so copy) the pages it shares with the daemon.
     gc.freeze()
     return None
+
+
+class _Refuse(importlib.abc.MetaPathFinder):
+    """An import finder that has the packages `names` (and their submodules) not found."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = frozenset(names)
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname.partition(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {fullname!r} (the worker daemon does not preload it)",
+                                      name=fullname)
+
+
+@contextlib.contextmanager
+def _refused(names: Sequence[str]) -> Iterator[None]:
+    finder = _Refuse(names)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
 
 
 def no_rows(batches: Iterator[Any]) -> Iterator[Any]:
