@@ -102,7 +102,7 @@ class Cache:
         return self
 
 cli._check_source = lambda cfg: None
-spark.spark_session = lambda cfg: object()
+spark.spark_session = lambda cfg, **options: object()
 spark.refuse_speculation = spark.start_workers = lambda session: None
 spark.stop_session = lambda session, workers: None
 sink_schema.descriptor_cache = lambda cfg: Cache()
