@@ -384,3 +384,21 @@ def test_failures_name_the_problem(trees: dict[str, Descriptors]) -> None:
     got, _ = _one(trees, "testdata.AllTypes", b"\x0a\x05ab")
     assert got.failures[0].error_type is ErrorType.DESERIALIZATION_ERROR
     assert "testdata.AllTypes" in got.failures[0].message
+
+
+@pytest.mark.parametrize(("value", "path"), [
+    (length_delimited(5, b"\xc3\x28"), "s"),
+    (length_delimited(23, b"ok") + length_delimited(23, b"\xff"), "r_s[1]"),
+    (length_delimited(21, length_delimited(1, b"\xe2\x82") + length_delimited(2, b"v")), "m_str.key"),
+    (length_delimited(21, length_delimited(1, b"k")) + length_delimited(21, length_delimited(1, b"\xff")), "m_str.key"),
+    (length_delimited(22, length_delimited(21, length_delimited(1, b"\xff"))), "child.m_str.key"),
+    (length_delimited(22, length_delimited(8, tag(1, VARINT) + b"\x01" + length_delimited(2, b"a\x80b"))),
+     "child.req.b"),
+])
+def test_invalid_utf8_in_a_proto2_string_names_its_field(trees: dict[str, Descriptors], value: bytes,
+                                                         path: str) -> None:
+    """A proto2 string need not be UTF-8, a STRING column must: the row fails naming the field, the same
+    from both decoders (the native one hands such a row to the reference)."""
+    got, _ = _one(trees, "testdata.Proto2All", value)
+    assert [f.error_type for f in got.failures] == [ErrorType.INVALID_MESSAGE_ERROR]
+    assert got.failures[0].message.startswith(f"{path}: invalid UTF-8 in a string field"), got.failures[0].message
