@@ -50,8 +50,10 @@ class _EnumNames(dict[int, str]):
 
 
 def _json(msg: Message) -> str:
-    # Proto field names, as in the columns around it (not JSON's lowerCamelCase).
-    return json_format.MessageToJson(msg, indent=None, sort_keys=True, preserving_proto_field_name=True)
+    # Proto field names, as in the columns around it (not JSON's lowerCamelCase). An Any inside is
+    # unpacked through the message's own pool, the job's descriptors: the default pool lacks their types.
+    return json_format.MessageToJson(msg, indent=None, sort_keys=True, preserving_proto_field_name=True,
+                                     descriptor_pool=msg.DESCRIPTOR.file.pool)
 
 
 def _days(d: Message) -> int:

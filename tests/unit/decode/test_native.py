@@ -5,6 +5,7 @@ upb's wire rules. Equal values, failure indexes and types, and unknown-field row
 from __future__ import annotations
 
 import decimal
+import json
 import random
 import struct
 import tempfile
@@ -402,3 +403,25 @@ def test_invalid_utf8_in_a_proto2_string_names_its_field(trees: dict[str, Descri
     got, _ = _one(trees, "testdata.Proto2All", value)
     assert [f.error_type for f in got.failures] == [ErrorType.INVALID_MESSAGE_ERROR]
     assert got.failures[0].message.startswith(f"{path}: invalid UTF-8 in a string field"), got.failures[0].message
+
+
+def test_an_any_cut_to_json_is_unpacked_with_the_jobs_descriptors(trees: dict[str, Descriptors]) -> None:
+    """json_format unpacks an Any through a descriptor pool: the job's, where the packed type is, not
+    protobuf's default pool (which knows none of the user's types)."""
+    tree = trees["testdata"]
+    packed, leaf = tree.message_class("testdata.Packed"), tree.message_class("testdata.Leaf")
+    msg = packed(note="n")
+    msg.any.Pack(leaf(s="x", r=[1]))
+    msg.anys.add().Pack(leaf(e=1))
+    msg.inner.by_name["k"].Pack(leaf(s="y"))
+    unknown_type = packed()
+    unknown_type.any.type_url = "type.googleapis.com/nowhere.Missing"
+    native, reference = decoders(tree, "testdata.Packed", 1, SchemaOptions(max_depth=1))
+    got = assert_same(binary([msg.SerializeToString(), unknown_type.SerializeToString()]), native, reference)
+    row = got.values.to_pylist()[0]
+    assert json.loads(row["any"]) == {"@type": "type.googleapis.com/testdata.Leaf", "s": "x", "r": [1]}
+    assert [json.loads(a) for a in row["anys"]] == [{"@type": "type.googleapis.com/testdata.Leaf", "e": "O_ONE"}]
+    assert json.loads(row["inner"]) == {"by_name": {"k": {"@type": "type.googleapis.com/testdata.Leaf", "s": "y"}}}
+    # A type no descriptor knows cannot be unpacked: the row fails, naming it.
+    assert [(f.index, f.error_type) for f in got.failures] == [(1, ErrorType.INVALID_MESSAGE_ERROR)]
+    assert "nowhere.Missing" in got.failures[0].message
