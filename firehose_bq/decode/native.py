@@ -26,11 +26,10 @@ from typing import Any
 import pyarrow as pa
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
-from google.protobuf.descriptor_pb2 import FeatureSet
 from google.protobuf.message import DecodeError, Message
 
 from firehose_bq.arrow_schema import arrow_struct
-from firehose_bq.convert import _INVALID, _json
+from firehose_bq.convert import _INVALID, _entry_json, _json, validates_utf8
 from firehose_bq.decode import NativeUnavailable, native_unavailable
 from firehose_bq.decode.values import DecodedValues
 from firehose_bq.errors import ErrorType, RowError
@@ -269,7 +268,7 @@ def _validates_utf8(fd: FieldDescriptor) -> bool:
     feature); proto2 strings are not checked. protobuf has no public API for it: should the private one
     go away, the reference decoder takes over rather than the job failing."""
     try:
-        return bool(fd._GetFeatures().utf8_validation == FeatureSet.VERIFY)  # noqa: SLF001
+        return validates_utf8(fd)
     except AttributeError as exc:
         raise UnsupportedShape(f"field {fd.full_name}: this protobuf does not say whether it checks UTF-8 ({exc})") from None
 
@@ -354,9 +353,10 @@ class NativeDecoder:
             cut = self._cuts[column]
             try:
                 msg = cut.message_class.FromString(data)
-                if cut.entry:  # rebuilt, as the reference builds it: a missing message value becomes set
-                    msg = cut.message_class(key=msg.key, value=msg.value)  # type: ignore[attr-defined]
-                texts.append(_json(msg).encode())
+                # an entry is rebuilt, as the reference builds it: a missing message value becomes set
+                text = (_entry_json(cut.message_class, msg.key, msg.value)  # type: ignore[attr-defined]
+                        if cut.entry else _json(msg))
+                texts.append(text.encode())
             except (DecodeError, *_INVALID) as exc:
                 kind = ErrorType.DESERIALIZATION_ERROR if isinstance(exc, DecodeError) else ErrorType.INVALID_MESSAGE_ERROR
                 failures.append(RowError(row, kind, str(exc) or type(exc).__name__))

@@ -10,15 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from firehose_bq.arrow_schema import arrow_struct
 from firehose_bq.convert import _MESSAGE_FAULTS, _UNDECODABLE, _collector_paused, _has_unknown_fields, _parser, \
-    compile_message
+    compile_message, non_utf8_string
 from firehose_bq.decode.values import DecodedValues
 from firehose_bq.errors import ErrorType, RowError
-from firehose_bq.schema import SchemaOptions, bigquery_fields, is_map
+from firehose_bq.schema import SchemaOptions, bigquery_fields
 
 
 class ReferenceDecoder:
@@ -56,7 +55,7 @@ class ReferenceDecoder:
                         ErrorType.INVALID_MESSAGE_ERROR
                     text = str(exc) or type(exc).__name__
                     if msg is not None and isinstance(exc, (UnicodeDecodeError, TypeError)) \
-                            and (path := _undecodable_key(msg)):
+                            and (path := non_utf8_string(msg)):
                         # upb hands a proto2 map's non-UTF-8 string key as bytes, which the converter
                         # trips over (decoding it, or sorting it among str keys)
                         text = f"{path}: invalid UTF-8 in a string field; a STRING column holds UTF-8 only"
@@ -79,8 +78,8 @@ class ReferenceDecoder:
             try:
                 pa.array([row], type=self._arrow_type)
             except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
-                out.failures.append(RowError(i, ErrorType.INVALID_MESSAGE_ERROR, _misfit_message(row, self._arrow_type, exc),
-                                             _qualified(exc)))
+                out.failures.append(RowError(i, ErrorType.INVALID_MESSAGE_ERROR,
+                                             _misfit_message(row, self._arrow_type, exc), _qualified(exc)))
                 rows[i] = None
         out.failures.sort(key=lambda f: f.index)
         return pa.array(rows, type=self._arrow_type)
@@ -95,30 +94,6 @@ def _misfit_message(row: dict[str, Any], arrow_type: pa.StructType, exc: BaseExc
     if isinstance(value, bytes):  # an unvalidated (proto2) string: upb hands the bytes when they are not UTF-8
         return f"{path}: invalid UTF-8 in a string field ({value[:32]!r}); a STRING column holds UTF-8 only"
     return f"{path}: the value does not fit its column: {exc}"
-
-
-def _undecodable_key(msg: Message, prefix: str = "") -> str | None:
-    """The path of the first string-keyed map in `msg` (at any depth) holding a key upb could not decode
-    (handed as bytes); None if there is none."""
-    for fd, value in msg.ListFields():
-        if fd.message_type is None:
-            continue
-        if is_map(fd):
-            entry = fd.message_type.fields_by_name
-            keys = list(value)
-            if any(isinstance(k, bytes) for k in keys) and entry["key"].type == FieldDescriptor.TYPE_STRING:
-                return f"{prefix}{fd.name}.key"
-            if entry["value"].message_type is None:
-                continue
-            items = [(f"{prefix}{fd.name}[{k!r}].", value[k]) for k in keys]
-        elif fd.is_repeated:
-            items = [(f"{prefix}{fd.name}[{j}].", item) for j, item in enumerate(value)]
-        else:
-            items = [(f"{prefix}{fd.name}.", value)]
-        for where, item in items:
-            if found := _undecodable_key(item, where):
-                return found
-    return None
 
 
 def _misfit(value: Any, arrow_type: pa.DataType, path: str) -> tuple[str, Any] | None:

@@ -45,13 +45,12 @@ def test_a_proto2_file_whose_json_names_clash_loads() -> None:
     fds = descriptor_pb2.FileDescriptorSet()
     legacy = fds.file.add(name="legacy/names.proto", package="legacy", syntax="proto2")
     clash = legacy.message_type.add(name="Clash")
-    for number, (name, json_name) in enumerate([("fooBar", "fooBar"), ("foo_bar", "fooBar"), ("foo_bar_", "fooBar")], 1):
-        clash.field.add(name=name, number=number, json_name=json_name, type=descriptor_pb2.FieldDescriptorProto.TYPE_INT32,
-                        label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
+    field = descriptor_pb2.FieldDescriptorProto
+    for number, name in enumerate(["fooBar", "foo_bar", "foo_bar_"], 1):
+        clash.field.add(name=name, number=number, json_name="fooBar", type=field.TYPE_INT32, label=field.LABEL_OPTIONAL)
     inner = clash.nested_type.add(name="Inner")
-    for number, name in enumerate(["a_b", "aB"], 1):
-        inner.field.add(name=name, number=number, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
-                        label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)  # no json_name: the default
+    for number, name in enumerate(["a_b", "aB"], 1):  # no json_name: the default one
+        inner.field.add(name=name, number=number, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
     blob = fds.SerializeToString()
     loaded = Descriptors((blob,), ("names.desc",))
     cls = loaded.message_class("legacy.Clash")

@@ -425,3 +425,19 @@ def test_an_any_cut_to_json_is_unpacked_with_the_jobs_descriptors(trees: dict[st
     # A type no descriptor knows cannot be unpacked: the row fails, naming it.
     assert [(f.index, f.error_type) for f in got.failures] == [(1, ErrorType.INVALID_MESSAGE_ERROR)]
     assert "nowhere.Missing" in got.failures[0].message
+
+
+@pytest.mark.parametrize(("value", "path"), [
+    (length_delimited(22, length_delimited(5, b"\xc3\x28")), "s"),  # child, cut to JSON
+    (length_delimited(9, tag(1, VARINT) + b"\x01" + length_delimited(2, b"\xff")), "b"),  # r_req[0], cut
+    (length_delimited(21, length_delimited(1, b"k") + length_delimited(2, b"\xe2\x82")), "value"),  # m_str, cut
+    (length_delimited(21, length_delimited(1, b"\xe2\x82") + length_delimited(2, b"v")), "key"),
+    (length_delimited(22, length_delimited(22, length_delimited(23, b"a\x80b"))), "child.r_s[0]"),
+])
+def test_invalid_utf8_in_a_proto2_string_cut_to_json_fails_its_row(trees: dict[str, Descriptors], value: bytes,
+                                                                    path: str) -> None:
+    """json_format writes a non-UTF-8 proto2 string as Python's repr ("b'\\\\xc3('"): the row fails as it
+    does where the string has a column, instead of landing with text the producer never sent."""
+    got, _ = _one(trees, "testdata.Proto2All", value, SchemaOptions(max_depth=1))
+    assert [f.error_type for f in got.failures] == [ErrorType.INVALID_MESSAGE_ERROR], got.values.to_pylist()
+    assert got.failures[0].message.startswith(f"{path}: invalid UTF-8 in a string field"), got.failures[0].message
