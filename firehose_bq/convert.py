@@ -24,7 +24,6 @@ import keyword
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import lru_cache
 from datetime import date
 from decimal import Decimal
 from json.encoder import encode_basestring_ascii
@@ -52,18 +51,29 @@ class _EnumNames(dict[int, str]):
 
 
 def _json(msg: Message) -> str:
-    # json_format writes a non-UTF-8 proto2 string (which upb hands as bytes) as its Python repr, "b'..'":
-    # the row fails instead, as it does when the string has a column of its own.
-    if _unvalidated_strings(msg.DESCRIPTOR) and (path := non_utf8_string(msg)):
-        raise ValueError(f"{path}: invalid UTF-8 in a string field of {msg.DESCRIPTOR.full_name} (a column of "
-                         "JSON text); JSON and STRING columns hold UTF-8 only")
     # Proto field names, as in the columns around it (not JSON's lowerCamelCase). An Any inside is
     # unpacked through the message's own pool, the job's descriptors: the default pool lacks their types.
     return json_format.MessageToJson(msg, indent=None, sort_keys=True, preserving_proto_field_name=True,
                                      descriptor_pool=msg.DESCRIPTOR.file.pool)
 
 
-def _entry_json(entry_class: type[Message], key: Any, value: Any) -> str:
+def _checked_json(msg: Message) -> str:
+    # json_format writes a non-UTF-8 proto2 string (which upb hands as bytes) as its Python repr, "b'..'":
+    # the row fails instead, as it does when the string has a column of its own.
+    if path := non_utf8_string(msg):
+        raise ValueError(f"{path}: invalid UTF-8 in a string field of {msg.DESCRIPTOR.full_name} (a column of "
+                         "JSON text); JSON and STRING columns hold UTF-8 only")
+    return _json(msg)
+
+
+def json_writer(descriptor: Descriptor) -> Callable[[Message], str]:
+    """The JSON text of a message of `descriptor` cut to a STRING column: json_format, after a look for
+    strings that are not UTF-8 where the type can hold them (proto2), so proto3 types pay nothing. Chosen
+    once per column, not cached by descriptor: every task builds its own pool, a cache would keep them."""
+    return _checked_json if _unvalidated_strings(descriptor) else _json
+
+
+def _entry_json(entry_class: type[Message], key: Any, value: Any, to_json: Callable[[Message], str]) -> str:
     """The JSON text of a cut map's entry, rebuilt from its key and value (a missing message value
     becomes set, as upb's map holds it). upb hands a non-UTF-8 proto2 string key or value as bytes, which
     the entry's constructor refuses in words naming nothing."""
@@ -72,7 +82,7 @@ def _entry_json(entry_class: type[Message], key: Any, value: Any) -> str:
         if isinstance(item, bytes) and fields[name].type == FD.TYPE_STRING:
             raise ValueError(f"{name}: invalid UTF-8 in a string field of {entry_class.DESCRIPTOR.full_name} (a "
                              "column of JSON text); JSON and STRING columns hold UTF-8 only")
-    return _json(entry_class(key=key, value=value))
+    return to_json(entry_class(key=key, value=value))
 
 
 def validates_utf8(fd: FieldDescriptor) -> bool:
@@ -82,7 +92,6 @@ def validates_utf8(fd: FieldDescriptor) -> bool:
     return bool(fd._GetFeatures().utf8_validation == FeatureSet.VERIFY)  # noqa: SLF001
 
 
-@lru_cache(maxsize=None)
 def _unvalidated_strings(descriptor: Descriptor) -> bool:
     """Whether a message of `descriptor` can hold, at any depth, a string upb did not check for UTF-8."""
     seen: set[Descriptor] = set()
@@ -365,7 +374,7 @@ class _Compiler:
         if kind is Kind.JSON_STRING:
             return f"{self.const(_JSON_TEXT[fd.message_type.full_name], 'json')}({src})"
         assert kind is Kind.CUT and not is_map(fd), kind  # maps are converted whole, in `field`
-        return f"{self.const(_json, 'json')}({src})"
+        return f"{self.const(json_writer(fd.message_type), 'json')}({src})"
 
     def record(self, descriptor: Descriptor, depth: int, src: str) -> str:
         """A nested message's dict, written inline (a Python call per message costs more than its
@@ -417,7 +426,8 @@ class _Compiler:
         if field_kind(fd, depth, self.options.max_depth) is Kind.CUT:
             entry_class = message_factory.GetMessageClass(fd.message_type)
             return self.define("map", "entries", [], f"[{self.const(_entry_json, 'entry_json')}("
-                                                     f"{self.const(entry_class, 'entry')}, k, entries[k]) "
+                                                     f"{self.const(entry_class, 'entry')}, k, entries[k], "
+                                                     f"{self.const(json_writer(fd.message_type), 'json')}) "
                                                      "for k in _sorted(entries)]")
         key_fn = self.element_fn(entry["key"], depth + 1)
         value_fn = self.element_fn(entry["value"], depth + 1)

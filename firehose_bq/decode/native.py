@@ -18,7 +18,7 @@ raise `UnsupportedShape`; `make_value_decoder` then uses the reference decoder.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -29,7 +29,7 @@ from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescript
 from google.protobuf.message import DecodeError, Message
 
 from firehose_bq.arrow_schema import arrow_struct
-from firehose_bq.convert import _INVALID, _entry_json, _json, validates_utf8
+from firehose_bq.convert import _INVALID, _entry_json, json_writer, validates_utf8
 from firehose_bq.decode import NativeUnavailable, native_unavailable
 from firehose_bq.decode.values import DecodedValues
 from firehose_bq.errors import ErrorType, RowError
@@ -78,6 +78,7 @@ class CutField:
 
     message_class: type[Message]
     entry: bool
+    to_json: Callable[[Message], str]  # convert.json_writer's, chosen once
 
 
 @dataclass
@@ -168,7 +169,8 @@ class _PlanBuilder:
         if is_map(fd):
             if kind is Kind.CUT:
                 item = self.column("C_CUT", False)
-                self.plan.cuts[item] = CutField(message_factory.GetMessageClass(fd.message_type), True)
+                self.plan.cuts[item] = CutField(message_factory.GetMessageClass(fd.message_type), True,
+                                                json_writer(fd.message_type))
                 sub = self.type_plan(fd.message_type)
                 code = "K_CUT"
             else:
@@ -200,7 +202,8 @@ class _PlanBuilder:
             return self.scalar_column(scalar_field(fd), arrow, nullable), -1, "K_WRAPPER"
         if kind is Kind.CUT:
             column = self.column("C_CUT", nullable)
-            self.plan.cuts[column] = CutField(message_factory.GetMessageClass(fd.message_type), False)
+            self.plan.cuts[column] = CutField(message_factory.GetMessageClass(fd.message_type), False,
+                                              json_writer(fd.message_type))
             return column, self.type_plan(fd.message_type), "K_CUT"
         if kind is Kind.DURATION:
             children = (self.column("C_I64", False), self.column("C_I64", False))
@@ -354,8 +357,8 @@ class NativeDecoder:
             try:
                 msg = cut.message_class.FromString(data)
                 # an entry is rebuilt, as the reference builds it: a missing message value becomes set
-                text = (_entry_json(cut.message_class, msg.key, msg.value)  # type: ignore[attr-defined]
-                        if cut.entry else _json(msg))
+                text = (_entry_json(cut.message_class, msg.key, msg.value, cut.to_json)  # type: ignore[attr-defined]
+                        if cut.entry else cut.to_json(msg))
                 texts.append(text.encode())
             except (DecodeError, *_INVALID) as exc:
                 kind = ErrorType.DESERIALIZATION_ERROR if isinstance(exc, DecodeError) else ErrorType.INVALID_MESSAGE_ERROR
