@@ -30,6 +30,7 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from google.protobuf import json_format, message_factory
+from google.protobuf.descriptor_pb2 import FeatureSet
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
@@ -50,8 +51,90 @@ class _EnumNames(dict[int, str]):
 
 
 def _json(msg: Message) -> str:
-    # Proto field names, as in the columns around it (not JSON's lowerCamelCase).
-    return json_format.MessageToJson(msg, indent=None, sort_keys=True, preserving_proto_field_name=True)
+    # Proto field names, as in the columns around it (not JSON's lowerCamelCase). An Any inside is
+    # unpacked through the message's own pool, the job's descriptors: the default pool lacks their types.
+    return json_format.MessageToJson(msg, indent=None, sort_keys=True, preserving_proto_field_name=True,
+                                     descriptor_pool=msg.DESCRIPTOR.file.pool)
+
+
+def _checked_json(msg: Message) -> str:
+    # json_format writes a non-UTF-8 proto2 string (which upb hands as bytes) as its Python repr, "b'..'":
+    # the row fails instead, as it does when the string has a column of its own.
+    if path := non_utf8_string(msg):
+        raise ValueError(f"{path}: invalid UTF-8 in a string field of {msg.DESCRIPTOR.full_name} (a column of "
+                         "JSON text); JSON and STRING columns hold UTF-8 only")
+    return _json(msg)
+
+
+def json_writer(descriptor: Descriptor) -> Callable[[Message], str]:
+    """The JSON text of a message of `descriptor` cut to a STRING column: json_format, after a look for
+    strings that are not UTF-8 where the type can hold them (proto2), so proto3 types pay nothing. Chosen
+    once per column, not cached by descriptor: every task builds its own pool, a cache would keep them."""
+    return _checked_json if _unvalidated_strings(descriptor) else _json
+
+
+def _entry_json(entry_class: type[Message], key: Any, value: Any, to_json: Callable[[Message], str]) -> str:
+    """The JSON text of a cut map's entry, rebuilt from its key and value (a missing message value
+    becomes set, as upb's map holds it). upb hands a non-UTF-8 proto2 string key or value as bytes, which
+    the entry's constructor refuses in words naming nothing."""
+    fields = entry_class.DESCRIPTOR.fields_by_name
+    for name, item in (("key", key), ("value", value)):
+        if isinstance(item, bytes) and fields[name].type == FD.TYPE_STRING:
+            raise ValueError(f"{name}: invalid UTF-8 in a string field of {entry_class.DESCRIPTOR.full_name} (a "
+                             "column of JSON text); JSON and STRING columns hold UTF-8 only")
+    return to_json(entry_class(key=key, value=value))
+
+
+def validates_utf8(fd: FieldDescriptor) -> bool:
+    """Whether upb rejects invalid UTF-8 in string field `fd` at parse time (proto3, or the editions
+    feature); proto2 strings are not checked. Raises AttributeError should protobuf's private API for it
+    go away (protobuf has no public one)."""
+    return bool(fd._GetFeatures().utf8_validation == FeatureSet.VERIFY)  # noqa: SLF001
+
+
+def _unvalidated_strings(descriptor: Descriptor) -> bool:
+    """Whether a message of `descriptor` can hold, at any depth, a string upb did not check for UTF-8."""
+    seen: set[Descriptor] = set()
+    todo = [descriptor]
+    while todo:
+        desc = todo.pop()
+        if desc in seen:
+            continue
+        seen.add(desc)
+        for fd in desc.fields:
+            try:
+                if fd.type == FD.TYPE_STRING and not validates_utf8(fd):
+                    return True
+            except AttributeError:
+                return True  # cannot tell: look
+            if fd.message_type is not None:
+                todo.append(fd.message_type)
+    return False
+
+
+def non_utf8_string(msg: Message, prefix: str = "") -> str | None:
+    """The path (`a.b[0].c`, `m['k']`, `m.key`) of the first string in `msg`, at any depth, that is not
+    UTF-8 (upb hands an unchecked proto2 string's bytes as they are); None when there is none."""
+    for fd, value in msg.ListFields():
+        where = f"{prefix}{fd.name}"
+        if is_map(fd):
+            key, val = fd.message_type.fields_by_name["key"], fd.message_type.fields_by_name["value"]
+            for k in value:
+                if key.type == FD.TYPE_STRING and isinstance(k, bytes):
+                    return f"{where}.key"
+                if val.type == FD.TYPE_STRING and isinstance(value[k], bytes):
+                    return f"{where}[{k!r}]"
+                if val.message_type is not None and (found := non_utf8_string(value[k], f"{where}[{k!r}].")):
+                    return found
+            continue
+        items = list(enumerate(value)) if fd.is_repeated else [(None, value)]
+        for i, item in items:
+            at = where if i is None else f"{where}[{i}]"
+            if fd.type == FD.TYPE_STRING and isinstance(item, bytes):
+                return at
+            if fd.message_type is not None and (found := non_utf8_string(item, f"{at}.")):
+                return found
+    return None
 
 
 def _days(d: Message) -> int:
@@ -291,7 +374,7 @@ class _Compiler:
         if kind is Kind.JSON_STRING:
             return f"{self.const(_JSON_TEXT[fd.message_type.full_name], 'json')}({src})"
         assert kind is Kind.CUT and not is_map(fd), kind  # maps are converted whole, in `field`
-        return f"{self.const(_json, 'json')}({src})"
+        return f"{self.const(json_writer(fd.message_type), 'json')}({src})"
 
     def record(self, descriptor: Descriptor, depth: int, src: str) -> str:
         """A nested message's dict, written inline (a Python call per message costs more than its
@@ -342,8 +425,10 @@ class _Compiler:
         entry = fd.message_type.fields_by_name
         if field_kind(fd, depth, self.options.max_depth) is Kind.CUT:
             entry_class = message_factory.GetMessageClass(fd.message_type)
-            return self.define("map", "entries", [], f"[{self.const(_json, 'json')}({self.const(entry_class, 'entry')}"
-                                                     "(key=k, value=entries[k])) for k in _sorted(entries)]")
+            return self.define("map", "entries", [], f"[{self.const(_entry_json, 'entry_json')}("
+                                                     f"{self.const(entry_class, 'entry')}, k, entries[k], "
+                                                     f"{self.const(json_writer(fd.message_type), 'json')}) "
+                                                     "for k in _sorted(entries)]")
         key_fn = self.element_fn(entry["key"], depth + 1)
         value_fn = self.element_fn(entry["value"], depth + 1)
         key = f"{key_fn}(k)" if key_fn else "k"

@@ -10,7 +10,7 @@ import difflib
 import hashlib
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,7 +149,7 @@ def _build_pool(sets: tuple[bytes, ...]) -> descriptor_pool.DescriptorPool:
         for dependency in files[name].dependency:
             add(dependency, (*chain, name))
         try:
-            pool.Add(files[name])
+            pool.Add(_json_names_apart(files[name]))
         except TypeError as exc:
             raise SchemaError(f"descriptor file {name!r} is inconsistent: {exc}") from exc
         added.add(name)
@@ -157,3 +157,48 @@ def _build_pool(sets: tuple[bytes, ...]) -> descriptor_pool.DescriptorPool:
     for name in files:
         add(name, (name,))
     return pool
+
+
+def _json_names_apart(file: descriptor_pb2.FileDescriptorProto) -> descriptor_pb2.FileDescriptorProto:
+    """`file`, or a copy in which no two fields of a message share a JSON name.
+
+    protoc only warns when two fields of a proto2 message have one JSON name (`fooBar` and `foo_bar`),
+    and Java and C++ load such a file; upb refuses it whole. The sink never uses JSON names (cut messages
+    are written with proto field names), so the later field gets a JSON name of its own in the pool: the
+    set as fetched, and its fingerprint, stay as they are."""
+    def clashes(messages: Iterable[descriptor_pb2.DescriptorProto]) -> bool:
+        for m in messages:
+            names = [f.json_name if f.HasField("json_name") else _json_name(f.name) for f in m.field]
+            if len(set(names)) != len(names) or clashes(m.nested_type):
+                return True
+        return False
+
+    def apart(messages: Iterable[descriptor_pb2.DescriptorProto]) -> None:
+        for m in messages:
+            taken: set[str] = set()
+            for f in m.field:
+                name = f.json_name if f.HasField("json_name") else _json_name(f.name)
+                while name in taken:
+                    name += "_"
+                f.json_name = name
+                taken.add(name)
+            apart(m.nested_type)
+
+    if not clashes(file.message_type):
+        return file
+    copy = descriptor_pb2.FileDescriptorProto()
+    copy.CopyFrom(file)
+    apart(copy.message_type)
+    return copy
+
+
+def _json_name(name: str) -> str:
+    """protoc's default JSON name: underscores dropped, the letter after each one upper-cased."""
+    out, upper = [], False
+    for char in name:
+        if char == "_":
+            upper = True
+        else:
+            out.append(char.upper() if upper else char)
+            upper = False
+    return "".join(out)

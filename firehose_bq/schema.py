@@ -127,7 +127,7 @@ def is_map(fd: FieldDescriptor) -> bool:
 
 def field_kind(fd: FieldDescriptor, depth: int = 1, max_depth: int = MAX_RECORD_DEPTH) -> Kind:
     """How `fd` is represented when its column is at level `depth` (top-level columns are 1)."""
-    if fd.type != FD.TYPE_MESSAGE:
+    if fd.message_type is None:  # a proto2 group is a message too (TYPE_GROUP: only its wire form differs)
         return Kind.SCALAR
     kind = Kind.MAP if is_map(fd) else WELL_KNOWN_TYPES.get(fd.message_type.full_name, Kind.RECORD)
     # BigQuery has no RECORD without fields (google.protobuf.Empty, a oneof's marker message): such a
@@ -138,7 +138,7 @@ def field_kind(fd: FieldDescriptor, depth: int = 1, max_depth: int = MAX_RECORD_
 
 def scalar_field(fd: FieldDescriptor) -> FieldDescriptor:
     """The field that holds a SCALAR's or a WRAPPER's value: `fd` itself, or the wrapper's `value`."""
-    return fd.message_type.fields_by_name["value"] if fd.type == FD.TYPE_MESSAGE else fd
+    return fd.message_type.fields_by_name["value"] if fd.message_type is not None else fd
 
 
 def scalar_type(fd: FieldDescriptor, options: SchemaOptions) -> str:

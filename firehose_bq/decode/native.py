@@ -18,7 +18,7 @@ raise `UnsupportedShape`; `make_value_decoder` then uses the reference decoder.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -26,11 +26,10 @@ from typing import Any
 import pyarrow as pa
 from google.protobuf import message_factory
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
-from google.protobuf.descriptor_pb2 import FeatureSet
 from google.protobuf.message import DecodeError, Message
 
 from firehose_bq.arrow_schema import arrow_struct
-from firehose_bq.convert import _INVALID, _json
+from firehose_bq.convert import _INVALID, _entry_json, json_writer, validates_utf8
 from firehose_bq.decode import NativeUnavailable, native_unavailable
 from firehose_bq.decode.values import DecodedValues
 from firehose_bq.errors import ErrorType, RowError
@@ -79,6 +78,7 @@ class CutField:
 
     message_class: type[Message]
     entry: bool
+    to_json: Callable[[Message], str]  # convert.json_writer's, chosen once
 
 
 @dataclass
@@ -169,7 +169,8 @@ class _PlanBuilder:
         if is_map(fd):
             if kind is Kind.CUT:
                 item = self.column("C_CUT", False)
-                self.plan.cuts[item] = CutField(message_factory.GetMessageClass(fd.message_type), True)
+                self.plan.cuts[item] = CutField(message_factory.GetMessageClass(fd.message_type), True,
+                                                json_writer(fd.message_type))
                 sub = self.type_plan(fd.message_type)
                 code = "K_CUT"
             else:
@@ -201,7 +202,8 @@ class _PlanBuilder:
             return self.scalar_column(scalar_field(fd), arrow, nullable), -1, "K_WRAPPER"
         if kind is Kind.CUT:
             column = self.column("C_CUT", nullable)
-            self.plan.cuts[column] = CutField(message_factory.GetMessageClass(fd.message_type), False)
+            self.plan.cuts[column] = CutField(message_factory.GetMessageClass(fd.message_type), False,
+                                              json_writer(fd.message_type))
             return column, self.type_plan(fd.message_type), "K_CUT"
         if kind is Kind.DURATION:
             children = (self.column("C_I64", False), self.column("C_I64", False))
@@ -269,7 +271,7 @@ def _validates_utf8(fd: FieldDescriptor) -> bool:
     feature); proto2 strings are not checked. protobuf has no public API for it: should the private one
     go away, the reference decoder takes over rather than the job failing."""
     try:
-        return bool(fd._GetFeatures().utf8_validation == FeatureSet.VERIFY)  # noqa: SLF001
+        return validates_utf8(fd)
     except AttributeError as exc:
         raise UnsupportedShape(f"field {fd.full_name}: this protobuf does not say whether it checks UTF-8 ({exc})") from None
 
@@ -354,9 +356,10 @@ class NativeDecoder:
             cut = self._cuts[column]
             try:
                 msg = cut.message_class.FromString(data)
-                if cut.entry:  # rebuilt, as the reference builds it: a missing message value becomes set
-                    msg = cut.message_class(key=msg.key, value=msg.value)  # type: ignore[attr-defined]
-                texts.append(_json(msg).encode())
+                # an entry is rebuilt, as the reference builds it: a missing message value becomes set
+                text = (_entry_json(cut.message_class, msg.key, msg.value, cut.to_json)  # type: ignore[attr-defined]
+                        if cut.entry else cut.to_json(msg))
+                texts.append(text.encode())
             except (DecodeError, *_INVALID) as exc:
                 kind = ErrorType.DESERIALIZATION_ERROR if isinstance(exc, DecodeError) else ErrorType.INVALID_MESSAGE_ERROR
                 failures.append(RowError(row, kind, str(exc) or type(exc).__name__))

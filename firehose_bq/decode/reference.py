@@ -14,7 +14,7 @@ from google.protobuf.message import Message
 
 from firehose_bq.arrow_schema import arrow_struct
 from firehose_bq.convert import _MESSAGE_FAULTS, _UNDECODABLE, _collector_paused, _has_unknown_fields, _parser, \
-    compile_message
+    compile_message, non_utf8_string
 from firehose_bq.decode.values import DecodedValues
 from firehose_bq.errors import ErrorType, RowError
 from firehose_bq.schema import SchemaOptions, bigquery_fields
@@ -44,6 +44,7 @@ class ReferenceDecoder:
                 if value is None:
                     rows.append(None)
                     continue
+                msg = None
                 try:
                     msg = parse(value)
                     if unknown is not None and unknown(msg):
@@ -52,7 +53,13 @@ class ReferenceDecoder:
                 except _MESSAGE_FAULTS as exc:
                     kind = ErrorType.DESERIALIZATION_ERROR if isinstance(exc, _UNDECODABLE) else \
                         ErrorType.INVALID_MESSAGE_ERROR
-                    out.failures.append(RowError(i, kind, str(exc) or type(exc).__name__, _qualified(exc)))
+                    text = str(exc) or type(exc).__name__
+                    if msg is not None and isinstance(exc, (UnicodeDecodeError, TypeError)) \
+                            and (path := non_utf8_string(msg)):
+                        # upb hands a proto2 map's non-UTF-8 string key as bytes, which the converter
+                        # trips over (decoding it, or sorting it among str keys)
+                        text = f"{path}: invalid UTF-8 in a string field; a STRING column holds UTF-8 only"
+                    out.failures.append(RowError(i, kind, text, _qualified(exc)))
                     rows.append(None)
             out.values = self._arrow(rows, out)
         return out
@@ -72,10 +79,43 @@ class ReferenceDecoder:
                 pa.array([row], type=self._arrow_type)
             except (pa.ArrowException, OverflowError, TypeError, ValueError) as exc:
                 out.failures.append(RowError(i, ErrorType.INVALID_MESSAGE_ERROR,
-                                             f"a value does not fit its column: {exc}", _qualified(exc)))
+                                             _misfit_message(row, self._arrow_type, exc), _qualified(exc)))
                 rows[i] = None
         out.failures.sort(key=lambda f: f.index)
         return pa.array(rows, type=self._arrow_type)
+
+
+def _misfit_message(row: dict[str, Any], arrow_type: pa.StructType, exc: BaseException) -> str:
+    """What is wrong with a row pyarrow refused, naming the column (pyarrow's own message does not)."""
+    found = _misfit(row, arrow_type, "")
+    if found is None:
+        return f"a value does not fit its column: {exc}"
+    path, value = found
+    if isinstance(value, bytes):  # an unvalidated (proto2) string: upb hands the bytes when they are not UTF-8
+        return f"{path}: invalid UTF-8 in a string field ({value[:32]!r}); a STRING column holds UTF-8 only"
+    return f"{path}: the value does not fit its column: {exc}"
+
+
+def _misfit(value: Any, arrow_type: pa.DataType, path: str) -> tuple[str, Any] | None:
+    """The path (as `required field(s) missing` writes it: `a.b[0].c`) and value of the first leaf of
+    `value` that `arrow_type` does not take; None when each leaf fits on its own."""
+    if value is None:
+        return None
+    if pa.types.is_struct(arrow_type) and isinstance(value, dict):
+        for field in arrow_type:
+            if (found := _misfit(value.get(field.name), field.type, f"{path}.{field.name}" if path else field.name)):
+                return found
+        return None
+    if pa.types.is_list(arrow_type) and isinstance(value, list):
+        for i, item in enumerate(value):
+            if (found := _misfit(item, arrow_type.value_type, f"{path}[{i}]")):
+                return found
+        return None
+    try:
+        pa.array([value], type=arrow_type)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        return path, value
+    return None
 
 
 def _qualified(exc: BaseException) -> str:

@@ -36,3 +36,25 @@ def test_a_name_like_none_lists_the_messages_without_a_guess() -> None:
     with pytest.raises(SchemaError) as caught:
         _set_with_imports().find_message("zzz.Nothing")
     assert "did you mean" not in str(caught.value) and "known messages: shop.v1.Order" in str(caught.value)
+
+
+def test_a_proto2_file_whose_json_names_clash_loads() -> None:
+    """protoc accepts a proto2 message with `fooBar` and `foo_bar` (both JSON name fooBar) with a warning,
+    and Java and C++ load it; upb refuses the whole file ("duplicate json_name"), which stopped every job
+    on the set. The sink writes proto names only, so the pool gets the later field a JSON name of its own."""
+    fds = descriptor_pb2.FileDescriptorSet()
+    legacy = fds.file.add(name="legacy/names.proto", package="legacy", syntax="proto2")
+    clash = legacy.message_type.add(name="Clash")
+    field = descriptor_pb2.FieldDescriptorProto
+    for number, name in enumerate(["fooBar", "foo_bar", "foo_bar_"], 1):
+        clash.field.add(name=name, number=number, json_name="fooBar", type=field.TYPE_INT32, label=field.LABEL_OPTIONAL)
+    inner = clash.nested_type.add(name="Inner")
+    for number, name in enumerate(["a_b", "aB"], 1):  # no json_name: the default one
+        inner.field.add(name=name, number=number, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
+    blob = fds.SerializeToString()
+    loaded = Descriptors((blob,), ("names.desc",))
+    cls = loaded.message_class("legacy.Clash")
+    assert [f.name for f in cls.DESCRIPTOR.fields] == ["fooBar", "foo_bar", "foo_bar_"]
+    assert cls.FromString(cls(fooBar=1, foo_bar=2, foo_bar_=3).SerializeToString()).foo_bar == 2
+    assert [f.name for f in loaded.find_message("legacy.Clash.Inner").fields] == ["a_b", "aB"]
+    assert loaded.sets == (blob,)  # the sets (and so the fingerprint) stay as fetched

@@ -284,3 +284,9 @@ def test_a_message_without_fields_is_its_json_text(test_descriptors: Descriptors
     assert got["marks"] == col("marks", "STRING", "REPEATED", description=marker)
     assert got["active"] == col("active", "STRING", description=marker)
     assert got["by_name"]["fields"][1] == col("value", "STRING", description=marker)
+
+
+def test_a_proto2_group_is_a_record_like_a_message_field(test_descriptors: Descriptors) -> None:
+    got = columns(test_descriptors, "testdata.Grouped")
+    assert got["extra"] == col("extra", "RECORD", fields=[col("a", "INTEGER"), col("s", "STRING", "REPEATED")])
+    assert got["line"] == col("line", "RECORD", "REPEATED", fields=[col("qty", "INTEGER", "REQUIRED")])

@@ -56,6 +56,28 @@ def test_a_shape_the_native_decoder_lacks_falls_back_with_the_reason(test_descri
 
 
 @built
+def test_groups_are_decoded_by_the_reference_into_their_records(test_descriptors: Descriptors,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    cls = test_descriptors.message_class("testdata.Grouped")
+    with caplog.at_level(logging.WARNING, logger="firehose_bq.decode"):
+        decoder = make_value_decoder(cls, prefer="native")
+    assert isinstance(decoder, ReferenceDecoder)
+    assert "groups (delimited message encoding) are not supported" in caplog.text
+    msg = cls(id=1)
+    msg.extra.a = 2
+    msg.extra.s.append("x")
+    msg.line.add(qty=3)
+    no_qty = cls(id=2)
+    no_qty.line.add()
+    out = decoder.decode(pa.array([msg.SerializeToString(), no_qty.SerializePartialToString(), b"\x13\x18\x01"],
+                                  pa.binary()))
+    assert out.values.to_pylist()[0] == {"id": 1, "extra": {"a": 2, "s": ["x"]}, "line": [{"qty": 3}]}
+    assert [(f.index, f.error_type.name) for f in out.failures] == [(1, "INVALID_MESSAGE_ERROR"),
+                                                                     (2, "DESERIALIZATION_ERROR")]
+    assert "line[0].qty" in out.failures[0].message
+
+
+@built
 def test_a_redefined_well_known_type_is_left_to_the_reference(caplog: pytest.LogCaptureFixture) -> None:
     """The native decoder reads Timestamp, Duration, Date, wrappers and Struct with their standard
     layouts; a descriptor set that defines one differently gets the reference decoder."""

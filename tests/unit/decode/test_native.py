@@ -5,6 +5,7 @@ upb's wire rules. Equal values, failure indexes and types, and unknown-field row
 from __future__ import annotations
 
 import decimal
+import json
 import random
 import struct
 import tempfile
@@ -384,3 +385,59 @@ def test_failures_name_the_problem(trees: dict[str, Descriptors]) -> None:
     got, _ = _one(trees, "testdata.AllTypes", b"\x0a\x05ab")
     assert got.failures[0].error_type is ErrorType.DESERIALIZATION_ERROR
     assert "testdata.AllTypes" in got.failures[0].message
+
+
+@pytest.mark.parametrize(("value", "path"), [
+    (length_delimited(5, b"\xc3\x28"), "s"),
+    (length_delimited(23, b"ok") + length_delimited(23, b"\xff"), "r_s[1]"),
+    (length_delimited(21, length_delimited(1, b"\xe2\x82") + length_delimited(2, b"v")), "m_str.key"),
+    (length_delimited(21, length_delimited(1, b"k")) + length_delimited(21, length_delimited(1, b"\xff")), "m_str.key"),
+    (length_delimited(22, length_delimited(21, length_delimited(1, b"\xff"))), "child.m_str.key"),
+    (length_delimited(22, length_delimited(8, tag(1, VARINT) + b"\x01" + length_delimited(2, b"a\x80b"))),
+     "child.req.b"),
+])
+def test_invalid_utf8_in_a_proto2_string_names_its_field(trees: dict[str, Descriptors], value: bytes,
+                                                         path: str) -> None:
+    """A proto2 string need not be UTF-8, a STRING column must: the row fails naming the field, the same
+    from both decoders (the native one hands such a row to the reference)."""
+    got, _ = _one(trees, "testdata.Proto2All", value)
+    assert [f.error_type for f in got.failures] == [ErrorType.INVALID_MESSAGE_ERROR]
+    assert got.failures[0].message.startswith(f"{path}: invalid UTF-8 in a string field"), got.failures[0].message
+
+
+def test_an_any_cut_to_json_is_unpacked_with_the_jobs_descriptors(trees: dict[str, Descriptors]) -> None:
+    """json_format unpacks an Any through a descriptor pool: the job's, where the packed type is, not
+    protobuf's default pool (which knows none of the user's types)."""
+    tree = trees["testdata"]
+    packed, leaf = tree.message_class("testdata.Packed"), tree.message_class("testdata.Leaf")
+    msg = packed(note="n")
+    msg.any.Pack(leaf(s="x", r=[1]))
+    msg.anys.add().Pack(leaf(e=1))
+    msg.inner.by_name["k"].Pack(leaf(s="y"))
+    unknown_type = packed()
+    unknown_type.any.type_url = "type.googleapis.com/nowhere.Missing"
+    native, reference = decoders(tree, "testdata.Packed", 1, SchemaOptions(max_depth=1))
+    got = assert_same(binary([msg.SerializeToString(), unknown_type.SerializeToString()]), native, reference)
+    row = got.values.to_pylist()[0]
+    assert json.loads(row["any"]) == {"@type": "type.googleapis.com/testdata.Leaf", "s": "x", "r": [1]}
+    assert [json.loads(a) for a in row["anys"]] == [{"@type": "type.googleapis.com/testdata.Leaf", "e": "O_ONE"}]
+    assert json.loads(row["inner"]) == {"by_name": {"k": {"@type": "type.googleapis.com/testdata.Leaf", "s": "y"}}}
+    # A type no descriptor knows cannot be unpacked: the row fails, naming it.
+    assert [(f.index, f.error_type) for f in got.failures] == [(1, ErrorType.INVALID_MESSAGE_ERROR)]
+    assert "nowhere.Missing" in got.failures[0].message
+
+
+@pytest.mark.parametrize(("value", "path"), [
+    (length_delimited(22, length_delimited(5, b"\xc3\x28")), "s"),  # child, cut to JSON
+    (length_delimited(9, tag(1, VARINT) + b"\x01" + length_delimited(2, b"\xff")), "b"),  # r_req[0], cut
+    (length_delimited(21, length_delimited(1, b"k") + length_delimited(2, b"\xe2\x82")), "value"),  # m_str, cut
+    (length_delimited(21, length_delimited(1, b"\xe2\x82") + length_delimited(2, b"v")), "key"),
+    (length_delimited(22, length_delimited(22, length_delimited(23, b"a\x80b"))), "child.r_s[0]"),
+])
+def test_invalid_utf8_in_a_proto2_string_cut_to_json_fails_its_row(trees: dict[str, Descriptors], value: bytes,
+                                                                    path: str) -> None:
+    """json_format writes a non-UTF-8 proto2 string as Python's repr ("b'\\\\xc3('"): the row fails as it
+    does where the string has a column, instead of landing with text the producer never sent."""
+    got, _ = _one(trees, "testdata.Proto2All", value, SchemaOptions(max_depth=1))
+    assert [f.error_type for f in got.failures] == [ErrorType.INVALID_MESSAGE_ERROR], got.values.to_pylist()
+    assert got.failures[0].message.startswith(f"{path}: invalid UTF-8 in a string field"), got.failures[0].message

@@ -59,6 +59,7 @@ WIRE_TYPES = {
     **dict.fromkeys((FD.TYPE_FIXED64, FD.TYPE_SFIXED64, FD.TYPE_DOUBLE), I64),
     **dict.fromkeys((FD.TYPE_FIXED32, FD.TYPE_SFIXED32, FD.TYPE_FLOAT), I32),
     **dict.fromkeys((FD.TYPE_STRING, FD.TYPE_BYTES, FD.TYPE_MESSAGE), LEN),
+    FD.TYPE_GROUP: START_GROUP,
 }
 RANGES = {
     FD.TYPE_INT32: (-(2**31), 2**31 - 1), FD.TYPE_SINT32: (-(2**31), 2**31 - 1),
@@ -172,6 +173,9 @@ def message(draw: Any, desc: Descriptor, unknown: bool = False, level: int = 0, 
 @st.composite
 def field(draw: Any, fd: FieldDescriptor, unknown: bool, level: int, max_level: int) -> bytes:
     """One occurrence of `fd` (a repeated field: one element, or a packed run)."""
+    if fd.type == FD.TYPE_GROUP:  # delimited: the fields between a start and an end tag of its number
+        inner = b"" if level >= max_level else draw(message(fd.message_type, unknown, level + 1, max_level))
+        return tag(fd.number, START_GROUP) + inner + tag(fd.number, END_GROUP)
     if fd.type == FD.TYPE_MESSAGE:
         if fd.message_type.GetOptions().map_entry:
             return length_delimited(fd.number, draw(map_entry(fd.message_type, unknown, level + 1, max_level)))
