@@ -530,6 +530,43 @@ def _has_unknown_fields(msg: Message) -> bool:
     return msg.ByteSize() != size
 
 
+def unknown_fields_check(descriptor: Descriptor) -> Callable[[Message], bool]:
+    """What flags a message of `descriptor` as holding fields the table has no column for, dropping them:
+    unknown fields, and for a type that can hold known extensions (proto2 `extend`) their values as well,
+    which would otherwise vanish without a word (decode/unknown.py keeps both in additional_properties)."""
+    if not _reaches_extensions(descriptor, set()):
+        return _has_unknown_fields
+    return lambda msg: _take_extensions(msg) | _has_unknown_fields(msg)  # both: each drops what it finds
+
+
+def _reaches_extensions(descriptor: Descriptor, seen: set[str]) -> bool:
+    if descriptor.full_name in seen:
+        return False
+    seen.add(descriptor.full_name)
+    if descriptor.extension_ranges and descriptor.file.pool.FindAllExtensions(descriptor):
+        return True
+    return any(fd.message_type is not None and _reaches_extensions(fd.message_type, seen) for fd in descriptor.fields)
+
+
+def _take_extensions(msg: Message) -> bool:
+    """Whether `msg`, or a message inside it, has an extension set; clears them all."""
+    found = False
+    for fd, value in msg.ListFields():
+        if fd.is_extension:
+            msg.ClearExtension(fd)
+            found = True
+        elif fd.message_type is None:
+            continue
+        elif is_map(fd):
+            if fd.message_type.fields_by_name["value"].message_type is not None:
+                found = any([_take_extensions(value[key]) for key in value]) or found
+        elif fd.is_repeated:
+            found = any([_take_extensions(item) for item in value]) or found
+        else:
+            found = _take_extensions(value) or found
+    return found
+
+
 def _has_required(descriptor: Descriptor, seen: set[str]) -> bool:
     if descriptor.full_name in seen:
         return False

@@ -13,7 +13,7 @@ import pyarrow as pa
 from google.protobuf.message import Message
 
 from firehose_bq.arrow_schema import arrow_struct
-from firehose_bq.convert import _MESSAGE_FAULTS, _UNDECODABLE, _collector_paused, _has_unknown_fields, _parser, \
+from firehose_bq.convert import _MESSAGE_FAULTS, _UNDECODABLE, _collector_paused, _parser, unknown_fields_check, \
     compile_message, non_utf8_string
 from firehose_bq.decode.values import DecodedValues
 from firehose_bq.errors import ErrorType, RowError
@@ -29,7 +29,7 @@ class ReferenceDecoder:
         self._arrow_type = arrow_struct(bigquery_fields(descriptor, depth, options))
         self._parse = _parser(message_class, confluent_framed)
         self._row = compile_message(descriptor, depth, options)
-        self._unknown = _has_unknown_fields if detect_unknown_fields else None
+        self._unknown = unknown_fields_check(descriptor) if detect_unknown_fields else None
 
     @property
     def arrow_type(self) -> pa.StructType:

@@ -10,8 +10,9 @@ rows without unknown fields never pay for it.
 The encoding (stable; README "Decoding" documents it for users):
 
 - a message is an object: each unknown field number (as a string key, ascending) → the list of its
-  values in wire order (a field may occur many times), then each known field whose value holds unknown
-  fields below it, by its proto field name (a known extension as `[full.name]`);
+  values in wire order (a field may occur many times), a set extension's number among them (the table has
+  no column for it), then each known field whose value holds unknown fields below it, by its proto field
+  name (a known extension as `[full.name]`);
 - a value by wire type: varint → the unsigned 64-bit integer as on the wire (an int32/int64 -1 is
   18446744073709551615; a sint's zigzag is not undone: the type is unknown); fixed64 / fixed32 → the
   unsigned integer of its 8 / 4 little-endian bytes (a double's or float's bits); length-delimited →
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from google.protobuf import empty_pb2
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from google.protobuf.unknown_fields import UnknownFieldSet
@@ -79,6 +81,8 @@ class UnknownFieldsJson:
     def tree(self, msg: Message) -> dict[str, Any]:
         """`msg`'s unknown fields, and those of the messages inside it, as the module docstring says."""
         tree: dict[str, Any] = _field_set(UnknownFieldSet(msg))
+        if msg.DESCRIPTOR.extension_ranges and (extensions := _extension_values(msg)):
+            tree = {str(n): v for n, v in sorted({int(k): v for k, v in {**tree, **extensions}.items()}.items())}
         for name, kind, value in self._messages(msg):
             below: Any
             if kind == MAP:
@@ -124,6 +128,18 @@ def _shape(fd: FieldDescriptor) -> tuple[str, str] | None:
     if is_map(fd):
         return (name, MAP) if fd.message_type.fields_by_name["value"].message_type is not None else None
     return name, LIST if fd.is_repeated else ONE
+
+
+def _extension_values(msg: Message) -> dict[str, Any]:
+    """The extensions set on `msg` itself, encoded as its unknown fields are: the table has no column for
+    them either. Their wire values, read back as unknown fields of a message that declares none."""
+    numbers = {fd.number for fd, _ in msg.ListFields() if fd.is_extension}
+    if not numbers:
+        return {}
+    carrier = empty_pb2.Empty()
+    carrier.MergeFromString(msg.SerializePartialToString())
+    return {number: values for number, values in _field_set(UnknownFieldSet(carrier)).items()
+            if int(number) in numbers}
 
 
 def _field_set(fields: UnknownFieldSet) -> dict[str, Any]:

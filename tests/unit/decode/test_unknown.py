@@ -103,9 +103,13 @@ def test_what_upb_keeps_unknown_in_the_parent(trees: dict[str, Descriptors]) -> 
     assert encoded(trees, "testdata.Proto2All", value) == {"1": [4], "4": [b64(bad_entry)]}
 
 
-def test_known_extensions_are_reached_by_their_full_name(trees: dict[str, Descriptors]) -> None:
-    value = tag(1, VARINT) + b"\x01" + length_delimited(10, b"note") + tag(15, VARINT) + b"\x03"
-    assert encoded(trees, "testdata.Extendable", value) == {"15": [3]}
+def test_a_set_extension_is_kept_by_its_number_as_an_unknown_field_is(trees: dict[str, Descriptors]) -> None:
+    # The table has no column for an extension: its value is kept here, as it is on the wire, in number order
+    # among the unknown fields (a repeated one in wire order).
+    value = tag(1, VARINT) + b"\x01" + tag(15, VARINT) + b"\x03" + length_delimited(10, b"note")
+    assert encoded(trees, "testdata.Extendable", value) == {"10": [b64(b"note")], "15": [3]}
+    assert encoded(trees, "testdata.Extendable", length_delimited(10, b"n")) == {"10": [b64(b"n")]}
+    assert encoded(trees, "testdata.Extendable", tag(1, VARINT) + b"\x01") is None
 
 
 def test_confluent_framed_values(trees: dict[str, Descriptors]) -> None:
