@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 from google.cloud import bigquery
 
-from firehose_bq.bigquery.classify import classify_exception
+from firehose_bq.bigquery.classify import classify_exception, rejects_request
 from firehose_bq.bigquery.client import REQUEST_ERRORS, call_options, make_client
 from firehose_bq.bigquery.tables import ensure_dataset, ensure_table, table_definition
 from firehose_bq.config import Config
 from firehose_bq.descriptors import Descriptors
-from firehose_bq.errors import FirehoseError, SinkError
+from firehose_bq.errors import FirehoseError, SchemaError, SinkError
 from firehose_bq.registry.cache import DescriptorCache, Fetch, confluent_fetch, fetch_retrying
 from firehose_bq.registry.confluent import ConfluentRegistry
 from firehose_bq.registry.stencil import StencilFetcher
@@ -144,6 +144,11 @@ class TableKeeper:
                 apply_plan(client, self.config, plan_table(self.config, loaded, destination))
                 return None
         except REQUEST_ERRORS as exc:
+            if rejects_request(exc):
+                # BigQuery refused this dataset or table itself (a name it does not take, a schema it will
+                # not apply): the records' attributes chose it, so their records fail alone (the caller's
+                # ROUTING_ERROR); stopping would stop again on every restart, for one record's header.
+                raise SchemaError(f"BigQuery refused to create or evolve it: {exc}") from exc
             # After the client's own retries: a reason for the task to stop (a SinkError), not a crash
             # that Spark would run again (spark.task.maxFailures times on a cluster).
             raise SinkError(classify_exception(exc), f"creating or evolving table {destination.name} failed: "

@@ -98,6 +98,9 @@ def _array(values: pa.Array) -> pa.StringArray:
 
 def _float_texts(values: pa.Array) -> pa.StringArray:
     text = values.cast(pa.string())  # shortest round-trip form, e.g. 0.1, 1e+20, -0
+    # `-0` is a JSON integer: read as one (BigQuery's parser and the emulator's alike) it is 0, and the sign
+    # the other write paths keep is lost. `-0.0` is read as the float.
+    text = pc.if_else(pc.equal(text, "-0"), "-0.0", text)
     finite = pc.is_finite(values)
     if pc.all(pc.fill_null(finite, True)).as_py():
         return text

@@ -54,6 +54,7 @@ from bqemulator_patches import (
     schema_update_validation,
     storage_write_records,
     storage_write_row_errors,
+    storage_write_time_text,
     thread_connections,
     upload_job_id,
 )
@@ -94,6 +95,7 @@ def apply_patches(args: argparse.Namespace) -> None:
             "extra Storage Write row_errors, BY NAME appends",
             lambda: storage_write_row_errors.apply(snapshot_each_append=args.insert_all_snapshots),
         ),
+        ("extra Storage Write Arrow rows take TIME as text", storage_write_time_text.apply),
         ("extra quote nested field names", nested_field_names.apply),
         ("extra load job keeps partitioning", load_job_partitioning.apply),
         ("extra register after an abandoned result", abandoned_results.apply),

@@ -775,6 +775,34 @@ def test_storage_write_bad_rows_come_back_as_row_errors_and_nothing_is_appended(
 # --------------------------------------------------------------------------- extras
 
 
+def test_storage_write_arrow_rows_take_time_as_text(bq_client: bigquery.Client, bq_dataset: str,
+                                                    stack_env: dict[str, str]) -> None:
+    """Arrow appends as the sink sends them (arrow_schema.py): TIME and DATETIME as their text. Without the
+    patch the whole append failed ("Unsupported cast from string to time64"), stopping a JSON job with a
+    TIME column in its default write mode on every restart."""
+    import pyarrow as pa
+    from google.cloud.bigquery_storage_v1 import types
+
+    table_id = make_table(bq_client, bq_dataset, "clock", [SchemaField("id", "INTEGER"), SchemaField("t", "TIME"),
+                                                            SchemaField("at", "DATETIME")])
+    rows = pa.record_batch({"id": pa.array([1, 2, 3]), "t": pa.array(["03:04:05", "23:59:59.123456", None]),
+                            "at": pa.array(["2024-01-02T03:04:05", None, "2024-01-02 00:00:00.5"])})
+    request = types.AppendRowsRequest(write_stream=default_stream(table_id))
+    request.arrow_rows.writer_schema.serialized_schema = rows.schema.serialize().to_pybytes()
+    request.arrow_rows.rows.serialized_record_batch = rows.serialize().to_pybytes()
+    client = write_client(stack_env)
+    try:
+        responses = append(client, [request])
+    finally:
+        client.transport.close()
+
+    assert [(r.error.code, r.error.message) for r in responses] == [(0, "")]
+    assert query(bq_client, f"SELECT * FROM `{table_id}` ORDER BY id") == [
+        {"id": 1, "t": dt.time(3, 4, 5), "at": dt.datetime(2024, 1, 2, 3, 4, 5)},
+        {"id": 2, "t": dt.time(23, 59, 59, 123456), "at": None},
+        {"id": 3, "t": None, "at": dt.datetime(2024, 1, 2, 0, 0, 0, 500000)}]
+
+
 def test_record_subfields_named_like_sql_keywords(bq_client: bigquery.Client, bq_dataset: str) -> None:
     table_id = make_table(
         bq_client,

@@ -49,6 +49,8 @@ def test_every_value_takes_bigquerys_json_form() -> None:
     assert [p.get("s") for p in parsed] == HOSTILE
     assert [p.get("n") for p in parsed] == [0, -1, 2**63 - 1, -(2**63), None, 7]
     assert [p.get("f") for p in parsed] == [1.5, "NaN", "Infinity", "-Infinity", -0.0, None]
+    # -0.0 == 0 in Python: the sign is checked apart (JSON's `-0` is the integer 0 to a JSON reader).
+    assert type(parsed[4]["f"]) is float and math.copysign(1.0, parsed[4]["f"]) == -1.0
     assert [p["small"] for p in parsed] == [0.1, 1e-7, 1e20, 123456789.123456789, 5e-324, 1.7976931348623157e308]
     assert [p.get("ok") for p in parsed] == [True, False, None, True, False, None]
     assert [None if "raw" not in p else base64.b64decode(p["raw"]) for p in parsed] == \

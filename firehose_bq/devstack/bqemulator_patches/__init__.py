@@ -15,6 +15,7 @@ shows the gap; each exposes `apply(...) -> list[str]` (the dotted names it repla
 | 5 | `storage_write_records` | Storage Write into RECORD columns |
 | 6 | `append_rows_stream` | an AppendRows connection keeps the stream its first request named |
 | - | `storage_write_row_errors` | Storage Write answers bad rows in `row_errors`, appends nothing |
+| - | `storage_write_time_text` | Storage Write Arrow rows take a top-level TIME column as its text |
 | - | `nested_field_names` | RECORD subfields named like SQL keywords |
 | - | `load_job_partitioning` | a load job that creates its table keeps partitioning and clustering |
 | - | `abandoned_results` | writes after a `tabledata.list` (DuckDB 2.0 "unfinished result") |

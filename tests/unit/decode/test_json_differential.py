@@ -282,3 +282,42 @@ def test_native_and_reference_agree_on_large_batches(seed: int) -> None:
         documents.append(None if i % 97 == 0 else damage(doc, rnd) if i % 13 == 0 else doc)
     for additional_properties in (True, False):
         assert_same(columns, documents, additional_properties)
+
+
+# A user's hostile documents (acceptance run 8), each at a boundary one decoder could read differently
+# from the other: number edges reached through exponents, escapes next to surrogates, bytes around the
+# document, nesting at the limit inside text and JSON columns.
+HOSTILE_TABLE = [F("id", "INTEGER", "REQUIRED"), F("s", "STRING"), F("i", "INTEGER"), F("f", "FLOAT"),
+                 F("n", "NUMERIC"), F("bn", "BIGNUMERIC"), F("ts", "TIMESTAMP"), F("j", "JSON"),
+                 F("m", "RECORD", "REPEATED", fields=[F("key", "INTEGER"), F("value", "RECORD",
+                                                                              fields=[F("z", "BOOLEAN")])]),
+                 F("additional_properties", "STRING")]
+HOSTILE_DOCUMENTS = [
+    b'{"id": 1, "i": 92233720368547758070e-1}', b'{"id": 1, "i": 92233720368547758080e-1}',
+    b'{"id": 1, "i": "9223372036854775807.0"}', b'{"id": 1, "i": 0.00000000000000000000000000001e29}',
+    b'{"id": 1, "i": 0e99999999999999999999999999}', b'{"id": 1, "i": 1e99999999999999999999999999}',
+    b'{"id": 1, "n": 1e-99999999999999999999999999}', b'{"id": 1, "n": 0.' + b"0" * 5000 + b'1e5000}',
+    b'{"id": 1, "n": "-0.000"}', b'{"id": 1, "bn": 578960446186580977117854925043439539266.3}',
+    b'{"id": 1, "f": 0.' + b"0" * 5000 + b'1}', b'{"id": 1, "f": ' + b"1" * 5000 + b'}', b'{"id": 1, "f": -0}',
+    b'{"id": 1, "ts": -1e-99999999999999999999}', b'{"id": 1, "ts": -62135596800.000001}',
+    b'{"id": 1, "ts": 253402300799.9999999}', b'{"id": 1, "ts": "0001-01-01T00:00:00+00:01"}',
+    b'{"id": 1, "ts": "9999-12-31T23:59:59.9999999-00:00"}', b'{"id": 1, "ts": "2024-01-02T03:04:05.\xd9\xa1Z"}',
+    b'{"id": 1, "s": "\\ud83d\\\\ude00"}', b'{"id": 1, "s": "\\\\ud83d"}', b'{"id": 1, "s": "\\uD83D\\uDE00"}',
+    b'{"id": 1, "s": "\\ud83d\\ude00\\ud83d"}', b'{"id": 1, "s": "\xe2\x80\xa8\x7f"}', b'{"id": 1, "s": "\\u0000"}',
+    b'{"id": 1}\x1a', b'\x00{"id": 1}', b'{\xc2\xa0"id": 1}', b'{\x0c"id": 1}', b'{"id": 1}\r\n\t ', b'\xfe\xff\x00{',
+    b'{"id": 1, "s": ' + b'{"a":' * 255 + b'1' + b'}' * 255 + b'}',
+    b'{"id": 1, "j": ' + b'[' * 255 + b']' * 255 + b'}', b'{"id": 1, "j": ' + b'[' * 256 + b']' * 256 + b'}',
+    b'{"id": 1, "j": {"a": 1, "a": 2}}', b'{"id": 1, "j": 1e400}',
+    b'{"id": 1, "m": {"1": {"z": true, "extra": 1}, "2": {"z": false}}}',
+    b'{"id": 1, "m": {"01": {"z": true}}}', b'{"id": 1, "m": {" 2": {"z": true}}}',
+    b'{"id": 1, "Additional-Properties": {"a": 1}, "a-b": 1, "a.b": 2, "zz": 1, "zz": 2}',
+    b'{"ID": 1, "Id": 2}', b'{"Id": "5"}',
+]
+
+
+@pytest.mark.parametrize("additional_properties", [True, False])
+def test_native_and_reference_agree_on_hostile_documents(additional_properties: bool) -> None:
+    out = assert_same(HOSTILE_TABLE, HOSTILE_DOCUMENTS, additional_properties)
+    assert 0 < len(out.failures) < len(HOSTILE_DOCUMENTS)  # both sides of each boundary are exercised
+    for document in HOSTILE_DOCUMENTS:  # and alone, where no other row's buffers surround it
+        assert_same(HOSTILE_TABLE, [document], additional_properties)

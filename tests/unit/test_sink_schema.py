@@ -1,0 +1,72 @@
+"""A routed job's tables, created from inside its tasks: what a refusal by BigQuery becomes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from google.api_core import exceptions as api_exceptions
+
+from firehose_bq import sink_schema
+from firehose_bq.config import Config
+from firehose_bq.errors import ErrorType, SchemaError, SinkError
+from firehose_bq.routing import Destination
+from firehose_bq.sink_schema import TableKeeper
+
+BASE = {"SOURCE_KAFKA_BROKERS": "b", "SOURCE_KAFKA_TOPIC": "t", "SOURCE_KAFKA_CONSUMER_GROUP_ID": "g",
+        "INPUT_SCHEMA_DATA_TYPE": "JSON", "SINK_BIGQUERY_GOOGLE_CLOUD_PROJECT_ID": "p",
+        "SINK_BIGQUERY_DATASET_NAME": "ds", "SINK_BIGQUERY_TABLE_NAME": "ev_${header.type}",
+        "SPARK_CHECKPOINT_LOCATION": "/c"}
+
+
+class RefusingClient:
+    """A BigQuery client whose dataset does not exist and whose create_dataset fails with `error`."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __enter__(self) -> RefusingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def get_dataset(self, *args: Any, **kwargs: Any) -> None:
+        raise api_exceptions.NotFound("Not found: Dataset p:ds")
+
+    def create_dataset(self, *args: Any, **kwargs: Any) -> None:
+        raise self.error
+
+
+def keeper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception) -> TableKeeper:
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps([{"name": "id", "type": "INTEGER"}]))
+    monkeypatch.setattr(sink_schema, "make_client", lambda cfg: RefusingClient(error))
+    return TableKeeper(Config.from_env({**BASE, "SINK_BIGQUERY_TABLE_SCHEMA_FILE": str(schema)}))
+
+
+def test_a_routed_table_bigquery_refuses_as_invalid_is_unusable_not_a_stop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name a record's header made, which BigQuery will not take (the local emulator refuses ids past 255
+    characters with HTTP 400 `invalid`): a SchemaError, which the batch core turns into ROUTING_ERRORs of
+    that destination's records. A SinkError would stop the job, and the restart would meet it again."""
+    refusal = api_exceptions.BadRequest("Invalid table id", errors=[{"reason": "invalid", "message": "Invalid id"}])
+    with pytest.raises(SchemaError, match="BigQuery refused to create or evolve it: 400 Invalid table id"):
+        keeper(tmp_path, monkeypatch, refusal).ensure(None, Destination("ds", "ev_" + "x" * 300))
+
+
+@pytest.mark.parametrize(("error", "error_type"), [
+    (api_exceptions.InternalServerError("backend"), ErrorType.SINK_5XX_ERROR),
+    (api_exceptions.Forbidden("denied", errors=[{"reason": "accessDenied"}]), ErrorType.SINK_4XX_ERROR),
+    (api_exceptions.TooManyRequests("quota", errors=[{"reason": "rateLimitExceeded"}]),
+     ErrorType.SINK_RETRYABLE_ERROR),
+])
+def test_an_outage_or_a_permission_still_stops_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       error: Exception, error_type: ErrorType) -> None:
+    """Not the destination's fault: every table would fail alike, and its records must not be dead-lettered."""
+    with pytest.raises(SinkError) as raised:
+        keeper(tmp_path, monkeypatch, error).ensure(None, Destination("ds", "ev_a"))
+    assert raised.value.error_type is error_type
+    assert "creating or evolving table ds.ev_a failed" in str(raised.value)
