@@ -33,7 +33,7 @@ from firehose_bq.decode import make_value_decoder
 from firehose_bq.decode.unknown import UnknownFieldsJson
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.dlq.writers import dead_letter
-from firehose_bq.errors import (DeadLetterError, ErrorType, FirehoseError, MessageError, RowError, SchemaError,
+from firehose_bq.errors import (DeadLetterError, ErrorType, MessageError, RowError, SchemaError,
                                  SinkError, cause_of)
 from firehose_bq.logs import log_context
 from firehose_bq.metrics import BatchStats
@@ -101,10 +101,6 @@ class TaskResult:
         return cls(BatchStats.from_json(json.dumps(data["stats"])), data["fatal"], data["held"], data["reports"],
                    [(t, int(p), int(o)) for t, p, o in data.get("resume", [])],
                    [(t, int(p), int(s), int(e)) for t, p, s, e in data.get("planned", [])])
-
-
-class TooManyDestinationsError(FirehoseError):
-    """One task met more destination tables than SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK allows."""
 
 
 def row_builder(spec: SinkSpec, changelog: bool, proto_class: str = "",
@@ -203,7 +199,9 @@ class _Task:
             return None
         if destination is not None and spec.tables is not None and destination not in self.ready:
             # The cap first: a template over a high-cardinality attribute must not create the tables.
-            self._check_cap(destination)
+            if (over := self._over_cap(destination)) is not None:
+                self.unusable[destination] = over
+                return None
             try:
                 json_columns = spec.tables.ensure(spec.descriptors, destination)
             except SchemaError as exc:
@@ -225,15 +223,19 @@ class _Task:
             self.builders[proto_class] = row_builder(spec, changelog, proto_class)
         return self.builders[proto_class]
 
-    def _check_cap(self, destination: Destination) -> None:
-        """Every routed destination is ensured (`ready`) before its writer opens: capping those caps both."""
+    def _over_cap(self, destination: Destination) -> str | None:
+        """Why `destination` is past the task's cap on destinations, or None. Every routed destination is
+        ensured (`ready`) before its writer opens: capping those caps both. Past it, the records fail
+        (ROUTING_ERROR, for the policy) rather than stop the batch, which a restart would meet again: the
+        tables come from the records' attributes, which a bad producer can spread without bound."""
         assert self.spec.router is not None, "only routed jobs ensure tables"
         cap = self.spec.router.max_destinations
-        if len(self.ready) >= cap:
-            names = sorted(d.name for d in self.ready)
-            raise TooManyDestinationsError(
-                f"a task met more than {cap} destination tables in one micro-batch ({', '.join(names[:5])}, ..., "
-                f"{destination.name}); raise SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK or check the routing templates")
+        if len(self.ready) < cap:
+            return None
+        names = sorted(d.name for d in self.ready)
+        return (f"the task already writes to {cap} destination tables in this micro-batch ({', '.join(names[:5])}"
+                f"{', ...' if len(names) > 5 else ''}): raise SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK or check the "
+                "routing templates")
 
     def _writer(self, destination: Destination | None) -> RowWriter:
         if destination not in self.writers:
@@ -336,7 +338,7 @@ def process_batch(sources: Iterable[pa.RecordBatch], spec: SinkSpec, plan: TaskP
                 # other's, and the driver's second run starts at `resume` (no row or letter twice).
                 break
         task.finish()
-    except (SinkError, DeadLetterError, TooManyDestinationsError) as exc:
+    except (SinkError, DeadLetterError) as exc:
         task.result.fatal = str(exc)
     finally:
         try:
