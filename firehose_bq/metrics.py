@@ -64,6 +64,22 @@ class BatchStats:
         if outcome == "failed":
             self._keep_sample(errors)
 
+    def not_stored(self, outcome: str, errors: list[MessageError], tables: list[str]) -> None:
+        """Messages counted as sent to `outcome` (`dlq`, or the route fallback's `fallback`), one per error
+        with its table, whose write there failed: the batch stops on it, so they count as failed, not as in
+        the DLQ (a run summary, a batch line and the DLQ counter must not claim letters nothing stored)."""
+        self.outcomes[outcome] -= len(errors)
+        self.outcomes["failed"] += len(errors)
+        for error, table in zip(errors, tables, strict=True):
+            kind = error.error_type.value
+            if self.error_outcomes[f"{kind}:{outcome}"] > 0:
+                self.error_outcomes[f"{kind}:{outcome}"] -= 1
+            self.error_outcomes[f"{kind}:failed"] += 1
+            if (counts := self.tables.get(table)) is not None and counts[outcome] > 0:
+                counts[outcome] -= 1
+                counts["failed"] += 1
+        self._keep_sample(errors)
+
     @property
     def errors_by_outcome(self) -> dict[tuple[str, str], int]:
         return {tuple(key.split(":", 1)): n for key, n in self.error_outcomes.items()}  # type: ignore[misc]

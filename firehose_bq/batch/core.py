@@ -31,6 +31,7 @@ from firehose_bq.bigquery.client import Clients
 from firehose_bq.bigquery.writers import RowWriter
 from firehose_bq.decode import make_value_decoder
 from firehose_bq.decode.unknown import UnknownFieldsJson
+from firehose_bq.dlq.config import DlqConfig
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.dlq.writers import dead_letter
 from firehose_bq.errors import (DeadLetterError, ErrorType, MessageError, RowError, SchemaError,
@@ -284,8 +285,16 @@ class _Task:
     def finish(self) -> None:
         """Store the dead letters and fallback records: only once every row of the task is written."""
         if self.handling.fallback is not None:
-            dead_letter(self.handling.fallback, self.unrouted)
-        dead_letter(self.handling.dlq, self.letters)
+            self._store(self.handling.fallback, self.unrouted, FALLBACK)
+        self._store(self.handling.dlq, self.letters, DLQ)
+
+    def _store(self, output: DlqConfig, letters: list[DeadLetter], outcome: str) -> None:
+        try:
+            dead_letter(output, letters)
+        except DeadLetterError:
+            # The task stops (fatal): what it counted as stored there is not, as far as anyone can tell.
+            self.result.stats.not_stored(outcome, [x.error for x in letters], [x.route for x in letters])
+            raise
 
     def close(self) -> None:
         for destination, writer in self.writers.items():

@@ -16,7 +16,7 @@ from firehose_bq.config import Config
 from firehose_bq.decode import native_unavailable
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.dlq.letters import DeadLetter
-from firehose_bq.errors import ErrorType, RowError, SchemaEvolutionError, SinkError
+from firehose_bq.errors import DeadLetterError, ErrorType, RowError, SchemaEvolutionError, SinkError
 from firehose_bq.modes import table_rows
 from firehose_bq.policy import ErrorHandling
 from firehose_bq.registry.confluent import encode_frame, message_indexes
@@ -428,19 +428,48 @@ def test_records_are_decoded_with_their_class_and_written_per_table(test_descrip
     assert letter.exception_class == "firehose_bq.routing.NoRouteError"
 
 
+def _one_written_one_dead_one_unrouted(descriptors: Descriptors) -> TaskResult:
+    """A routed batch: one record written, one refused by its table (for the DLQ topic `dlq`), one without
+    a route (for the fallback topic `unrouted`)."""
+    fallback = replace(handling().dlq, writer_type="KAFKA", kafka_topic="unrouted")
+    with_fallback = replace(handling(DLQ_KAFKA_TOPIC="dlq"), fallback=fallback)
+    batch = source_batch([*values(descriptors, "a", "bad"), b"x"],
+                         headers=[[("type", b"inner")], [("type", b"inner")], [("type", b"nope")]])
+    plan = RoutingPlan(by_table={"ds.inner_v1": FakeWriter(bad={"bad"})})
+    return process_batch([batch], routed(descriptors, FakeTables()), plan, with_fallback)
+
+
 def test_unrouted_records_go_to_the_fallback_not_the_dlq(test_descriptors: Descriptors,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     stored: dict[str, list[DeadLetter]] = {}
     monkeypatch.setattr(core, "dead_letter", lambda cfg, batch: stored.setdefault(cfg.kafka_topic, []).extend(batch))
-    fallback = replace(handling().dlq, writer_type="KAFKA", kafka_topic="unrouted")
-    with_fallback = replace(handling(DLQ_KAFKA_TOPIC="dlq"), fallback=fallback)
-    batch = source_batch([*values(test_descriptors, "a", "bad"), b"x"],
-                         headers=[[("type", b"inner")], [("type", b"inner")], [("type", b"nope")]])
-    plan = RoutingPlan(by_table={"ds.inner_v1": FakeWriter(bad={"bad"})})
-    result = process_batch([batch], routed(test_descriptors, FakeTables()), plan, with_fallback)
+    result = _one_written_one_dead_one_unrouted(test_descriptors)
     assert (result.stats.rows_written, result.stats.dead_lettered, result.stats.fallback) == (1, 1, 1)
     assert [(x.error.offset, x.route) for x in stored["dlq"]] == [(1, "ds.inner_v1")]
     assert [(x.error.offset, x.error.error_type) for x in stored["unrouted"]] == [(2, ErrorType.ROUTING_ERROR)]
+
+
+@pytest.mark.parametrize("refused", ["dlq", "unrouted"])
+def test_letters_a_failed_dlq_write_did_not_store_count_as_failed(test_descriptors: Descriptors,
+                                                                  monkeypatch: pytest.MonkeyPatch, refused: str) -> None:
+    # The DLQ (or the fallback topic) refused the task's letters: the batch stops uncommitted, and its counts
+    # (the batch's log line, the run summary, the DLQ metrics) must not claim them stored there.
+    def store(cfg: object, batch: list[DeadLetter]) -> None:
+        if batch and cfg.kafka_topic == refused:
+            raise DeadLetterError(f"{len(batch)} letter(s) to {refused} failed: MessageSizeTooLarge")
+
+    monkeypatch.setattr(core, "dead_letter", store)
+    result = _one_written_one_dead_one_unrouted(test_descriptors)
+    s = result.stats
+    assert "MessageSizeTooLarge" in result.fatal
+    if refused == "dlq":
+        assert (s.rows_written, s.dead_lettered, s.fallback, s.failed) == (1, 0, 1, 1)
+        assert s.tables["ds.inner_v1"]["dlq"] == 0 and s.tables["ds.inner_v1"]["failed"] == 1
+        assert s.errors_by_outcome.get(("SINK_4XX_ERROR", "dlq"), 0) == 0
+    else:  # the fallback is stored first: the DLQ is never reached
+        assert (s.rows_written, s.fallback, s.failed) == (1, 0, 1)
+        assert s.errors_by_outcome[("ROUTING_ERROR", "failed")] == 1
+    assert [e.offset for e in s.sample_errors] == [1 if refused == "dlq" else 2]
 
 
 def test_records_past_the_destination_cap_fail_as_routing_errors(test_descriptors: Descriptors,
