@@ -163,7 +163,7 @@ def column_name(fd: FieldDescriptor, sanitize: bool = False) -> str:
         raise SchemaError(
             f"field {fd.full_name}: BigQuery does not accept the column name {fd.name!r} (letters, digits and "
             f"_ only, not starting with a digit or {'/'.join(RESERVED_PREFIXES)}, at most 300 characters); "
-            "enable name sanitizing to map it"
+            "set SINK_BIGQUERY_SANITIZE_FIELD_NAMES=true to map it"
         )
     return sanitize_name(fd.name)
 
