@@ -188,20 +188,22 @@ def _devstack() -> ModuleType:
     return stack
 
 
-def _load_config(environ: Mapping[str, str]) -> Config:
+def _load_config(environ: Mapping[str, str], streaming: bool = False) -> Config:
+    """The configuration, its warnings logged; `streaming`: for a run paced by its trigger (`run` without
+    --available-now; `config check`, which checks the job as it streams), which adds the trigger's."""
     cfg = Config.from_env(environ)
     topics = cfg.source.topics
     logs.add_fields(table=cfg.bigquery.table_ref, **({"topic": topics[0]} if len(topics) == 1 else {}))
     for name in config_module.unknown_variables(environ):
         near = config_module.resembling_setting(name)
         log.warning("%s is set but no setting reads it (typo?%s)", name, f" did you mean {near}?" if near else "")
-    for warning in [*cfg.switched_off(), *cfg.load_quota_warnings()]:
+    for warning in [*cfg.switched_off(), *(cfg.load_quota_warnings() if streaming else [])]:
         log.warning("%s", warning)
     return cfg
 
 
 def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    cfg = _load_config(environ)  # before importing Spark: a bad setting fails in milliseconds
+    cfg = _load_config(environ, streaming=not args.available_now)  # before importing Spark: fails in milliseconds
 
     from firehose_bq.pipeline import Pipeline
     from firehose_bq.sink_schema import descriptor_cache
@@ -435,7 +437,7 @@ def _config(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         sections = (_devstack().StackConfig,) if args.action == "stack-reference" else None
         print(config_module.reference_markdown(sections))
         return 0
-    cfg = _load_config(environ)
+    cfg = _load_config(environ, streaming=True)
     print(json.dumps(cfg.public_dict(), indent=2, default=str))
     return 0
 

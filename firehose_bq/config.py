@@ -290,8 +290,9 @@ class BigQueryConfig:
         "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS",
         "With `file_loads`: the micro-batch interval of a streaming run (instead of SPARK_TRIGGER_INTERVAL_MS), "
         "so one load job per table per trigger. BigQuery allows 1,500 load jobs per table per day (failed "
-        "ones included): one a minute is 1,440; under 57600 the job warns at start that a busy table runs out "
-        "of that quota within the day.",
+        "ones included): one a minute is 1,440; under 57600 a streaming `run` (and `config check`) warns at start "
+        "that a busy table runs out of that quota within the day (not with upsert, which MERGEs per "
+        "SINK_BIGQUERY_MERGE_INTERVAL_MS).",
         FILE_LOADS_TRIGGER_MS,
         minimum=0,
     )
@@ -552,12 +553,15 @@ class Config:
                 "existing table keeps its own)" for env, unused, switch in off if unused]
 
     def load_quota_warnings(self) -> list[str]:
-        """A file-loads trigger faster than BigQuery's load-job quota allows. A short trigger is a fair choice
-        for a backfill or a test that ends within hours, so it is not refused; but a job left streaming at it
-        has its loads refused (quotaExceeded) until the next day, and stops once its retries run out."""
+        """A file-loads trigger faster than BigQuery's load-job quota allows, for a streaming run (only that
+        paces its batches by the trigger: `run --available-now` and `replay-dlq` run theirs back to back
+        whatever it says). A short trigger is a fair choice for a backfill or a test that ends within hours,
+        so it is not refused; but a job left streaming at it has its loads refused (quotaExceeded) until the
+        next day, and stops once its retries run out. Upsert paces its MERGEs by its own interval."""
         bq = self.bigquery
         interval = bq.file_loads_trigger_ms
-        if bq.effective_write_method not in ("file_loads", "mixed") or interval * LOAD_JOBS_PER_TABLE_PER_DAY >= DAY_MS:
+        if (self.upsert.enabled or bq.effective_write_method not in ("file_loads", "mixed")
+                or interval * LOAD_JOBS_PER_TABLE_PER_DAY >= DAY_MS):
             return []
         pace = (f"a load job per table every {interval / 1000:g} s" if interval
                 else "a load job per table as soon as the previous batch ends")

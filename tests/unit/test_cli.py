@@ -99,3 +99,18 @@ def test_a_partition_key_with_partitioning_off_starts_with_a_warning() -> None:
     assert done.returncode == 0, done.stderr
     assert ("WARNING firehose_bq: SINK_BIGQUERY_TABLE_PARTITION_KEY is set but SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE "
             "is not true") in done.stderr
+
+
+def test_the_load_quota_warning_is_for_a_run_its_trigger_paces() -> None:
+    # `run --available-now` and `replay-dlq` run their batches back to back whatever the trigger says: a
+    # warning naming "a load job every 10 s" there is wrong. A streaming `run` and `config check` say it.
+    # (Each command stops soon after: the descriptor file or the replay's bound does not exist.)
+    env = {**MINIMAL, "SINK_BIGQUERY_WRITE_METHOD": "file_loads", "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS": "10000"}
+    warning = "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS=10000 means a load job per table every 10 s"
+    for args in (("run",), ("config", "check")):
+        done = firehose(*args, env=env)
+        assert warning in done.stderr, (args, done.stderr)
+    for args in (("run", "--available-now"), ("replay-dlq", "--max-messages", "0"), ("table",)):
+        done = firehose(*args, env=env)
+        assert done.returncode != 0
+        assert warning not in done.stderr, (args, done.stderr)
