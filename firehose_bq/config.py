@@ -18,7 +18,7 @@ from typing import Any
 from firehose_bq import redact
 from firehose_bq.blobstore import GCS_SCHEME, gcs_location
 from firehose_bq.decode import DECODERS, native_unavailable
-from firehose_bq.dlq.config import KAFKA, DlqConfig
+from firehose_bq.dlq.config import FIREHOSE_UNREAD, KAFKA, DlqConfig
 from firehose_bq.errors import ConfigError
 from firehose_bq.gcp_auth import key_content_problem
 from firehose_bq.logs import LogConfig
@@ -753,9 +753,15 @@ def reference_markdown(sections: tuple[type, ...] | None = None) -> str:
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
-    """Set variables under this sink's prefixes that no setting reads (probably typos)."""
-    known = _known_names()
+    """Set variables under this sink's prefixes that no setting reads (probably typos); not Firehose's own
+    that this job knows it does not read (`firehose_unread`)."""
+    known = _known_names() | set(FIREHOSE_UNREAD)
     return sorted(k for k in environ if k.startswith(OWNED_PREFIXES) and k not in known)
+
+
+def firehose_unread(environ: Mapping[str, str]) -> list[str]:
+    """Firehose's variables set in `environ` that this job does not read, each with why."""
+    return [f"{name} is set but is {why}" for name, why in FIREHOSE_UNREAD.items() if name in environ]
 
 
 def resembling_setting(name: str) -> str | None:

@@ -114,3 +114,19 @@ def test_the_load_quota_warning_is_for_a_run_its_trigger_paces() -> None:
         done = firehose(*args, env=env)
         assert done.returncode != 0
         assert warning not in done.stderr, (args, done.stderr)
+
+
+def test_firehose_dlq_producer_variables_are_named_as_unread_not_as_typos() -> None:
+    # A Firehose env file carries its DLQ producer's tuning (often at Firehose's defaults) and Java store
+    # passwords. "typo? did you mean DLQ_KAFKA_SSL_KEY_PASSWORD?" for the keystore's password sent the operator
+    # to another secret; the tuning is not read, and the warning says so and why.
+    firehose_env = {"DLQ_KAFKA_RETRIES": "2147483647", "DLQ_KAFKA_LINGER_MS": "0",
+                    "DLQ_KAFKA_VALUE_SERIALIZER": "org.apache.kafka.common.serialization.ByteArraySerializer",
+                    "DLQ_KAFKA_SSL_KEYSTORE_PASSWORD": "store-pa$s-5c1d", "DLQ_KAFKA_ACKS": "-1"}
+    done = firehose("config", "check", env={**MINIMAL, **firehose_env})
+    assert done.returncode == 0, done.stderr
+    warnings = [line.split(" WARNING firehose_bq: ", 1)[1] for line in done.stderr.splitlines()]
+    assert not [w for w in warnings if "typo" in w], warnings
+    assert sorted(w.split(" ", 1)[0] for w in warnings) == sorted(set(firehose_env) - {"DLQ_KAFKA_ACKS"})
+    assert all(" is set but is " in w and "not read" in w for w in warnings), warnings
+    assert "5c1d" not in done.stderr and '"kafka_acks": "-1"' in done.stdout
