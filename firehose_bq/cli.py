@@ -268,6 +268,7 @@ def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from firehose_bq.blobstore import open_blob_store
     from firehose_bq.dlq.blob_source import BlobDlqSource
     from firehose_bq.dlq.replay import DlqSource, KafkaDlqSource, replay
+    from firehose_bq.source.kafka_security import dlq_security_problems
 
     cfg = _load_config(environ)
     if args.max_messages is not None and args.max_messages < 1:
@@ -283,6 +284,11 @@ def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         dlq = cfg.dlq.with_brokers(cfg.source.brokers, cfg.kafka_security)
         topic = args.topic or dlq.kafka_topic
         brokers = cfg.source.brokers if topic == cfg.bigquery.route_fallback_topic else dlq.kafka_brokers
+        if brokers == dlq.kafka_brokers:
+            # Reading the DLQ's brokers with the source's security: Firehose's DLQ_KAFKA_* security variables
+            # must agree, even where the job's own DLQ is off (and the start did not check them).
+            if problems := dlq_security_problems(environ, cfg.kafka_security, dlq_kafka=True):
+                raise ConfigError(problems)
         group = args.group or (f"{cfg.source.consumer_group_id}-replay-{topic}" if args.topic
                                else f"{cfg.source.consumer_group_id}-dlq-replay")
         source = KafkaDlqSource(brokers, topic, group, args.max_messages, cfg.source.isolation_level,

@@ -130,3 +130,15 @@ def test_firehose_dlq_producer_variables_are_named_as_unread_not_as_typos() -> N
     assert sorted(w.split(" ", 1)[0] for w in warnings) == sorted(set(firehose_env) - {"DLQ_KAFKA_ACKS"})
     assert all(" is set but is " in w and "not read" in w for w in warnings), warnings
     assert "5c1d" not in done.stderr and '"kafka_acks": "-1"' in done.stdout
+
+
+def test_replay_dlq_checks_the_dlq_security_variables_with_the_jobs_dlq_off() -> None:
+    # The replay reads the DLQ topic on DLQ_KAFKA_BROKERS with the source's security whether or not the job's
+    # own DLQ is on; a Firehose env file saying otherwise for the DLQ was accepted, and the replay then failed
+    # to connect (or timed out) with nothing naming the variable.
+    env = {**MINIMAL, "SOURCE_KAFKA_BROKERS": "127.0.0.1:1", "DLQ_KAFKA_SECURITY_PROTOCOL": "SSL"}
+    done = firehose("replay-dlq", "--available-now", env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().startswith("config error: DLQ_KAFKA_SECURITY_PROTOCOL: differs from "
+                                          "SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL"), done.stderr
+    assert firehose("config", "check", env=env).returncode == 0  # the job's DLQ is off: not its concern
