@@ -20,8 +20,8 @@ MAX_BACKOFF_S = 30.0
 # or (DLQ_KAFKA_SSL_KEYSTORE_PASSWORD) to the key's password, which is another secret.
 _PRODUCER_TUNING = ("Firehose's DLQ producer tuning, not read: the DLQ producer sends each batch's letters and "
                     "waits for them (retried per DLQ_RETRY_*)")
-_JAVA_STORE = ("a Java keystore's, not read: the DLQ producer uses the source's PEM files (see Secured Kafka in "
-               "README.md)")
+_JAVA_STORE = ("Firehose's DLQ key or trust store setting, not read: the DLQ producer uses the source's PEM "
+               "files (Secured Kafka in README.md)")
 FIREHOSE_UNREAD = {
     "DLQ_KAFKA_RETRIES": _PRODUCER_TUNING, "DLQ_KAFKA_BATCH_SIZE": _PRODUCER_TUNING,
     "DLQ_KAFKA_LINGER_MS": _PRODUCER_TUNING, "DLQ_KAFKA_BUFFER_MEMORY": _PRODUCER_TUNING,
