@@ -283,8 +283,9 @@ def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     else:
         dlq = cfg.dlq.with_brokers(cfg.source.brokers, cfg.kafka_security)
         topic = args.topic or dlq.kafka_topic
-        brokers = cfg.source.brokers if topic == cfg.bigquery.route_fallback_topic else dlq.kafka_brokers
-        if brokers == dlq.kafka_brokers:
+        fallback = topic == cfg.bigquery.route_fallback_topic
+        brokers = cfg.source.brokers if fallback else dlq.kafka_brokers
+        if not fallback:
             # Reading the DLQ's brokers with the source's security: Firehose's DLQ_KAFKA_* security variables
             # must agree, even where the job's own DLQ is off (and the start did not check them).
             if problems := dlq_security_problems(environ, cfg.kafka_security, dlq_kafka=True):
