@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -72,6 +73,7 @@ LOG4J_PROPERTY = "log4j2.configurationFile"
 # Spark's own docs use), or by log4j2's environment variable; ours, log4j2's own name, would beat both.
 LOG4J_LEGACY_PROPERTY = "log4j.configurationFile"
 LOG4J_ENV = "LOG4J_CONFIGURATION_FILE"
+EXECUTOR_CONF = "spark.executor."
 LOG4J_FILES = ("log4j2.properties", "log4j2.xml", "log4j2.json", "log4j2.jsn", "log4j2.yaml", "log4j2.yml")
 # The job that starts the workers ahead of the first batch, as stop_session finds it to cancel it, and how
 # long a stop waits for it to end (it takes a few seconds on a cold JVM), then for it to end once cancelled.
@@ -225,11 +227,19 @@ def configures_log4j(environ: Mapping[str, str], java_options: str = "") -> bool
     """Whether the user configures the driver's log4j: a log4j2 file in Spark's conf directory, LOG4J_ENV, or
     either property anywhere in `java_options` (SPARK_DRIVER_JAVA_OPTIONS, which ours would follow and beat),
     PYSPARK_SUBMIT_ARGS, the properties file it names or spark-defaults.conf (say in
-    spark.driver.extraJavaOptions: log4j2 prefers our name to log4j 1's wherever each comes)."""
+    spark.driver.extraJavaOptions: log4j2 prefers our name to log4j 1's wherever each comes); not in a
+    spark.executor.* setting, which configures the executors'."""
     conf_dir = Path(_conf_dir(environ))
-    texts = [java_options, *_submit_config_texts(environ)]
+    args, *files = _submit_config_texts(environ)
+    try:
+        words = shlex.split(args)
+    except ValueError:  # an unbalanced quote: spark-submit would refuse it anyway
+        words = args.split()
+    # The executors' options configure their own log4j (on a cluster), not the driver's.
+    entries = [java_options, *words, *(line for text in files for line in text.splitlines())]
     return (bool(environ.get(LOG4J_ENV)) or any((conf_dir / name).is_file() for name in LOG4J_FILES)
-            or any(name in text for text in texts for name in (LOG4J_PROPERTY, LOG4J_LEGACY_PROPERTY)))
+            or any(name in entry for entry in entries if not entry.lstrip().startswith(EXECUTOR_CONF)
+                   for name in (LOG4J_PROPERTY, LOG4J_LEGACY_PROPERTY)))
 
 
 def _conf_dir(environ: Mapping[str, str]) -> str:

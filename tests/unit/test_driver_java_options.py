@@ -101,3 +101,13 @@ def test_a_users_log4j_configuration_named_anywhere_is_kept(tmp_path: Path, wher
     else:
         environ[prop] = "/etc/mine.properties"
     assert "log4j2-json" not in driver_java_options(cfg, True, environ)
+
+
+def test_a_log4j_configuration_of_the_executors_leaves_the_driver_json(tmp_path: Path) -> None:
+    # On a cluster the executors' log4j is configured apart (spark.executor.extraJavaOptions); the driver's
+    # lines under LOG_FORMAT=json are still the job's to shape.
+    option = "-Dlog4j.configurationFile=file:///etc/executors.properties"
+    (tmp_path / "spark-defaults.conf").write_text(f"spark.executor.extraJavaOptions  {option}\n")
+    environ = {"SPARK_CONF_DIR": str(tmp_path),
+               "PYSPARK_SUBMIT_ARGS": f'--conf "spark.executor.extraJavaOptions=-Xss4m {option}" pyspark-shell'}
+    assert "log4j2-json" in driver_java_options(SparkConfig(checkpoint_location="x"), True, environ)
