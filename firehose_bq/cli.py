@@ -188,20 +188,23 @@ def _devstack() -> ModuleType:
     return stack
 
 
-def _load_config(environ: Mapping[str, str]) -> Config:
+def _load_config(environ: Mapping[str, str], streaming: bool = False) -> Config:
+    """The configuration, its warnings logged; `streaming`: for a run paced by its trigger (`run` without
+    --available-now; `config check`, which checks the job as it streams), which adds the trigger's."""
     cfg = Config.from_env(environ)
     topics = cfg.source.topics
     logs.add_fields(table=cfg.bigquery.table_ref, **({"topic": topics[0]} if len(topics) == 1 else {}))
     for name in config_module.unknown_variables(environ):
         near = config_module.resembling_setting(name)
         log.warning("%s is set but no setting reads it (typo?%s)", name, f" did you mean {near}?" if near else "")
-    for warning in [*cfg.switched_off(), *cfg.load_quota_warnings()]:
+    unread = config_module.firehose_unread(environ)
+    for warning in [*unread, *cfg.switched_off(), *(cfg.load_quota_warnings() if streaming else [])]:
         log.warning("%s", warning)
     return cfg
 
 
 def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    cfg = _load_config(environ)  # before importing Spark: a bad setting fails in milliseconds
+    cfg = _load_config(environ, streaming=not args.available_now)  # before importing Spark: fails in milliseconds
 
     from firehose_bq.pipeline import Pipeline
     from firehose_bq.sink_schema import descriptor_cache
@@ -280,6 +283,7 @@ def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from firehose_bq.blobstore import open_blob_store
     from firehose_bq.dlq.blob_source import BlobDlqSource
     from firehose_bq.dlq.replay import DlqSource, KafkaDlqSource, replay
+    from firehose_bq.source.kafka_security import dlq_security_problems
 
     cfg = _load_config(environ)
     if args.max_messages is not None and args.max_messages < 1:
@@ -295,7 +299,13 @@ def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     else:
         dlq = cfg.dlq.with_brokers(cfg.source.brokers, cfg.kafka_security)
         topic = args.topic or dlq.kafka_topic
-        brokers = cfg.source.brokers if topic == cfg.bigquery.route_fallback_topic else dlq.kafka_brokers
+        fallback = topic == cfg.bigquery.route_fallback_topic
+        brokers = cfg.source.brokers if fallback else dlq.kafka_brokers
+        if not fallback:
+            # Reading the DLQ's brokers with the source's security: Firehose's DLQ_KAFKA_* security variables
+            # must agree, even where the job's own DLQ is off (and the start did not check them).
+            if problems := dlq_security_problems(environ, cfg.kafka_security, dlq_kafka=True):
+                raise ConfigError(problems)
         group = args.group or (f"{cfg.source.consumer_group_id}-replay-{topic}" if args.topic
                                else f"{cfg.source.consumer_group_id}-dlq-replay")
         source = KafkaDlqSource(brokers, topic, group, args.max_messages, cfg.source.isolation_level,
@@ -451,7 +461,7 @@ def _config(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         sections = (_devstack().StackConfig,) if args.action == "stack-reference" else None
         print(config_module.reference_markdown(sections))
         return 0
-    cfg = _load_config(environ)
+    cfg = _load_config(environ, streaming=True)
     print(json.dumps(cfg.public_dict(), indent=2, default=str))
     return 0
 

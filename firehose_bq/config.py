@@ -18,7 +18,7 @@ from typing import Any
 from firehose_bq import redact
 from firehose_bq.blobstore import GCS_SCHEME, gcs_location
 from firehose_bq.decode import DECODERS, native_unavailable
-from firehose_bq.dlq.config import KAFKA, DlqConfig
+from firehose_bq.dlq.config import FIREHOSE_UNREAD, KAFKA, DlqConfig
 from firehose_bq.errors import ConfigError
 from firehose_bq.gcp_auth import key_content_problem
 from firehose_bq.logs import LogConfig
@@ -294,8 +294,9 @@ class BigQueryConfig:
         "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS",
         "With `file_loads`: the micro-batch interval of a streaming run (instead of SPARK_TRIGGER_INTERVAL_MS), "
         "so one load job per table per trigger. BigQuery allows 1,500 load jobs per table per day (failed "
-        "ones included): one a minute is 1,440; under 57600 the job warns at start that a busy table runs out "
-        "of that quota within the day.",
+        "ones included): one a minute is 1,440; under 57600 a streaming `run` (and `config check`) warns at start "
+        "that a busy table runs out of that quota within the day (not with upsert, which MERGEs per "
+        "SINK_BIGQUERY_MERGE_INTERVAL_MS).",
         FILE_LOADS_TRIGGER_MS,
         minimum=0,
     )
@@ -569,12 +570,15 @@ class Config:
                 "existing table keeps its own)" for env, unused, switch in off if unused]
 
     def load_quota_warnings(self) -> list[str]:
-        """A file-loads trigger faster than BigQuery's load-job quota allows. A short trigger is a fair choice
-        for a backfill or a test that ends within hours, so it is not refused; but a job left streaming at it
-        has its loads refused (quotaExceeded) until the next day, and stops once its retries run out."""
+        """A file-loads trigger faster than BigQuery's load-job quota allows, for a streaming run (only that
+        paces its batches by the trigger: `run --available-now` and `replay-dlq` run theirs back to back
+        whatever it says). A short trigger is a fair choice for a backfill or a test that ends within hours,
+        so it is not refused; but a job left streaming at it has its loads refused (quotaExceeded) until the
+        next day, and stops once its retries run out. Upsert paces its MERGEs by its own interval."""
         bq = self.bigquery
         interval = bq.file_loads_trigger_ms
-        if bq.effective_write_method not in ("file_loads", "mixed") or interval * LOAD_JOBS_PER_TABLE_PER_DAY >= DAY_MS:
+        if (self.upsert.enabled or bq.effective_write_method not in ("file_loads", "mixed")
+                or interval * LOAD_JOBS_PER_TABLE_PER_DAY >= DAY_MS):
             return []
         pace = (f"a load job per table every {interval / 1000:g} s" if interval
                 else "a load job per table as soon as the previous batch ends")
@@ -773,9 +777,15 @@ def reference_markdown(sections: tuple[type, ...] | None = None) -> str:
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
-    """Set variables under this sink's prefixes that no setting reads (probably typos)."""
-    known = _known_names()
+    """Set variables under this sink's prefixes that no setting reads (probably typos); not Firehose's own
+    that this job knows it does not read (`firehose_unread`)."""
+    known = _known_names() | set(FIREHOSE_UNREAD)
     return sorted(k for k in environ if k.startswith(OWNED_PREFIXES) and k not in known)
+
+
+def firehose_unread(environ: Mapping[str, str]) -> list[str]:
+    """Firehose's variables set in `environ` that this job does not read, each with why."""
+    return [f"{name} is set but is {why}" for name, why in FIREHOSE_UNREAD.items() if name in environ]
 
 
 def resembling_setting(name: str) -> str | None:

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -68,6 +69,11 @@ DRIVER_DEFAULT_JAVA_OPTIONS = "spark.driver.defaultJavaOptions"
 # configures log4j: a log4j2 file in Spark's conf directory (on the driver's class path) or the property.
 JVM_JSON_LOGGING = Path(__file__).resolve().parent / "log4j2-json.properties"
 LOG4J_PROPERTY = "log4j2.configurationFile"
+# The user's log4j configuration may also be named by log4j 1's property, which log4j2 still reads (and
+# Spark's own docs use), or by log4j2's environment variable; ours, log4j2's own name, would beat both.
+LOG4J_LEGACY_PROPERTY = "log4j.configurationFile"
+LOG4J_ENV = "LOG4J_CONFIGURATION_FILE"
+EXECUTOR_CONF = "spark.executor."
 LOG4J_FILES = ("log4j2.properties", "log4j2.xml", "log4j2.json", "log4j2.jsn", "log4j2.yaml", "log4j2.yml")
 # The job that starts the workers ahead of the first batch, as stop_session finds it to cancel it, and how
 # long a stop waits for it to end (it takes a few seconds on a cold JVM), then for it to end once cancelled.
@@ -212,17 +218,28 @@ def driver_java_options(cfg: SparkConfig, json_logs: bool, environ: Mapping[str,
     """SPARK_DRIVER_JAVA_OPTIONS, plus the JSON log configuration when the job logs JSON and the user does
     not configure log4j. (As a file URI: Spark splits the options at spaces, a path may hold some.)"""
     options = cfg.driver_java_options
-    if json_logs and not configures_log4j(environ):
+    if json_logs and not configures_log4j(environ, options):
         options = f"{options} -D{LOG4J_PROPERTY}={JVM_JSON_LOGGING.as_uri()}".strip()
     return options
 
 
-def configures_log4j(environ: Mapping[str, str]) -> bool:
-    """Whether the user configures the driver's log4j: a log4j2 file in Spark's conf directory, or the
-    property in PYSPARK_SUBMIT_ARGS or spark-defaults.conf. (One in spark.driver.extraJavaOptions wins anyway:
-    those options come after ours.)"""
+def configures_log4j(environ: Mapping[str, str], java_options: str = "") -> bool:
+    """Whether the user configures the driver's log4j: a log4j2 file in Spark's conf directory, LOG4J_ENV, or
+    either property anywhere in `java_options` (SPARK_DRIVER_JAVA_OPTIONS, which ours would follow and beat),
+    PYSPARK_SUBMIT_ARGS, the properties file it names or spark-defaults.conf (say in
+    spark.driver.extraJavaOptions: log4j2 prefers our name to log4j 1's wherever each comes); not in a
+    spark.executor.* setting, which configures the executors'."""
     conf_dir = Path(_conf_dir(environ))
-    return spark_configures(LOG4J_PROPERTY, environ) or any((conf_dir / name).is_file() for name in LOG4J_FILES)
+    args, *files = _submit_config_texts(environ)
+    try:
+        words = shlex.split(args)
+    except ValueError:  # an unbalanced quote: spark-submit would refuse it anyway
+        words = args.split()
+    # The executors' options configure their own log4j (on a cluster), not the driver's.
+    entries = [java_options, *words, *(line for text in files for line in text.splitlines())]
+    return (bool(environ.get(LOG4J_ENV)) or any((conf_dir / name).is_file() for name in LOG4J_FILES)
+            or any(name in entry for entry in entries if not entry.lstrip().startswith(EXECUTOR_CONF)
+                   for name in (LOG4J_PROPERTY, LOG4J_LEGACY_PROPERTY)))
 
 
 def _conf_dir(environ: Mapping[str, str]) -> str:
@@ -233,20 +250,25 @@ def spark_configures(key: str, environ: Mapping[str, str]) -> bool:
     """Whether the configuration spark-submit will read sets `key`: PYSPARK_SUBMIT_ARGS, a properties
     file it names, or spark-defaults.conf in SPARK_CONF_DIR (else SPARK_HOME/conf). Read as text: a key
     merely mentioned counts as set, so a value of the user's is never replaced."""
+    args, *files = _submit_config_texts(environ)
+    pattern = re.compile(rf"^\s*{re.escape(key)}(\s|=|:|$)", re.M)
+    return key in args or any(pattern.search(text) for text in files)
+
+
+def _submit_config_texts(environ: Mapping[str, str]) -> list[str]:
+    """What spark-submit reads its configuration from, as text: PYSPARK_SUBMIT_ARGS, then each file (a
+    properties file it names, spark-defaults.conf in SPARK_CONF_DIR, else SPARK_HOME/conf) that exists."""
     args = environ.get("PYSPARK_SUBMIT_ARGS", "")
-    if key in args:
-        return True
     words = args.split()
     files = [Path(words[i + 1]) for i, w in enumerate(words[:-1]) if w == "--properties-file"]
     files.append(Path(_conf_dir(environ)) / "spark-defaults.conf")
-    pattern = re.compile(rf"^\s*{re.escape(key)}(\s|=|:|$)", re.M)
+    texts = [args]
     for file in files:
         try:
-            if pattern.search(file.read_text(errors="replace")):
-                return True
+            texts.append(file.read_text(errors="replace"))
         except OSError:
             continue  # no such file: nothing set there
-    return False
+    return texts
 
 
 def _spark_home() -> str:

@@ -15,6 +15,21 @@ KAFKA, BLOB, LOG = "KAFKA", "BLOB", "LOG"
 LOCAL, GCS = "LOCAL", "GCS"
 # The longest wait between two attempts of a DLQ write.
 MAX_BACKOFF_S = 30.0
+# Firehose's DLQ producer settings this job has no use for, and why: a Firehose env file carries them (often
+# at Firehose's defaults), and "no setting reads it (typo?)" would send its operator hunting for a misspelling,
+# or (DLQ_KAFKA_SSL_KEYSTORE_PASSWORD) to the key's password, which is another secret.
+_PRODUCER_TUNING = ("Firehose's DLQ producer tuning, not read: the DLQ producer sends each batch's letters and "
+                    "waits for them (retried per DLQ_RETRY_*)")
+_JAVA_STORE = ("Firehose's DLQ key or trust store setting, not read: the DLQ producer uses the source's PEM "
+               "files (Secured Kafka in README.md)")
+FIREHOSE_UNREAD = {
+    "DLQ_KAFKA_RETRIES": _PRODUCER_TUNING, "DLQ_KAFKA_BATCH_SIZE": _PRODUCER_TUNING,
+    "DLQ_KAFKA_LINGER_MS": _PRODUCER_TUNING, "DLQ_KAFKA_BUFFER_MEMORY": _PRODUCER_TUNING,
+    "DLQ_KAFKA_KEY_SERIALIZER": "not read: a dead letter keeps the original key's bytes",
+    "DLQ_KAFKA_VALUE_SERIALIZER": "not read: a dead letter keeps the original value's bytes",
+    "DLQ_KAFKA_SSL_TRUSTSTORE_PASSWORD": _JAVA_STORE, "DLQ_KAFKA_SSL_KEYSTORE_PASSWORD": _JAVA_STORE,
+    "DLQ_KAFKA_SSL_TRUSTSTORE_TYPE": _JAVA_STORE, "DLQ_KAFKA_SSL_KEYSTORE_TYPE": _JAVA_STORE,
+}
 
 
 @dataclass(frozen=True)
@@ -66,8 +81,8 @@ class DlqConfig:
         "Producer acks of the DLQ writer. all: a letter counts as written once every in-sync replica has it; "
         "1: once the leader has it (a leader lost right after can lose letters whose source offsets are "
         "committed); 0: as soon as it is sent (letters can be lost without an error). Anything but all gives up "
-        "the guarantee that every message ends in the table or the DLQ.",
-        "all", choices=("all", "1", "0")
+        "the guarantee that every message ends in the table or the DLQ. -1 is Kafka's other name for all.",
+        "all", choices=("all", "-1", "1", "0")
     )
     blob_storage_type: str = setting(
         "DLQ_BLOB_STORAGE_TYPE", "Where BLOB files go: a LOCAL directory or a GCS bucket.", LOCAL,

@@ -118,6 +118,45 @@ def test_lines_logged_in_spark_tasks_are_json_with_the_tasks_context(job_env: di
             topic, 1, job_config.bigquery.table_ref, "DESERIALIZATION_ERROR")
 
 
+def test_a_run_stopped_by_bad_data_logs_only_json_lines(job_env: dict[str, str], job_config) -> None:
+    """A log shipper meets a failing run's lines most: the stop for a message that cannot be decoded (the DLQ
+    off) carries Spark's own ERROR with its Java trace, and every line of it must still parse as JSON."""
+    produce_bookings(job_config, 5)
+    producer = KafkaProducer(bootstrap_servers=job_config.source.brokers)
+    producer.send(job_config.source.topics[0], b"\xff\xff not a booking", partition=0).get(timeout=30)
+    producer.close()
+    done = firehose("run", "--available-now", env={**job_env, "LOG_FORMAT": "json"})
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.splitlines()
+    assert [line for line in lines if not line.startswith("{")] == ["WARNING: Using incubator modules: jdk.incubator.vector"]
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    assert records[-1]["message"].startswith("error: ") and "DESERIALIZATION_ERROR" in records[-1]["message"]
+    assert any(r["logger"].startswith("org.apache.spark") and r["level"] == "ERROR" for r in records), records
+
+
+JVM_LONG_TRACE = """
+from firehose_bq.config import SparkConfig
+from firehose_bq.spark import spark_session
+spark = spark_session(SparkConfig(checkpoint_location="unused", master="local[1]"), json_logs=True)
+jvm = spark.sparkContext._jvm
+cause = jvm.java.lang.IllegalStateException("the root cause " + "y" * 30000 + " ends here")
+log = jvm.org.apache.logging.log4j.LogManager.getLogger("org.apache.spark.review")
+log.error("a long message " + "x" * 30000 + " ends here", jvm.java.lang.RuntimeException("outer", cause))
+spark.stop()
+"""
+
+
+def test_a_long_jvm_trace_keeps_its_root_cause_under_json_logs() -> None:
+    """A failed Spark job's trace (Python traceback, then Java's, the root cause last) can pass 16,384
+    characters, where log4j's JSON layout cut every string by default; text lines were never cut."""
+    done = subprocess.run([sys.executable, "-c", JVM_LONG_TRACE], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    [line] = [json.loads(line) for line in done.stderr.splitlines() if "org.apache.spark.review" in line]
+    assert line["message"].endswith(" ends here") and len(line["message"]) > 30000
+    assert "the root cause " in line["exception"] and " ends here" in line["exception"]
+
+
 def test_a_missing_topic_stops_the_run_before_spark_starts(job_env: dict[str, str]) -> None:
     """The source is checked before the JVM starts: a clear line in seconds, not Spark's traces after it."""
     done = firehose("run", "--available-now", env=job_env, timeout=60)  # job_env's topic was never created

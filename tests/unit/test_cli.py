@@ -99,3 +99,46 @@ def test_a_partition_key_with_partitioning_off_starts_with_a_warning() -> None:
     assert done.returncode == 0, done.stderr
     assert ("WARNING firehose_bq: SINK_BIGQUERY_TABLE_PARTITION_KEY is set but SINK_BIGQUERY_TABLE_PARTITIONING_ENABLE "
             "is not true") in done.stderr
+
+
+def test_the_load_quota_warning_is_for_a_run_its_trigger_paces() -> None:
+    # `run --available-now` and `replay-dlq` run their batches back to back whatever the trigger says: a
+    # warning naming "a load job every 10 s" there is wrong. A streaming `run` and `config check` say it.
+    # (Each command stops soon after: the descriptor file or the replay's bound does not exist.)
+    env = {**MINIMAL, "SINK_BIGQUERY_WRITE_METHOD": "file_loads", "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS": "10000"}
+    warning = "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS=10000 means a load job per table every 10 s"
+    for args in (("run",), ("config", "check")):
+        done = firehose(*args, env=env)
+        assert warning in done.stderr, (args, done.stderr)
+    for args in (("run", "--available-now"), ("replay-dlq", "--max-messages", "0"), ("table",)):
+        done = firehose(*args, env=env)
+        assert done.returncode != 0
+        assert warning not in done.stderr, (args, done.stderr)
+
+
+def test_firehose_dlq_producer_variables_are_named_as_unread_not_as_typos() -> None:
+    # A Firehose env file carries its DLQ producer's tuning (often at Firehose's defaults) and Java store
+    # passwords. "typo? did you mean DLQ_KAFKA_SSL_KEY_PASSWORD?" for the keystore's password sent the operator
+    # to another secret; the tuning is not read, and the warning says so and why.
+    firehose_env = {"DLQ_KAFKA_RETRIES": "2147483647", "DLQ_KAFKA_LINGER_MS": "0",
+                    "DLQ_KAFKA_VALUE_SERIALIZER": "org.apache.kafka.common.serialization.ByteArraySerializer",
+                    "DLQ_KAFKA_SSL_KEYSTORE_PASSWORD": "store-pa$s-5c1d", "DLQ_KAFKA_ACKS": "-1"}
+    done = firehose("config", "check", env={**MINIMAL, **firehose_env})
+    assert done.returncode == 0, done.stderr
+    warnings = [line.split(" WARNING firehose_bq: ", 1)[1] for line in done.stderr.splitlines()]
+    assert not [w for w in warnings if "typo" in w], warnings
+    assert sorted(w.split(" ", 1)[0] for w in warnings) == sorted(set(firehose_env) - {"DLQ_KAFKA_ACKS"})
+    assert all(" is set but is " in w and "not read" in w for w in warnings), warnings
+    assert "5c1d" not in done.stderr and '"kafka_acks": "-1"' in done.stdout
+
+
+def test_replay_dlq_checks_the_dlq_security_variables_with_the_jobs_dlq_off() -> None:
+    # The replay reads the DLQ topic on DLQ_KAFKA_BROKERS with the source's security whether or not the job's
+    # own DLQ is on; a Firehose env file saying otherwise for the DLQ was accepted, and the replay then failed
+    # to connect (or timed out) with nothing naming the variable.
+    env = {**MINIMAL, "SOURCE_KAFKA_BROKERS": "127.0.0.1:1", "DLQ_KAFKA_SECURITY_PROTOCOL": "SSL"}
+    done = firehose("replay-dlq", "--available-now", env=env)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().startswith("config error: DLQ_KAFKA_SECURITY_PROTOCOL: differs from "
+                                          "SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL"), done.stderr
+    assert firehose("config", "check", env=env).returncode == 0  # the job's DLQ is off: not its concern

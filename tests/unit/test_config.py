@@ -12,6 +12,7 @@ from firehose_bq.config import Config
 from firehose_bq.devstack.stack_config import StackConfig
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import ConfigError
+from firehose_bq.source.kafka_security import DLQ_SECURITY_ENVS
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -178,7 +179,7 @@ SPARK_VARIABLES = {"SPARK_CONF_DIR", "SPARK_SIMPLIFIED_TRACEBACK"}
 def test_readme_prose_names_only_settings_that_exist() -> None:
     # The generated tables cannot go stale; the prose around them can (a renamed or removed setting).
     declared = {name for d in config.reference() + config.reference((StackConfig,)) for name in (d.env, *d.formerly)}
-    declared |= set(config.DLQ_SECURITY_ENVS)  # read to be compared with the source's, not settings
+    declared |= set(DLQ_SECURITY_ENVS)  # read, not settings: each must say what its SOURCE_KAFKA_* says
     named = set(re.findall(r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)`", README.read_text()))
     prefixes = (*config.OWNED_PREFIXES, "SPARK_", "LOG_", "FIREHOSE_STACK_")
     assert sorted(n for n in named if n.startswith(prefixes) and n not in declared | SPARK_VARIABLES) == []

@@ -174,3 +174,12 @@ def test_a_file_loads_trigger_faster_than_the_load_job_quota_is_warned_about(met
         assert "every 10 s" in warning and "runs out after 4.2 h of streaming" in warning and "57600 ms" in warning
     if interval == "0" and warned:
         assert "as soon as the previous batch ends" in warnings[0] and "after 1,500 batches" in warnings[0]
+
+
+def test_an_upsert_job_is_paced_by_its_merge_interval_not_the_file_loads_trigger() -> None:
+    # Upsert ignores the write method (its MERGEs run every SINK_BIGQUERY_MERGE_INTERVAL_MS): a short file-loads
+    # trigger left in its env file paces nothing, and warning about it sends the operator to the wrong setting.
+    cfg = Config.from_env({**MINIMAL, "SINK_BIGQUERY_WRITE_METHOD": "file_loads",
+                           "SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS": "10000", "SINK_BIGQUERY_UPSERT_ENABLED": "true",
+                           "INPUT_SCHEMA_PROTO_KEY_CLASS": "x.K", "SINK_BIGQUERY_KAFKA_KEY_FIELD_NAME": "key"})
+    assert cfg.load_quota_warnings() == []

@@ -79,3 +79,35 @@ def test_a_log4j_property_in_the_submit_args_is_kept(tmp_path: Path) -> None:
     environ = {"SPARK_CONF_DIR": str(tmp_path),
                "PYSPARK_SUBMIT_ARGS": "--driver-java-options -Dlog4j2.configurationFile=/etc/mine.xml pyspark-shell"}
     assert "log4j2-json" not in driver_java_options(SparkConfig(checkpoint_location="x"), True, environ)
+
+
+@pytest.mark.parametrize(("where", "prop"), [
+    *((where, prop) for where in ("submit args", "spark-defaults.conf", "SPARK_DRIVER_JAVA_OPTIONS")
+      for prop in ("log4j2.configurationFile", "log4j.configurationFile")),
+    ("environment", "LOG4J_CONFIGURATION_FILE"),
+])
+def test_a_users_log4j_configuration_named_anywhere_is_kept(tmp_path: Path, where: str, prop: str) -> None:
+    # Ours would win over each of these in the JVM (checked with Spark 4's log4j2): after theirs in the same
+    # options, or under log4j2's own name against log4j 1's, which Spark's docs use in extraJavaOptions.
+    option = f"-D{prop}=file:///etc/mine.properties"
+    environ = {"SPARK_CONF_DIR": str(tmp_path)}
+    cfg = SparkConfig(checkpoint_location="x")
+    if where == "submit args":
+        environ["PYSPARK_SUBMIT_ARGS"] = f"--driver-java-options {option} pyspark-shell"
+    elif where == "spark-defaults.conf":
+        (tmp_path / "spark-defaults.conf").write_text(f"spark.driver.extraJavaOptions  -Xss4m {option}\n")
+    elif where == "SPARK_DRIVER_JAVA_OPTIONS":
+        cfg = SparkConfig(checkpoint_location="x", driver_java_options=f"-Xss4m {option}")
+    else:
+        environ[prop] = "/etc/mine.properties"
+    assert "log4j2-json" not in driver_java_options(cfg, True, environ)
+
+
+def test_a_log4j_configuration_of_the_executors_leaves_the_driver_json(tmp_path: Path) -> None:
+    # On a cluster the executors' log4j is configured apart (spark.executor.extraJavaOptions); the driver's
+    # lines under LOG_FORMAT=json are still the job's to shape.
+    option = "-Dlog4j.configurationFile=file:///etc/executors.properties"
+    (tmp_path / "spark-defaults.conf").write_text(f"spark.executor.extraJavaOptions  {option}\n")
+    environ = {"SPARK_CONF_DIR": str(tmp_path),
+               "PYSPARK_SUBMIT_ARGS": f'--conf "spark.executor.extraJavaOptions=-Xss4m {option}" pyspark-shell'}
+    assert "log4j2-json" in driver_java_options(SparkConfig(checkpoint_location="x"), True, environ)
