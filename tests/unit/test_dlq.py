@@ -423,3 +423,24 @@ def test_a_dlq_topic_the_job_may_not_write_is_reported_with_the_brokers_reason()
     assert output_topic_problem(denied, ck.KafkaError) == "cannot be written: Broker: Topic authorization failed"
     assert output_topic_problem(None, ck.KafkaError).startswith("does not exist")
     assert output_topic_problem(SimpleNamespace(error=None, partitions={0: object()}), ck.KafkaError) is None
+
+
+def test_a_dlq_broker_that_cannot_be_reached_at_start_is_named_by_its_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    # DLQ_KAFKA_BROKERS may be another cluster than the source's: the error must say which setting to fix.
+    import confluent_kafka as ck
+
+    from firehose_bq import cli
+    from firehose_bq.config import Config
+    from tests.unit.test_config import MINIMAL
+
+    class Unreachable(_Broker):
+        def list_topics(self, topic: str, timeout: float) -> SimpleNamespace:
+            raise ck.KafkaException(ck.KafkaError(ck.KafkaError._TRANSPORT))
+
+    monkeypatch.setattr(ck, "Consumer", Unreachable)
+    monkeypatch.setattr(_Broker, "configs", [])
+    cfg = Config.from_env({**MINIMAL, "DLQ_SINK_ENABLE": "true", "DLQ_KAFKA_TOPIC": "letters",
+                           "DLQ_KAFKA_BROKERS": "dlq:9092"})
+    with pytest.raises(SourceError, match=r"^DLQ_KAFKA_TOPIC: topic 'letters' on dlq:9092: .*metadata of 'letters' "
+                                          r"failed: "):
+        cli._check_outputs(cfg)
