@@ -31,7 +31,6 @@ from firehose_bq.bigquery.client import Clients
 from firehose_bq.bigquery.writers import RowWriter
 from firehose_bq.decode import make_value_decoder
 from firehose_bq.decode.unknown import UnknownFieldsJson
-from firehose_bq.dlq.config import DlqConfig
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.dlq.writers import dead_letter
 from firehose_bq.errors import (DeadLetterError, ErrorType, MessageError, RowError, SchemaError,
@@ -283,18 +282,21 @@ class _Task:
         self._fail(source, unrouted, "", 0)
 
     def finish(self) -> None:
-        """Store the dead letters and fallback records: only once every row of the task is written."""
+        """Store the dead letters and fallback records: only once every row of the task is written. Each list
+        is emptied once stored, so that `unstored` on a stop counts only what is not."""
         if self.handling.fallback is not None:
-            self._store(self.handling.fallback, self.unrouted, FALLBACK)
-        self._store(self.handling.dlq, self.letters, DLQ)
+            dead_letter(self.handling.fallback, self.unrouted)
+            self.unrouted = []
+        dead_letter(self.handling.dlq, self.letters)
+        self.letters = []
 
-    def _store(self, output: DlqConfig, letters: list[DeadLetter], outcome: str) -> None:
-        try:
-            dead_letter(output, letters)
-        except DeadLetterError:
-            # The task stops (fatal): what it counted as stored there is not, as far as anyone can tell.
+    def unstored(self) -> None:
+        """The task stops (fatal) with letters it counted as sent to the DLQ or the route fallback not stored
+        there: a failed write there (unknowable which of its letters landed), a write to the DLQ never
+        reached after the fallback's failed, or a sink failure before `finish`. They count as failed (a
+        restart dead-letters them again), so no batch line, run summary or DLQ counter claims them."""
+        for outcome, letters in ((FALLBACK, self.unrouted), (DLQ, self.letters)):
             self.result.stats.not_stored(outcome, [x.error for x in letters], [x.route for x in letters])
-            raise
 
     def close(self) -> None:
         for destination, writer in self.writers.items():
@@ -349,6 +351,7 @@ def process_batch(sources: Iterable[pa.RecordBatch], spec: SinkSpec, plan: TaskP
         task.finish()
     except (SinkError, DeadLetterError) as exc:
         task.result.fatal = str(exc)
+        task.unstored()
     finally:
         try:
             task.close()

@@ -107,8 +107,11 @@ class KafkaMetadataClient:
         the topic exists, or the brokers create it on this request as they would on that write (this client
         made with `auto_create`). Otherwise SourceError naming `env` and the topic: left to that write, it
         would wait for the topic through every DLQ retry and stop the job, batch after batch."""
-        found = self._call(f"metadata of {topic!r}", self._consumer.list_topics, topic,
-                           timeout=self._timeout_s).topics.get(topic)
+        try:
+            found = self._call(f"metadata of {topic!r}", self._consumer.list_topics, topic,
+                               timeout=self._timeout_s).topics.get(topic)
+        except SourceError as exc:  # brokers not reached: DLQ_KAFKA_BROKERS may not be the source's, so name it
+            raise SourceError(f"{env}: topic {topic!r} on {self._brokers}: {exc}") from exc
         problem = output_topic_problem(found, self._ck.KafkaError)
         if problem is not None:
             raise SourceError(f"{env}: topic {topic!r} on {self._brokers} {problem}")

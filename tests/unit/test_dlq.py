@@ -403,7 +403,8 @@ def test_a_dlq_topic_the_brokers_lack_and_do_not_create_stops_the_start_naming_i
     monkeypatch.setattr(_Broker, "configs", [])
     monkeypatch.setattr(_Broker, "topics", {"fallback": SimpleNamespace(error=None, partitions={0: object()})})
     cfg = Config.from_env({**MINIMAL, "DLQ_SINK_ENABLE": "true", "DLQ_KAFKA_TOPIC": "letters",
-                           "DLQ_KAFKA_BROKERS": "dlq:9092", "SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC": "fallback"})
+                           "DLQ_KAFKA_BROKERS": "dlq:9092", "SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC": "fallback",
+                           "SINK_BIGQUERY_TABLE_NAME": "t_${header.type}"})  # routed: the fallback is written
     with pytest.raises(SourceError, match=r"^DLQ_KAFKA_TOPIC: topic 'letters' on dlq:9092 does not exist, and the "
                                           r"brokers do not create topics on first use .*: create it"):
         cli._check_outputs(cfg)
@@ -423,3 +424,43 @@ def test_a_dlq_topic_the_job_may_not_write_is_reported_with_the_brokers_reason()
     assert output_topic_problem(denied, ck.KafkaError) == "cannot be written: Broker: Topic authorization failed"
     assert output_topic_problem(None, ck.KafkaError).startswith("does not exist")
     assert output_topic_problem(SimpleNamespace(error=None, partitions={0: object()}), ck.KafkaError) is None
+
+
+def test_a_dlq_broker_that_cannot_be_reached_at_start_is_named_by_its_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    # DLQ_KAFKA_BROKERS may be another cluster than the source's: the error must say which setting to fix.
+    import confluent_kafka as ck
+
+    from firehose_bq import cli
+    from firehose_bq.config import Config
+    from tests.unit.test_config import MINIMAL
+
+    class Unreachable(_Broker):
+        def list_topics(self, topic: str, timeout: float) -> SimpleNamespace:
+            raise ck.KafkaException(ck.KafkaError(ck.KafkaError._TRANSPORT))
+
+    monkeypatch.setattr(ck, "Consumer", Unreachable)
+    monkeypatch.setattr(_Broker, "configs", [])
+    cfg = Config.from_env({**MINIMAL, "DLQ_SINK_ENABLE": "true", "DLQ_KAFKA_TOPIC": "letters",
+                           "DLQ_KAFKA_BROKERS": "dlq:9092"})
+    with pytest.raises(SourceError, match=r"^DLQ_KAFKA_TOPIC: topic 'letters' on dlq:9092: .*metadata of 'letters' "
+                                          r"failed: "):
+        cli._check_outputs(cfg)
+
+
+def test_a_fallback_topic_a_job_without_routes_never_writes_does_not_stop_its_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # One table for every record: no record can lack a route, so the fallback topic is never written, and a
+    # job that ran before the start-time check must still start (a shared env layer may set the topic).
+    import confluent_kafka as ck
+
+    from firehose_bq import cli
+    from firehose_bq.config import Config
+    from tests.unit.test_config import MINIMAL
+
+    monkeypatch.setattr(ck, "Consumer", _Broker)
+    monkeypatch.setattr(_Broker, "configs", [])
+    monkeypatch.setattr(_Broker, "topics", {})
+    cfg = Config.from_env({**MINIMAL, "SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC": "fallback"})
+    assert cfg.router.is_static
+    cli._check_outputs(cfg)
+    assert _Broker.configs == []

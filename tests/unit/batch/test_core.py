@@ -466,10 +466,26 @@ def test_letters_a_failed_dlq_write_did_not_store_count_as_failed(test_descripto
         assert (s.rows_written, s.dead_lettered, s.fallback, s.failed) == (1, 0, 1, 1)
         assert s.tables["ds.inner_v1"]["dlq"] == 0 and s.tables["ds.inner_v1"]["failed"] == 1
         assert s.errors_by_outcome.get(("SINK_4XX_ERROR", "dlq"), 0) == 0
-    else:  # the fallback is stored first: the DLQ is never reached
-        assert (s.rows_written, s.fallback, s.failed) == (1, 0, 1)
+    else:  # the fallback is stored first: the DLQ is never reached, so its letter is not stored either
+        assert (s.rows_written, s.fallback, s.dead_lettered, s.failed) == (1, 0, 0, 2)
         assert s.errors_by_outcome[("ROUTING_ERROR", "failed")] == 1
-    assert [e.offset for e in s.sample_errors] == [1 if refused == "dlq" else 2]
+        assert s.errors_by_outcome.get(("SINK_4XX_ERROR", "dlq"), 0) == 0
+        assert s.tables["ds.inner_v1"]["dlq"] == 0 and s.tables["ds.inner_v1"]["failed"] == 1
+    assert sorted(e.offset for e in s.sample_errors) == ([1] if refused == "dlq" else [1, 2])
+
+
+def test_letters_of_a_task_a_sink_failure_stops_count_as_failed(test_descriptors: Descriptors,
+                                                                 letters: list[DeadLetter]) -> None:
+    # The task stops before it stores its letters (BigQuery down after retries): none is in the DLQ, so the
+    # batch's line, the run summary and the DLQ counter must not say they are; a restart dead-letters them.
+    plan = FakePlan(FakeWriter(error=SinkError(ErrorType.SINK_4XX_ERROR, "Not found: Table p:d.t")))
+    bad, good = source_batch([b"\xff not a message"], offsets=[1]), source_batch(values(test_descriptors, "a"), offsets=[2])
+    result = process_batch([bad, good], spec(test_descriptors), plan, handling())
+    assert result.fatal is not None and "Not found" in result.fatal and not letters
+    s = result.stats
+    assert (s.dead_lettered, s.failed) == (0, 1)
+    assert s.errors_by_outcome.get(("DESERIALIZATION_ERROR", "dlq"), 0) == 0
+    assert s.errors_by_outcome[("DESERIALIZATION_ERROR", "failed")] == 1
 
 
 def test_records_past_the_destination_cap_fail_as_routing_errors(test_descriptors: Descriptors,
