@@ -12,7 +12,7 @@ from google.cloud import bigquery
 from google.cloud.bigquery import SchemaField
 
 from firehose_bq.config import TableConfig
-from firehose_bq.errors import SchemaError, SchemaEvolutionError
+from firehose_bq.errors import ErrorType, SchemaError, SchemaEvolutionError, SinkError
 from firehose_bq.schema import TYPE_ALIASES
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,11 @@ def ensure_table(client: bigquery.Client, wanted: bigquery.Table, on_change: Cal
             if on_change is not None:
                 on_change("evolved")
         return updated
-    raise SchemaError(f"table {table_ref}: update kept conflicting after {UPDATE_ATTEMPTS} attempts")
+    # Other writers kept changing the table under this one: a race, not the table's or the records' fault, so
+    # retryable (a stop and restart settles it), never a SchemaError, whose routed records would be
+    # dead-lettered as ROUTING_ERRORs.
+    raise SinkError(ErrorType.SINK_RETRYABLE_ERROR,
+                    f"table {table_ref}: its update kept conflicting with concurrent ones after {UPDATE_ATTEMPTS} attempts")
 
 
 def schema_changes(current: Sequence[SchemaField], merged: Sequence[SchemaField], path: str = "") -> list[str]:

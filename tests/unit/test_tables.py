@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from google.api_core import exceptions as api_exceptions
+from google.cloud import bigquery
 from google.cloud.bigquery import SchemaField
 
-from firehose_bq.bigquery.tables import merge_schema, schema_changes
-from firehose_bq.errors import SchemaEvolutionError
+from firehose_bq.bigquery.tables import UPDATE_ATTEMPTS, ensure_table, merge_schema, schema_changes
+from firehose_bq.errors import ErrorType, SchemaEvolutionError, SinkError
 
 
 def f(name: str, kind: str = "STRING", mode: str = "NULLABLE", fields: tuple = ()) -> SchemaField:
@@ -87,3 +89,24 @@ def test_merge_leaves_the_live_schema_untouched() -> None:
     merged = merge_schema(current, [f("id"), f("n", "RECORD", fields=(f("x"), f("y")))])
     assert [x.to_api_repr() for x in current] == before
     assert schema_changes(current, merged) == ["relax id REQUIRED -> NULLABLE", "add n.y NULLABLE STRING"]
+
+
+def test_an_update_that_keeps_conflicting_is_a_retryable_sink_error_not_a_schema_error() -> None:
+    # Other workers evolving the same table at once: a race a restart settles. A SchemaError would make a
+    # routed destination "unusable" and dead-letter its records as ROUTING_ERRORs over a transient conflict.
+    class Racing:
+        updates = 0
+
+        def get_table(self, ref: str) -> bigquery.Table:
+            return bigquery.Table(ref, schema=[SchemaField("a", "STRING")])
+
+        def update_table(self, table: bigquery.Table, fields: list[str]) -> bigquery.Table:
+            self.updates += 1
+            raise api_exceptions.PreconditionFailed("etag mismatch")
+
+    client = Racing()
+    wanted = bigquery.Table("p.d.t", schema=[SchemaField("a", "STRING"), SchemaField("b", "INTEGER")])
+    with pytest.raises(SinkError) as raised:
+        ensure_table(client, wanted)  # type: ignore[arg-type]
+    assert raised.value.error_type is ErrorType.SINK_RETRYABLE_ERROR and "kept conflicting" in raised.value.message
+    assert client.updates == UPDATE_ATTEMPTS
