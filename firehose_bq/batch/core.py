@@ -230,10 +230,12 @@ class _Task:
         tables come from the records' attributes, which a bad producer can spread without bound."""
         assert self.spec.router is not None, "only routed jobs ensure tables"
         cap = self.spec.router.max_destinations
-        if len(self.ready) < cap:
+        # Destinations that turned out unusable count too: each cost a create call, and a producer spreading
+        # names BigQuery refuses would otherwise have the task make one per name.
+        if len(self.ready) + len(self.unusable) < cap:
             return None
-        names = sorted(d.name for d in self.ready)
-        return (f"the task already writes to {cap} destination tables in this micro-batch ({', '.join(names[:5])}"
+        names = sorted(d.name for d in self.ready) + sorted(d.name for d in self.unusable)
+        return (f"the task already met {cap} destination tables in this micro-batch ({', '.join(names[:5])}"
                 f"{', ...' if len(names) > 5 else ''}): raise SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK or check the "
                 "routing templates")
 
@@ -246,15 +248,19 @@ class _Task:
         """`part`'s records, routed to a table that cannot be used, as ROUTING_ERRORs for the policy."""
         why = f"destination table {destination.name} cannot be used: {self.unusable[destination]}"
         with log_context(table=destination.name):
+            # Counted with the unrouted records, not under the name: such names come from the records'
+            # attributes, and each would be a metric label forever. The letters keep it, for a replay.
             self._fail(part, [RowError(i, ErrorType.ROUTING_ERROR, why) for i in range(part.num_rows)],
-                       destination.name, part.num_rows)
+                       "", part.num_rows, route=destination.name)
 
-    def _fail(self, source: pa.RecordBatch, failures: list[RowError], table: str, messages: int) -> None:
+    def _fail(self, source: pa.RecordBatch, failures: list[RowError], table: str, messages: int,
+              route: str | None = None) -> None:
         """Records that fail before any write (no route, no usable table): the policy dead-letters or fails
-        them."""
+        them. `table`: where they are counted; `route`: the table their letters name (default `table`)."""
         done = write_with_policy(self.handling, Writable.empty(), failures, None)
         _count(self.result.stats, table, messages, 0, 0, source, done.dead, done.failed)
-        self.letters.extend(_letter(source, f, table, self.handling.redactor) for f in done.dead)
+        self.letters.extend(_letter(source, f, table if route is None else route, self.handling.redactor)
+                            for f in done.dead)
 
     def _write(self, destination: Destination | None, part: pa.RecordBatch, rows: Rows) -> None:
         stats, handling = self.result.stats, self.handling

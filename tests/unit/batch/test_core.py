@@ -382,8 +382,10 @@ def test_task_results_travel_as_json() -> None:
 class FakeTables:
     ensured: list[Destination] = field(default_factory=list)
     conflicting: set[str] = field(default_factory=set)  # table names whose ensure fails
+    asked: list[str] = field(default_factory=list)  # every ensure call, failed or not
 
     def ensure(self, loaded: Descriptors, destination: Destination) -> None:
+        self.asked.append(destination.name)
         if destination.name in self.conflicting:
             raise SchemaEvolutionError(f"column label of {destination.name} is INTEGER, the proto says STRING")
         self.ensured.append(destination)
@@ -504,8 +506,24 @@ def test_records_past_the_destination_cap_fail_as_routing_errors(test_descriptor
     assert sorted(plan.by_table) == ["ds.t_0", "ds.t_1"]
     assert [(x.error.error_type, x.error.offset, x.route) for x in letters] == [(ErrorType.ROUTING_ERROR, 3, "ds.t_2")]
     message = letters[0].error.message
-    assert "already writes to 2 destination tables" in message and "SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK" in message
+    assert "already met 2 destination tables" in message and "SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK" in message
     assert (result.stats.messages, result.stats.rows_written, result.stats.dead_lettered) == (4, 3, 1)
+
+
+def test_unusable_destinations_count_towards_the_cap_and_not_as_metric_tables(test_descriptors: Descriptors,
+                                                                              letters: list[DeadLetter]) -> None:
+    # A producer spreading names BigQuery refuses: one create call per name would stall the task, and one
+    # per-table count (a metric label) per name would grow without bound.
+    batch = source_batch(values(test_descriptors, *"abcde"),
+                         headers=[[("type", b"inner"), ("n", bytes([48 + i]))] for i in range(5)], offsets=[1, 2, 3, 4, 5])
+    router = router_of("ds", "t_${header.n}", "testdata.Inner", None, "")
+    tables = FakeTables(conflicting={f"ds.t_{i}" for i in range(5)})
+    result = process_batch([batch], spec(test_descriptors, router=replace(router, max_destinations=2),
+                                         tables=tables), RoutingPlan(), handling())
+    assert result.fatal is None and tables.asked == ["ds.t_0", "ds.t_1"]
+    assert [(x.error.offset, x.route) for x in letters] == [(i + 1, f"ds.t_{i}") for i in range(5)]
+    assert "INTEGER" in letters[0].error.message and "already met 2 destination tables" in letters[4].error.message
+    assert result.stats.dead_lettered == 5 and result.stats.tables == {}
 
 
 def test_a_table_that_cannot_be_used_fails_its_records_alone(test_descriptors: Descriptors,
