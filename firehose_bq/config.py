@@ -18,7 +18,7 @@ from typing import Any
 from firehose_bq import redact
 from firehose_bq.blobstore import GCS_SCHEME, gcs_location
 from firehose_bq.decode import DECODERS, native_unavailable
-from firehose_bq.dlq.config import FIREHOSE_UNREAD, KAFKA, DlqConfig
+from firehose_bq.dlq.config import FIREHOSE_UNREAD as DLQ_UNREAD, KAFKA, DlqConfig
 from firehose_bq.errors import ConfigError
 from firehose_bq.gcp_auth import key_content_problem
 from firehose_bq.logs import LogConfig
@@ -32,6 +32,7 @@ from firehose_bq.settings import reference as _reference
 from firehose_bq.settings import reference_markdown as _reference_markdown
 from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED
 from firehose_bq.source.kafka_security import DLQ_SECURITY_ENVS, KafkaSecurityConfig, dlq_security_problems
+from firehose_bq.source.kafka_security import FIREHOSE_UNREAD as SOURCE_UNREAD
 from firehose_bq.telemetry import MetricsConfig
 from firehose_bq.upsert.config import UpsertConfig
 
@@ -760,6 +761,8 @@ def secret_settings() -> tuple[str, ...]:
         names.extend(f.metadata["env"] for f in dataclasses.fields(section)
                      if Secret in (hints[f.name], *typing.get_args(hints[f.name])))
     names.extend(dlq for dlq, source in DLQ_SECURITY_ENVS.items() if source in names)
+    # Firehose's store passwords are not read, yet a Firehose env file sets them: masked all the same.
+    names.extend(name for name in FIREHOSE_UNREAD if name.endswith("_PASSWORD"))
     return tuple(names)
 
 
@@ -774,6 +777,10 @@ def reference(sections: tuple[type, ...] | None = None) -> list[SettingDoc]:
 
 def reference_markdown(sections: tuple[type, ...] | None = None) -> str:
     return _reference_markdown(sections or tuple(_sections().values()))
+
+
+# Firehose's variables this job knows and does not read, each with why (the DLQ producer's and the source's).
+FIREHOSE_UNREAD = {**SOURCE_UNREAD, **DLQ_UNREAD}
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:

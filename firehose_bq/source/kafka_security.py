@@ -53,6 +53,14 @@ DLQ_SECURITY_ENVS = {"DLQ_KAFKA_SECURITY_PROTOCOL": PROTOCOL_ENV, "DLQ_KAFKA_SAS
                      "DLQ_KAFKA_SASL_JAAS_CONFIG": JAAS_ENV, "DLQ_KAFKA_SSL_TRUSTSTORE_LOCATION": CA_ENV,
                      "DLQ_KAFKA_SSL_KEYSTORE_LOCATION": KEYSTORE_ENV, "DLQ_KAFKA_SSL_KEY_PASSWORD": KEY_PASSWORD_ENV}
 
+# Firehose's Java key and trust store settings, which a Firehose env file for a TLS cluster carries: this job
+# takes PEM files instead. Named as unread rather than as typos ("did you mean ..._SSL_KEY_PASSWORD?" would
+# point at another secret).
+_JAVA_STORE = ("Firehose's Java key or trust store setting, not read: this job takes PEM files "
+               f"({CA_ENV}, {KEYSTORE_ENV}; Secured Kafka in README.md)")
+FIREHOSE_UNREAD = {f"SOURCE_KAFKA_CONSUMER_CONFIG_SSL_{name}": _JAVA_STORE
+                   for name in ("TRUSTSTORE_PASSWORD", "KEYSTORE_PASSWORD", "TRUSTSTORE_TYPE", "KEYSTORE_TYPE")}
+
 # `<module> <flag> key=value ... ;`: Java's JAAS grammar, as Kafka's `sasl.jaas.config` takes one entry.
 _JAAS_HEAD = re.compile(r"\s*([A-Za-z_$][\w$.]*)\s+(required|requisite|sufficient|optional)\b", re.I)
 # A value: quoted with " or ' (Kafka's JaasConfig takes both; Confluent Cloud's client settings use '), `\`

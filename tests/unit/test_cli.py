@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from firehose_bq import config as config_module
 from tests.unit.test_config import MINIMAL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,6 +131,22 @@ def test_firehose_dlq_producer_variables_are_named_as_unread_not_as_typos() -> N
     assert sorted(w.split(" ", 1)[0] for w in warnings) == sorted(set(firehose_env) - {"DLQ_KAFKA_ACKS"})
     assert all(" is set but is " in w and "not read" in w for w in warnings), warnings
     assert "5c1d" not in done.stderr and '"kafka_acks": "-1"' in done.stdout
+
+
+def test_firehose_java_store_variables_of_the_source_are_named_as_unread_and_masked() -> None:
+    # A Firehose env file for a TLS cluster carries Java store settings; this job takes PEM files. The
+    # keystore's password drew "typo? did you mean ..._SSL_KEY_PASSWORD?", another secret.
+    firehose_env = {"SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_PASSWORD": "store-pa$s-7e2f",
+                    "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_TRUSTSTORE_PASSWORD": "trust-pa$s-7e2f",
+                    "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_TRUSTSTORE_TYPE": "JKS"}
+    done = firehose("config", "check", env={**MINIMAL, **firehose_env})
+    assert done.returncode == 0, done.stderr
+    warnings = [line.split(" WARNING firehose_bq: ", 1)[1] for line in done.stderr.splitlines()]
+    assert sorted(w.split(" ", 1)[0] for w in warnings) == sorted(firehose_env)
+    assert all("not read: this job takes PEM files" in w and "typo" not in w for w in warnings), warnings
+    assert "7e2f" not in done.stdout + done.stderr
+    secret = config_module.secret_settings()
+    assert "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_PASSWORD" in secret and "DLQ_KAFKA_SSL_TRUSTSTORE_PASSWORD" in secret
 
 
 def test_replay_dlq_checks_the_dlq_security_variables_with_the_jobs_dlq_off() -> None:
