@@ -92,24 +92,32 @@ def validates_utf8(fd: FieldDescriptor) -> bool:
     return bool(fd._GetFeatures().utf8_validation == FeatureSet.VERIFY)  # noqa: SLF001
 
 
-def _unvalidated_strings(descriptor: Descriptor) -> bool:
-    """Whether a message of `descriptor` can hold, at any depth, a string upb did not check for UTF-8."""
-    seen: set[Descriptor] = set()
+def _reaches(descriptor: Descriptor, test: Callable[[Descriptor], bool]) -> bool:
+    """Whether `test` holds for `descriptor` or a message type reachable from it through its fields."""
+    seen: set[str] = set()
     todo = [descriptor]
     while todo:
         desc = todo.pop()
-        if desc in seen:
+        if desc.full_name in seen:
             continue
-        seen.add(desc)
-        for fd in desc.fields:
-            try:
-                if fd.type == FD.TYPE_STRING and not validates_utf8(fd):
-                    return True
-            except AttributeError:
-                return True  # cannot tell: look
-            if fd.message_type is not None:
-                todo.append(fd.message_type)
+        seen.add(desc.full_name)
+        if test(desc):
+            return True
+        todo.extend(fd.message_type for fd in desc.fields if fd.message_type is not None)
     return False
+
+
+def _unvalidated_strings(descriptor: Descriptor) -> bool:
+    """Whether a message of `descriptor` can hold, at any depth, a string upb did not check for UTF-8."""
+    return _reaches(descriptor, lambda desc: any(fd.type == FD.TYPE_STRING and not _checks_utf8(fd)
+                                                 for fd in desc.fields))
+
+
+def _checks_utf8(fd: FieldDescriptor) -> bool:
+    try:
+        return validates_utf8(fd)
+    except AttributeError:
+        return False  # cannot tell: look
 
 
 def non_utf8_string(msg: Message, prefix: str = "") -> str | None:
@@ -483,7 +491,7 @@ def _parser(message_class: type[Message], confluent_framed: bool) -> Callable[[b
     parse = message_class.FromString
     # upb parses proto2 messages that lack `required` fields; checking costs a C call per message, so
     # only message types that have such fields pay it.
-    if _has_required(message_class.DESCRIPTOR, set()):
+    if _reaches(message_class.DESCRIPTOR, lambda desc: any(fd.is_required for fd in desc.fields)):
         parse_partial = parse
 
         def parse(data: bytes) -> Message:
@@ -534,18 +542,9 @@ def unknown_fields_check(descriptor: Descriptor) -> Callable[[Message], bool]:
     """What flags a message of `descriptor` as holding fields the table has no column for, dropping them:
     unknown fields, and for a type that can hold known extensions (proto2 `extend`) their values as well,
     which would otherwise vanish without a word (decode/unknown.py keeps both in additional_properties)."""
-    if not _reaches_extensions(descriptor, set()):
+    if not _reaches(descriptor, lambda desc: bool(desc.extension_ranges and desc.file.pool.FindAllExtensions(desc))):
         return _has_unknown_fields
     return lambda msg: _take_extensions(msg) | _has_unknown_fields(msg)  # both: each drops what it finds
-
-
-def _reaches_extensions(descriptor: Descriptor, seen: set[str]) -> bool:
-    if descriptor.full_name in seen:
-        return False
-    seen.add(descriptor.full_name)
-    if descriptor.extension_ranges and descriptor.file.pool.FindAllExtensions(descriptor):
-        return True
-    return any(fd.message_type is not None and _reaches_extensions(fd.message_type, seen) for fd in descriptor.fields)
 
 
 def _take_extensions(msg: Message) -> bool:
@@ -565,11 +564,3 @@ def _take_extensions(msg: Message) -> bool:
         else:
             found = _take_extensions(value) or found
     return found
-
-
-def _has_required(descriptor: Descriptor, seen: set[str]) -> bool:
-    if descriptor.full_name in seen:
-        return False
-    seen.add(descriptor.full_name)
-    return any(fd.is_required or (fd.message_type is not None and _has_required(fd.message_type, seen))
-               for fd in descriptor.fields)
