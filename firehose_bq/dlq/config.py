@@ -9,7 +9,7 @@ from firehose_bq.blobstore import GcsOptions
 from firehose_bq.errors import ConfigError
 from firehose_bq.retrying import Backoff
 from firehose_bq.settings import setting
-from firehose_bq.source.kafka_security import KafkaSecurityConfig
+from firehose_bq.source.kafka_security import KafkaSecurityConfig, java_store_variables
 
 KAFKA, BLOB, LOG = "KAFKA", "BLOB", "LOG"
 LOCAL, GCS = "LOCAL", "GCS"
@@ -27,8 +27,7 @@ FIREHOSE_UNREAD = {
     "DLQ_KAFKA_LINGER_MS": _PRODUCER_TUNING, "DLQ_KAFKA_BUFFER_MEMORY": _PRODUCER_TUNING,
     "DLQ_KAFKA_KEY_SERIALIZER": "not read: a dead letter keeps the original key's bytes",
     "DLQ_KAFKA_VALUE_SERIALIZER": "not read: a dead letter keeps the original value's bytes",
-    "DLQ_KAFKA_SSL_TRUSTSTORE_PASSWORD": _JAVA_STORE, "DLQ_KAFKA_SSL_KEYSTORE_PASSWORD": _JAVA_STORE,
-    "DLQ_KAFKA_SSL_TRUSTSTORE_TYPE": _JAVA_STORE, "DLQ_KAFKA_SSL_KEYSTORE_TYPE": _JAVA_STORE,
+    **java_store_variables("DLQ_KAFKA_", _JAVA_STORE),
 }
 
 

@@ -58,8 +58,16 @@ DLQ_SECURITY_ENVS = {"DLQ_KAFKA_SECURITY_PROTOCOL": PROTOCOL_ENV, "DLQ_KAFKA_SAS
 # point at another secret).
 _JAVA_STORE = ("Firehose's Java key or trust store setting, not read: this job takes PEM files "
                f"({CA_ENV}, {KEYSTORE_ENV}; Secured Kafka in README.md)")
-FIREHOSE_UNREAD = {f"SOURCE_KAFKA_CONSUMER_CONFIG_SSL_{name}": _JAVA_STORE
-                   for name in ("TRUSTSTORE_PASSWORD", "KEYSTORE_PASSWORD", "TRUSTSTORE_TYPE", "KEYSTORE_TYPE")}
+JAVA_STORE_SETTINGS = ("SSL_TRUSTSTORE_PASSWORD", "SSL_KEYSTORE_PASSWORD", "SSL_TRUSTSTORE_TYPE", "SSL_KEYSTORE_TYPE")
+
+
+def java_store_variables(prefix: str, why: str) -> dict[str, str]:
+    """Firehose's Java key and trust store variables under `prefix` (the source's, the DLQ producer's), each
+    with `why` this job does not read it."""
+    return {prefix + name: why for name in JAVA_STORE_SETTINGS}
+
+
+FIREHOSE_UNREAD = java_store_variables("SOURCE_KAFKA_CONSUMER_CONFIG_", _JAVA_STORE)
 
 # `<module> <flag> key=value ... ;`: Java's JAAS grammar, as Kafka's `sasl.jaas.config` takes one entry.
 _JAAS_HEAD = re.compile(r"\s*([A-Za-z_$][\w$.]*)\s+(required|requisite|sufficient|optional)\b", re.I)
