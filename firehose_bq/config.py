@@ -436,6 +436,14 @@ class SparkConfig:
         "-XX:TieredStopAtLevel=1",
         empty_ok=True,
     )
+    python_fork_server: bool = setting(
+        "SPARK_PYTHON_FORK_SERVER",
+        "Fork the Python processes Spark starts on the driver (each streaming query's source runner, the "
+        "planning and the workers' daemons) from a process the job starts before the JVM, with their imports "
+        "done, instead of each importing them afresh while the query waits (README: Performance). Where it "
+        "cannot, a process starts as Spark starts it; executors of a cluster always do.",
+        True,
+    )
 
 
 def _broker_set(brokers: str) -> frozenset[str]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
-from firehose_bq import worker_daemon
+from firehose_bq import fork_server, worker_daemon
 from firehose_bq.config import SparkConfig
 from firehose_bq.errors import ConfigError, FirehoseError
 
@@ -117,6 +117,11 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None,
     # What the user configured Spark with (spark-defaults.conf, PYSPARK_SUBMIT_ARGS) reaches SparkConf only
     # once the JVM runs, and whatever the builder sets overrides it: start the JVM first, then keep theirs.
     # Its JVM options, though, must be on its command line (a JVM already running keeps its own).
+    # Started first: its imports overlap the JVM's start. glibc reads its malloc settings once, at start: the
+    # server's are those of the processes Spark would have started (WORKER_MALLOC_ENV).
+    server = None
+    if cfg.python_fork_server:
+        server = fork_server.start({**WORKER_MALLOC_ENV, **os.environ})
     launch = SparkConf(loadDefaults=False)
     java_options = driver_java_options(cfg, json_logs, os.environ)
     if java_options and not spark_configures(DRIVER_DEFAULT_JAVA_OPTIONS, os.environ):
@@ -133,6 +138,11 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None,
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     add_worker_env(spark.sparkContext.environment, WORKER_MALLOC_ENV, os.environ)
+    if server is not None:
+        if fork_server.SOCKET_ENV in spark.sparkContext.environment:  # a session of this process has one
+            server.close()
+        else:
+            spark.sparkContext.environment[fork_server.SOCKET_ENV] = server.socket_path
     return spark
 
 

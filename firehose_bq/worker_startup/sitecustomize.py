@@ -35,6 +35,86 @@ def prefer_installed_pyspark(path: list[str]) -> None:
             path[:] = [*rest, entry]
 
 
+# What the driver's fork server (firehose_bq/fork_server.py, which says why) listens on, and the commands it
+# takes over: `python -m <module>` with as many arguments (module names) as FORKED says. Kept here, not
+# imported: this module must stay cheap for every process.
+FORK_SERVER_SOCKET_ENV = "FIREHOSE_BQ_FORK_SERVER_SOCKET"
+FORKED = {"pyspark.sql.streaming.python_streaming_source_runner": 0, "pyspark.daemon": 1,
+          "firehose_bq.worker_daemon": 1}
+_FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+
+
+def forkable(args: list[str]) -> bool:
+    """Whether `python <args>` is a command the fork server forks."""
+    if len(args) < 2 or args[0] != "-m" or args[1] not in FORKED or len(args) - 2 != FORKED[args[1]]:
+        return False
+    return all(all(part.isidentifier() for part in arg.split(".")) for arg in args[2:])
+
+
+def hand_over() -> None:
+    """In a process Spark started that the driver's fork server forks (FORKED): have the server fork it with
+    this process's environment and stdio, then pass it Spark's signals and exit with its status (never
+    returns). Returns, for Spark's own start, whenever the server cannot take over."""
+    path = os.environ.get(FORK_SERVER_SOCKET_ENV)
+    if not path or not forkable(list(getattr(sys, "orig_argv", ())[1:])):
+        return
+    import json
+    import signal
+    import socket
+    import struct
+    from array import array
+
+    def exactly(conn: socket.socket, size: int) -> bytes | None:
+        data = b""
+        while len(data) < size:
+            chunk = conn.recv(size - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    spec = importlib.machinery.PathFinder.find_spec("pyspark", sys.path)
+    request = json.dumps({
+        "argv": list(sys.orig_argv), "env": dict(os.environ), "cwd": os.getcwd(),
+        "python": os.path.realpath(sys.executable),
+        "pyspark": os.path.realpath(spec.origin) if spec is not None and spec.origin else None,
+    }).encode()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+        conn.sendmsg([struct.pack("!I", len(request)), request],
+                     [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array("i", [0, 1, 2]).tobytes())])
+        answer = exactly(conn, 8)
+    except OSError:
+        answer = None
+    pid = struct.unpack("!q", answer)[0] if answer is not None else 0
+    if pid <= 0:
+        conn.close()
+        return
+    # From here on the child is the process: this one only stands for it, and never runs a second one.
+    try:
+        for name in _FORWARDED:
+            signal.signal(getattr(signal, name), lambda signum, _frame: _signal(pid, signum))
+        status = exactly(conn, 4)
+    except BaseException:  # noqa: BLE001
+        status = None
+    if status is None:  # the server died: the child must not outlive its stand-in
+        _signal(pid, signal.SIGKILL)
+        os._exit(1)
+    code = os.waitstatus_to_exitcode(struct.unpack("!i", status)[0])
+    if code < 0:  # killed by a signal: die of it too, as Spark would have seen it
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    os._exit(code & 0xFF)
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
 def _run_next_sitecustomize() -> None:
     """This module shadows any other `sitecustomize` (a distribution's or the user's): run that one too."""
     import importlib.util
@@ -53,5 +133,9 @@ if __name__ == "sitecustomize":  # run by Python's start-up, not imported by a t
     try:
         prefer_installed_pyspark(sys.path)
     except Exception:  # noqa: BLE001 - start-up must go on exactly as Spark set it up
+        pass
+    try:
+        hand_over()
+    except Exception:  # noqa: BLE001 - as above: Spark's own start
         pass
     _run_next_sitecustomize()

@@ -1,0 +1,320 @@
+"""A fork server for the Python processes Spark starts on the driver: each starts with its imports done.
+
+Spark starts Python processes of its own, each a fresh interpreter that imports pyspark, pyarrow, numpy and
+what it runs (0.3-0.8 s of CPU each, on the job's critical path):
+- per streaming query, the source's runner (`python -m pyspark.sql.streaming.python_streaming_source_runner`:
+  the Kafka source's offsets, partitions and commits; never from a daemon). Half of what a warm
+  1,000-message query costs from start to end went into its imports;
+- once per session, the daemons of the planning processes (`python -m pyspark.daemon
+  pyspark.sql.worker.<step>`: looking the data source up, creating it, planning its reads) and the
+  workers' daemon (`python -m firehose_bq.worker_daemon pyspark.worker`, which imports the batch core).
+  Spark starts them one at a time (`SparkEnv.createPythonWorker` is synchronized), so while one imports,
+  the query's planning waits: ≈ 1 s of a fresh job's first batch (README: Performance).
+
+So the driver starts this server first thing, before the JVM; it imports all of that once, while the JVM
+starts, and listens on a Unix socket in a private directory. The processes Spark starts still start, but
+their `sitecustomize` (worker_startup/sitecustomize.py, on the Python workers' path) hands over before
+Python imports anything else: it sends its command line, environment and working directory, with its
+stdin, stdout and stderr, to the server, which forks a child that becomes that process: the same
+environment, the same descriptors (the JVM's pipes), the same module run as `__main__`. The process Spark
+started stays as the child's proxy: it passes on the signals Spark sends it and exits with the child's
+status. Either side going away ends the other: a proxy that dies has its child killed, a server that
+dies has the proxies kill theirs.
+
+Anything unexpected keeps Spark's own start: no server yet (still importing) or none at all, a connection
+refused, a process of another Python or of another pyspark than the server imported, a module that started
+a thread while importing (forking would be unsafe: worker_daemon.preload checks). The process then starts
+as it always did. Only the commands in worker_startup/sitecustomize.py FORKED are ever run. Executors on other machines have no server:
+their daemons start as before.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import traceback
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from firehose_bq import worker_daemon
+from firehose_bq.worker_startup import sitecustomize as startup
+
+log = logging.getLogger(__name__)
+
+RUNNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
+PYSPARK_DAEMON = "pyspark.daemon"
+PLANNING_MODULES = ("pyspark.sql.worker.lookup_data_sources", "pyspark.sql.worker.create_data_source",
+                    "pyspark.sql.worker.plan_data_source_read")
+# Where the processes' sitecustomize finds the server, and the commands it hands over (startup.FORKED).
+SOCKET_ENV = startup.FORK_SERVER_SOCKET_ENV
+PRELOADED = (RUNNER_MODULE, PYSPARK_DAEMON, *PLANNING_MODULES, *worker_daemon.modules_for(worker_daemon.PYSPARK_WORKER))
+SOCKET_NAME = "fork.sock"
+# The request: a 4-byte length, then JSON {argv, env, cwd, python, pyspark}, with fds 0-2 attached. The
+# answers: the child's pid as 8 bytes (0: refused, start as usual), then its wait status as 4 bytes.
+LENGTH = struct.Struct("!I")
+PID = struct.Struct("!q")
+STATUS = struct.Struct("!i")
+MAX_REQUEST = 16 * 1024 * 1024
+STDIO = 3
+RECEIVE_TIMEOUT_S = 5.0
+
+
+@dataclass
+class ForkServer:
+    """The driver's handle on the server process: its socket path, for the Python processes' environment."""
+
+    process: subprocess.Popen[bytes]
+    directory: str
+    socket_path: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.socket_path = os.path.join(self.directory, SOCKET_NAME)
+
+    def close(self) -> None:
+        """Stop accepting; processes already forked run on until Spark stops them."""
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def start(environ: Mapping[str, str]) -> ForkServer | None:
+    """Start the server in the background (it imports for ≈ 1 s, then listens); None where it cannot run.
+    `environ`: its environment, which C libraries read once, at start (glibc's malloc settings).
+    It ends when its stdin (this process's pipe) closes and the processes it forked have ended."""
+    if not hasattr(os, "fork") or not hasattr(socket, "AF_UNIX") or not hasattr(socket.socket, "sendmsg"):
+        return None
+    directory = tempfile.mkdtemp(prefix="firehose-bq-fork-")  # 0700: only this user may connect
+    process = subprocess.Popen([sys.executable, "-m", __name__, directory], stdin=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, env=dict(environ), close_fds=True)
+    return ForkServer(process, directory)
+
+
+def pyspark_origin() -> str | None:
+    import pyspark
+
+    return os.path.realpath(pyspark.__file__) if pyspark.__file__ else None
+
+
+@dataclass
+class _Child:
+    pid: int
+    conn: socket.socket | None  # the proxy's connection; None once the proxy is gone
+
+
+class _Server:
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        path = os.path.join(directory, SOCKET_NAME)
+        self.selector = selectors.DefaultSelector()
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path + ".tmp")
+        self.listener.listen(16)
+        os.rename(path + ".tmp", path)  # connectable only once it listens
+        self.children: dict[int, _Child] = {}
+        self.accepting = True
+        self.python = os.path.realpath(sys.executable)
+        self.pyspark = pyspark_origin()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the loop through the wakeup fd
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+        self.selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "parent")
+        self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
+
+    def serve(self) -> None:
+        while self.accepting or self.children:
+            for key, _ in self.selector.select():
+                what = key.data
+                if what == "accept":
+                    self._accept()
+                elif what == "parent":
+                    if not os.read(sys.stdin.fileno(), 4096):
+                        self._stop_accepting()
+                elif what == "wake":
+                    os.read(self.wake_r, 4096)
+                    self._reap()
+                else:  # a proxy's connection: readable means closed (it sends nothing more)
+                    self._proxy_gone(what)
+
+    def _stop_accepting(self) -> None:
+        self.accepting = False
+        self.selector.unregister(sys.stdin.fileno())
+        self.selector.unregister(self.listener)
+        self.listener.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        conn.settimeout(RECEIVE_TIMEOUT_S)  # a proxy that never sends must not hold the server
+        fds: list[int] = []
+        try:
+            request, fds = _receive(conn)
+            refusal = self._refusal(request, fds)
+            if refusal is not None:
+                print(f"firehose-bq fork server: not forking ({refusal}); the process starts as usual",
+                      file=sys.stderr, flush=True)
+                conn.sendall(PID.pack(0))
+                conn.close()
+                return
+            pid = os.fork()
+            if pid == 0:
+                conn.close()
+                self._become(request, fds)  # never returns
+        except Exception:  # noqa: BLE001 - a bad request must not end the server; the proxy falls back
+            traceback.print_exc()
+            conn.close()
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self.children[pid] = _Child(pid, conn)
+        self.selector.register(conn, selectors.EVENT_READ, pid)
+        try:
+            conn.sendall(PID.pack(pid))
+        except OSError:
+            self._proxy_gone(pid)
+
+    def _refusal(self, request: dict[str, Any], fds: Sequence[int]) -> str | None:
+        return refusal(request, len(fds), self.python, self.pyspark)
+
+    def _become(self, request: dict[str, Any], fds: Sequence[int]) -> None:
+        code = 1
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            # Out of the terminal's process group: a Ctrl-C reaches the process once, through its proxy
+            # (which Spark started in that group), as it would reach a process Spark started itself.
+            os.setpgid(0, 0)
+            self.selector.close()
+            self.listener.close()
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+            for child in self.children.values():
+                if child.conn is not None:
+                    child.conn.close()
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            for fd in fds:
+                if fd >= STDIO:
+                    os.close(fd)
+            os.environ.clear()
+            os.environ.update(request["env"])
+            os.chdir(request["cwd"])
+            import runpy
+
+            module, args = request["argv"][2], request["argv"][3:]
+            sys.argv = [module, *args]
+            # Run as `python -m` runs it: a fresh __main__ from the module's code (its imports stay done).
+            sys.modules.pop(module, None)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:  # noqa: BLE001 - report as the failed process would, then exit
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code & 0xFF)
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            child = self.children.pop(pid, None)
+            if child is None or child.conn is None:
+                continue
+            self.selector.unregister(child.conn)
+            try:
+                child.conn.sendall(STATUS.pack(status))
+            except OSError:
+                pass
+            child.conn.close()
+
+    def _proxy_gone(self, pid: int) -> None:
+        """The process Spark started went away (Spark killed it): so does the child that stood in for it."""
+        child = self.children.get(pid)
+        if child is None or child.conn is None:
+            return
+        self.selector.unregister(child.conn)
+        child.conn.close()
+        child.conn = None  # reaped by _reap like any other child; its status has nobody to go to
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def refusal(request: Mapping[str, Any], descriptors: int, python: str, pyspark: str | None) -> str | None:
+    """Why a request must not be forked from a server running `python` with `pyspark` imported, or None."""
+    if descriptors != STDIO:
+        return f"{descriptors} descriptors passed, expected {STDIO}"
+    argv = request.get("argv")
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv) or not startup.forkable(argv[1:]):
+        return f"not a process this server forks: {request.get('argv')!r}"
+    if request.get("python") != python:
+        return f"another Python ({request.get('python')}, this server runs {python})"
+    if pyspark is None or request.get("pyspark") != pyspark:
+        return f"another pyspark ({request.get('pyspark')}, this server imported {pyspark})"
+    if not isinstance(request.get("env"), dict) or not isinstance(request.get("cwd"), str):
+        return "no environment or working directory"
+    return None
+
+
+def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    fds = array("i")
+    data = b""
+    header, ancillary, _, _ = conn.recvmsg(LENGTH.size, socket.CMSG_SPACE(STDIO * fds.itemsize))
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    if len(header) != LENGTH.size:
+        raise ValueError("truncated request")
+    (length,) = LENGTH.unpack(header)
+    if length > MAX_REQUEST:
+        raise ValueError(f"request of {length} bytes")
+    while len(data) < length:
+        chunk = conn.recv(length - len(data))
+        if not chunk:
+            raise ValueError("truncated request")
+        data += chunk
+    return json.loads(data), list(fds)
+
+
+def main(argv: Sequence[str]) -> None:
+    directory = argv[1]
+    # A Ctrl-C goes to the terminal's whole process group: the driver decides how the job stops, and this
+    # server ends with it (its stdin closes).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        unsafe = worker_daemon.preload(PRELOADED)
+        if unsafe is not None:
+            # Spark's processes start as Spark starts them; say why once.
+            print(f"firehose-bq fork server: not serving ({unsafe})", file=sys.stderr, flush=True)
+            return
+        _Server(directory).serve()
+    except FileNotFoundError:  # the driver removed the directory: it has stopped already
+        return
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

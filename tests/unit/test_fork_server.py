@@ -1,0 +1,196 @@
+"""The source runner's fork server (fork_server.py) with the hand-over in the runner's sitecustomize: real
+processes, Spark's real runner module, and this test standing in for the JVM end of the runner's socket
+(PySpark's Unix-socket variant: PYTHON_WORKER_FACTORY_SOCK_PATH, no secret)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from firehose_bq import fork_server, worker_daemon
+from firehose_bq.spark import WORKER_STARTUP
+
+PYTHON = os.path.realpath(sys.executable)
+
+
+def _wait(condition, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[fork_server.ForkServer]:
+    started = fork_server.start(os.environ)
+    assert started is not None
+    _wait(lambda: os.path.exists(started.socket_path))
+    yield started
+    started.close()
+    started.process.wait(timeout=20)
+
+
+class FakeJvm:
+    """The JVM's end of a runner's connection: where the runner connects and writes its pid."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = str(directory / "jvm.sock")
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        self.listener.listen(1)
+        self.listener.settimeout(20)
+
+    def start_runner(self, fork_socket: str | None, *args: str) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHON_WORKER_FACTORY_PORT",
+                                                                  "PYTHON_WORKER_FACTORY_SECRET")}
+        env.update(PYTHONPATH=str(WORKER_STARTUP), PYTHON_WORKER_FACTORY_SOCK_PATH=self.path)
+        env.pop(fork_server.SOCKET_ENV, None)
+        if fork_socket is not None:
+            env[fork_server.SOCKET_ENV] = fork_socket
+        return subprocess.Popen([sys.executable, "-m", *(args or (fork_server.RUNNER_MODULE,))], env=env,
+                                stdin=subprocess.PIPE if args else subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+
+    def accept(self) -> tuple[socket.socket, int]:
+        conn, _ = self.listener.accept()
+        conn.settimeout(20)
+        data = b""
+        while len(data) < 4:
+            data += conn.recv(4 - len(data))
+        return conn, struct.unpack("!i", data)[0]
+
+
+def test_the_runner_is_forked_from_the_server_and_its_failure_reaches_spark_as_its_own(
+        server: fork_server.ForkServer, tmp_path: Path) -> None:
+    jvm = FakeJvm(tmp_path)
+    results = []
+    for fork_socket in (server.socket_path, None):
+        proxy = jvm.start_runner(fork_socket)
+        conn, pid = jvm.accept()
+        if fork_socket is not None:
+            assert pid != proxy.pid and _parent(pid) == server.process.pid
+        else:
+            assert pid == proxy.pid
+        conn.close()  # the runner's first read (Spark's Python version) fails
+        _, err = proxy.communicate(timeout=30)
+        results.append((proxy.returncode, err.decode().strip().splitlines()[-1]))
+    forked, own = results
+    assert forked == own and forked[0] != 0, results
+
+
+def test_spark_stopping_the_runner_stops_the_forked_runner(server: fork_server.ForkServer,
+                                                           tmp_path: Path) -> None:
+    jvm = FakeJvm(tmp_path)
+    proxy = jvm.start_runner(server.socket_path)
+    conn, pid = jvm.accept()
+    assert pid != proxy.pid
+    proxy.send_signal(signal.SIGTERM)  # Process.destroy()
+    proxy.wait(timeout=20)
+    assert proxy.returncode == -signal.SIGTERM  # as a runner Spark started would end
+    _wait(lambda: not _alive(pid))
+    conn.close()
+
+
+def test_a_killed_proxy_takes_its_runner_with_it(server: fork_server.ForkServer, tmp_path: Path) -> None:
+    jvm = FakeJvm(tmp_path)
+    proxy = jvm.start_runner(server.socket_path)
+    conn, pid = jvm.accept()
+    proxy.kill()
+    proxy.wait(timeout=20)
+    _wait(lambda: not _alive(pid))
+    conn.close()
+
+
+def test_without_a_listening_server_the_runner_starts_as_spark_starts_it(tmp_path: Path) -> None:
+    jvm = FakeJvm(tmp_path)
+    proxy = jvm.start_runner(str(tmp_path / "nobody-listens.sock"))
+    conn, pid = jvm.accept()
+    assert pid == proxy.pid
+    conn.close()
+    proxy.communicate(timeout=30)
+
+
+def test_the_server_ends_with_its_driver_and_removes_its_socket() -> None:
+    started = fork_server.start(os.environ)
+    assert started is not None
+    _wait(lambda: os.path.exists(started.socket_path))
+    started.process.stdin.close()  # type: ignore[union-attr]  # the driver exits
+    assert started.process.wait(timeout=20) == 0
+    assert not os.path.exists(started.directory)
+
+
+def _children(pid: int) -> set[int]:
+    return {int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+            for c in (task / "children").read_text().split()}
+
+
+@pytest.mark.parametrize("daemon", [fork_server.PYSPARK_DAEMON, worker_daemon.__name__])
+def test_a_daemon_is_forked_and_serves_the_jvm_on_its_stdio_as_its_own(server: fork_server.ForkServer,
+                                                                       tmp_path: Path, daemon: str) -> None:
+    jvm = FakeJvm(tmp_path)
+    ends = []
+    for fork_socket in (server.socket_path, None):
+        before = _children(server.process.pid)
+        proxy = jvm.start_runner(fork_socket, daemon, "pyspark.worker")
+        port = struct.unpack("!i", proxy.stdout.read(4))[0]  # type: ignore[union-attr]  # the daemon's first word
+        forked = _children(server.process.pid) - before
+        assert port > 0 and len(forked) == (1 if fork_socket else 0), (port, forked)
+        proxy.stdin.close()  # type: ignore[union-attr]  # the JVM ends: the daemon shuts down
+        proxy.wait(timeout=30)
+        ends.append(proxy.returncode)
+        for pid in forked:
+            _wait(lambda: not _alive(pid))  # noqa: B023
+    assert ends[0] == ends[1], ends
+
+
+def test_the_commands_forked_are_the_modules_spark_and_the_job_start() -> None:
+    from firehose_bq.worker_startup import sitecustomize
+
+    assert sitecustomize.FORKED == {fork_server.RUNNER_MODULE: 0, fork_server.PYSPARK_DAEMON: 1,
+                                    worker_daemon.__name__: 1}
+    assert sitecustomize.forkable(["-m", fork_server.PYSPARK_DAEMON, "pyspark.sql.worker.plan_data_source_read"])
+    assert not sitecustomize.forkable(["-m", fork_server.PYSPARK_DAEMON])
+    assert not sitecustomize.forkable(["-m", fork_server.PYSPARK_DAEMON, "os; import x"])
+    assert not sitecustomize.forkable(["-m", fork_server.RUNNER_MODULE, "extra"])
+    assert not sitecustomize.forkable(["-c", "import pyspark.daemon"])
+
+
+REQUEST = {"argv": [PYTHON, "-m", fork_server.RUNNER_MODULE], "env": {}, "cwd": "/", "python": PYTHON,
+           "pyspark": "/x/pyspark/__init__.py"}
+
+
+@pytest.mark.parametrize(("change", "descriptors", "reason"), [
+    ({}, 3, None),
+    ({}, 2, "2 descriptors"),
+    ({"argv": [PYTHON, "-m", "pyspark.daemon"]}, 3, "not a process this server forks"),
+    ({"argv": [PYTHON, "-c", "import os"]}, 3, "not a process this server forks"),
+    ({"argv": [PYTHON, "-m", "pyspark.daemon", 7]}, 3, "not a process this server forks"),
+    ({"python": "/usr/bin/python3.9"}, 3, "another Python"),
+    ({"pyspark": "/opt/spark/python/lib/pyspark.zip/pyspark/__init__.py"}, 3, "another pyspark"),
+    ({"env": None}, 3, "no environment"),
+])
+def test_only_known_commands_of_the_same_python_and_pyspark_are_forked(change: dict[str, object], descriptors: int,
+                                                                  reason: str | None) -> None:
+    found = fork_server.refusal({**REQUEST, **change}, descriptors, PYTHON, "/x/pyspark/__init__.py")
+    assert found == reason if reason is None else reason in (found or "")
