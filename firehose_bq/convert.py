@@ -145,6 +145,11 @@ def non_utf8_string(msg: Message, prefix: str = "") -> str | None:
     return None
 
 
+def non_utf8_problem(path: str) -> str:
+    """The failure of a row whose string at `path` is not UTF-8 (upb does not check proto2 strings)."""
+    return f"{path}: invalid UTF-8 in a string field; a STRING column holds UTF-8 only"
+
+
 def _days(d: Message) -> int:
     """A google.type.Date as days since the epoch."""
     try:
@@ -497,7 +502,10 @@ def _parser(message_class: type[Message], confluent_framed: bool) -> Callable[[b
         def parse(data: bytes) -> Message:
             msg = parse_partial(data)
             if not msg.IsInitialized():
-                raise ValueError(f"required field(s) missing: {', '.join(missing_required(msg))}")
+                if missing := missing_required(msg):
+                    raise ValueError(f"required field(s) missing: {', '.join(missing)}")
+                # what is missing sits under a map key that is not UTF-8, which hides it from Python
+                raise ValueError(non_utf8_problem(non_utf8_string(msg) or "a map key"))
             return msg
 
     if confluent_framed:
@@ -520,7 +528,9 @@ def missing_required(msg: Message, prefix: str = "") -> list[str]:
             continue
         if is_map(fd):
             if fd.message_type.fields_by_name["value"].message_type is not None:
-                for key in sorted(value):
+                # a key upb hands as bytes (a proto2 string key, not UTF-8) cannot look its value up, nor be
+                # sorted among str keys: that entry fails the row as invalid UTF-8 instead (_parser)
+                for key in sorted(k for k in value if not isinstance(k, bytes)):
                     missing += missing_required(value[key], f"{prefix}{fd.name}[{key!r}].")
         elif fd.is_repeated:
             for i, item in enumerate(value):

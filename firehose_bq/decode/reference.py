@@ -14,7 +14,7 @@ from google.protobuf.message import Message
 
 from firehose_bq.arrow_schema import arrow_struct
 from firehose_bq.convert import _MESSAGE_FAULTS, _UNDECODABLE, _collector_paused, _parser, unknown_fields_check, \
-    compile_message, non_utf8_string
+    compile_message, non_utf8_problem, non_utf8_string
 from firehose_bq.decode.values import DecodedValues
 from firehose_bq.errors import ErrorType, RowError
 from firehose_bq.schema import SchemaOptions, bigquery_fields
@@ -58,7 +58,7 @@ class ReferenceDecoder:
                             and (path := non_utf8_string(msg)):
                         # upb hands a proto2 map's non-UTF-8 string key as bytes, which the converter
                         # trips over (decoding it, or sorting it among str keys)
-                        text = f"{path}: invalid UTF-8 in a string field; a STRING column holds UTF-8 only"
+                        text = non_utf8_problem(path)
                     out.failures.append(RowError(i, kind, text, _qualified(exc)))
                     rows.append(None)
             out.values = self._arrow(rows, out)

@@ -355,3 +355,22 @@ def test_a_message_without_fields_is_its_json_text_and_null_when_unset(decode: D
     # upb reads field number 0 in a message without fields as an unknown field; so does the native decoder.
     out = decode(marker, [b"\x00\x01", b"\x03\x04", b"\x04", b"\x03\x0c"])
     assert failures(out) == [(2, DESER), (3, DESER)] and out.unknown_fields == [0, 1]
+
+
+def test_a_map_key_not_utf8_beside_a_missing_required_field_fails_its_row_clearly(
+        decode: Decode, test_descriptors: Descriptors) -> None:
+    """upb hands the non-UTF-8 key as bytes among str keys: naming the missing field sorted them, and the
+    row failed with Python's `'<' not supported between instances of 'bytes' and 'str'`. A missing field
+    under such a key cannot be looked up (upb refuses the bytes key): the key is the row's failure."""
+    from tests.unit.decode.wire import VARINT, length_delimited, tag
+
+    cls = test_descriptors.message_class("testdata.Required2")
+    head = cls(id="x", kind=3, req={"a": 1}).SerializeToString()
+    complete, empty = length_delimited(2, tag(1, VARINT) + b"\x01"), length_delimited(2, b"")
+    out = decode(cls, [head + length_delimited(5, length_delimited(1, b"ok") + empty)
+                       + length_delimited(5, length_delimited(1, b"\xff") + complete),
+                       head + length_delimited(5, length_delimited(1, b"\xff") + empty)
+                       + length_delimited(5, length_delimited(1, b"ok") + complete)])
+    assert [(f.index, f.error_type, f.message) for f in out.failures] == [
+        (0, INVALID, "required field(s) missing: by_name['ok'].a"),
+        (1, INVALID, "by_name.key: invalid UTF-8 in a string field; a STRING column holds UTF-8 only")]
