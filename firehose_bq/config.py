@@ -31,7 +31,8 @@ from firehose_bq.settings import SettingDoc, load_section, read_env_file, settin
 from firehose_bq.settings import reference as _reference
 from firehose_bq.settings import reference_markdown as _reference_markdown
 from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED
-from firehose_bq.source.kafka_security import DLQ_SECURITY_ENVS, KafkaSecurityConfig, dlq_security_problems
+from firehose_bq.source.kafka_security import DLQ_SECURITY_ENVS, KafkaSecurityConfig, dlq_security_ignored, \
+    dlq_security_problems
 from firehose_bq.source.kafka_security import FIREHOSE_UNREAD as SOURCE_UNREAD
 from firehose_bq.telemetry import MetricsConfig
 from firehose_bq.upsert.config import UpsertConfig
@@ -471,8 +472,7 @@ class Config:
 
     def validate(self, environ: Mapping[str, str] | None = None) -> None:
         """Raise ConfigError naming every contradiction; `environ` also has variables read by no section."""
-        problems = dlq_security_problems(environ or {}, self.kafka_security,
-                                         self.dlq.enabled and self.dlq.writer_type == KAFKA)
+        problems = dlq_security_problems(environ or {}, self.kafka_security, self.dlq_on_kafka)
         if not SPARK_MASTER.fullmatch(self.spark.master):
             # Spark says so only once its JVM runs, in a Py4JJavaError traceback.
             problems.append(f"SPARK_MASTER: {self.spark.master!r} is not a master URL Spark accepts: local, local[N], "
@@ -569,6 +569,15 @@ class Config:
                 "SINK_BIGQUERY_TABLE_CLUSTERING_ENABLE")]
         return [f"{env} is set but {switch} is not true: a table this job creates has no such layout (and an "
                 "existing table keeps its own)" for env, unused, switch in off if unused]
+
+    @property
+    def dlq_on_kafka(self) -> bool:
+        return self.dlq.enabled and self.dlq.writer_type == KAFKA
+
+    def dlq_security_ignored(self, environ: Mapping[str, str]) -> list[str]:
+        """Firehose's DLQ_KAFKA_* security variables in `environ` that the DLQ's protocol does not use: warned
+        about, not refused (kafka_security.dlq_security_ignored)."""
+        return dlq_security_ignored(environ, self.kafka_security, self.dlq_on_kafka)
 
     def load_quota_warnings(self) -> list[str]:
         """A file-loads trigger faster than BigQuery's load-job quota allows, for a streaming run (only that
