@@ -592,7 +592,7 @@ class Config:
             return []
         pace = (f"a load job per table every {interval / 1000:g} s" if interval
                 else "a load job per table as soon as the previous batch ends")
-        spent = (f"{LOAD_JOBS_PER_TABLE_PER_DAY * interval / 3_600_000:.1f} h of streaming" if interval
+        spent = (f"{_hours_minutes(LOAD_JOBS_PER_TABLE_PER_DAY * interval)} of streaming" if interval
                  else f"{LOAD_JOBS_PER_TABLE_PER_DAY:,} batches")
         return [f"SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS={interval} means {pace}, and BigQuery allows "
                 f"{LOAD_JOBS_PER_TABLE_PER_DAY:,} a day per table (failed ones included): a table written in every "
@@ -791,6 +791,16 @@ def reference_markdown(sections: tuple[type, ...] | None = None) -> str:
 # Firehose's variables this job knows and does not read, each with why (the DLQ producer's and the source's).
 FIREHOSE_UNREAD = {**SOURCE_UNREAD, **DLQ_UNREAD}
 
+
+
+def _hours_minutes(ms: int) -> str:
+    """`ms` as "23 h 59 min", "25 min" or "1 s", rounded down: a time that runs out is never overstated (23.99 h
+    rounded to "24.0 h" said a trigger that is warned about runs all day)."""
+    minutes, seconds = divmod(ms // 1000, 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    return f"{minutes} min" if minutes else f"{seconds} s"
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """Set variables under this sink's prefixes that no setting reads (probably typos); not Firehose's own
