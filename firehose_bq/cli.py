@@ -198,7 +198,8 @@ def _load_config(environ: Mapping[str, str], streaming: bool = False) -> Config:
         near = config_module.resembling_setting(name)
         log.warning("%s is set but no setting reads it (typo?%s)", name, f" did you mean {near}?" if near else "")
     unread = config_module.firehose_unread(environ)
-    for warning in [*unread, *cfg.switched_off(), *(cfg.load_quota_warnings() if streaming else [])]:
+    for warning in [*unread, *cfg.dlq_security_ignored(environ), *cfg.switched_off(),
+                    *(cfg.load_quota_warnings() if streaming else [])]:
         log.warning("%s", warning)
     return cfg
 

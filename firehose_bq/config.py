@@ -31,7 +31,8 @@ from firehose_bq.settings import SettingDoc, load_section, read_env_file, settin
 from firehose_bq.settings import reference as _reference
 from firehose_bq.settings import reference_markdown as _reference_markdown
 from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED
-from firehose_bq.source.kafka_security import DLQ_SECURITY_ENVS, KafkaSecurityConfig, dlq_security_problems
+from firehose_bq.source.kafka_security import DLQ_SECURITY_ENVS, KafkaSecurityConfig, dlq_security_ignored, \
+    dlq_security_problems
 from firehose_bq.source.kafka_security import FIREHOSE_UNREAD as SOURCE_UNREAD
 from firehose_bq.telemetry import MetricsConfig
 from firehose_bq.upsert.config import UpsertConfig
@@ -479,8 +480,7 @@ class Config:
 
     def validate(self, environ: Mapping[str, str] | None = None) -> None:
         """Raise ConfigError naming every contradiction; `environ` also has variables read by no section."""
-        problems = dlq_security_problems(environ or {}, self.kafka_security,
-                                         self.dlq.enabled and self.dlq.writer_type == KAFKA)
+        problems = dlq_security_problems(environ or {}, self.kafka_security, self.dlq_on_kafka)
         if not SPARK_MASTER.fullmatch(self.spark.master):
             # Spark says so only once its JVM runs, in a Py4JJavaError traceback.
             problems.append(f"SPARK_MASTER: {self.spark.master!r} is not a master URL Spark accepts: local, local[N], "
@@ -578,6 +578,15 @@ class Config:
         return [f"{env} is set but {switch} is not true: a table this job creates has no such layout (and an "
                 "existing table keeps its own)" for env, unused, switch in off if unused]
 
+    @property
+    def dlq_on_kafka(self) -> bool:
+        return self.dlq.enabled and self.dlq.writer_type == KAFKA
+
+    def dlq_security_ignored(self, environ: Mapping[str, str]) -> list[str]:
+        """Firehose's DLQ_KAFKA_* security variables in `environ` that the DLQ's protocol does not use: warned
+        about, not refused (kafka_security.dlq_security_ignored)."""
+        return dlq_security_ignored(environ, self.kafka_security, self.dlq_on_kafka)
+
     def load_quota_warnings(self) -> list[str]:
         """A file-loads trigger faster than BigQuery's load-job quota allows, for a streaming run (only that
         paces its batches by the trigger: `run --available-now` and `replay-dlq` run theirs back to back
@@ -591,7 +600,7 @@ class Config:
             return []
         pace = (f"a load job per table every {interval / 1000:g} s" if interval
                 else "a load job per table as soon as the previous batch ends")
-        spent = (f"{LOAD_JOBS_PER_TABLE_PER_DAY * interval / 3_600_000:.1f} h of streaming" if interval
+        spent = (f"{_hours_minutes(LOAD_JOBS_PER_TABLE_PER_DAY * interval)} of streaming" if interval
                  else f"{LOAD_JOBS_PER_TABLE_PER_DAY:,} batches")
         return [f"SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS={interval} means {pace}, and BigQuery allows "
                 f"{LOAD_JOBS_PER_TABLE_PER_DAY:,} a day per table (failed ones included): a table written in every "
@@ -790,6 +799,16 @@ def reference_markdown(sections: tuple[type, ...] | None = None) -> str:
 # Firehose's variables this job knows and does not read, each with why (the DLQ producer's and the source's).
 FIREHOSE_UNREAD = {**SOURCE_UNREAD, **DLQ_UNREAD}
 
+
+
+def _hours_minutes(ms: int) -> str:
+    """`ms` as "23 h 59 min", "25 min" or "1 s", rounded down: a time that runs out is never overstated (23.99 h
+    rounded to "24.0 h" said a trigger that is warned about runs all day)."""
+    minutes, seconds = divmod(ms // 1000, 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    return f"{minutes} min" if minutes else f"{seconds} s"
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """Set variables under this sink's prefixes that no setting reads (probably typos); not Firehose's own

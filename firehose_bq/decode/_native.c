@@ -790,12 +790,9 @@ static int json_string(ColBuf *b, const uint8_t *s, size_t n) {
 }
 
 static int json_number(Ctx *c, ColBuf *b, double d) {
-    if (d - d != 0.0) { /* NaN or +-Infinity: JSON has no spelling for them, json_format refuses them */
-        if (!c->invalid)
-            snprintf(c->bad, sizeof c->bad, "a google.protobuf.Value holds NaN or Infinity, which JSON cannot hold");
-        c->invalid = 1;
-        return put(b, "null", 4);
-    }
+    /* NaN or +-Infinity: JSON has no spelling for them, json_format refuses them. The row fails naming the
+     * Value's path (`attrs['k'][0]`), which only the reference tracks: it decodes the row. */
+    if (d - d != 0.0) return escape(c, "a google.protobuf.Value holds NaN or Infinity");
     /* repr(float), as json.dumps writes it, without making a Python object */
     char *text = PyOS_double_to_string(d, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
     if (!text) return E_NOMEM;

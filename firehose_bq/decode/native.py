@@ -7,8 +7,9 @@ Python compiles the descriptor once into a plan (this module) and handles what i
   over; they become json_format text here, as the reference writes them;
 - escaped rows: where exactness would need protobuf's merge semantics on columns already written (a
   singular message field occurring twice in one message, a oneof switching away from a message member,
-  a Struct value or map value message occurring twice in one entry) or a proto2 string holding invalid
-  UTF-8, C rolls the row back and the reference decoder decodes that row alone.
+  a Struct value or map value message occurring twice in one entry), a proto2 string holding invalid
+  UTF-8, or a google.protobuf.Value holding NaN or Infinity (the row fails naming its path, which the
+  reference finds), C rolls the row back and the reference decoder decodes that row alone.
 
 Descriptor shapes the plan cannot express (proto2 groups, messages with known extensions, a well-known
 type with an unexpected layout, more than 64 oneofs or 1024 message/required fields in one message)

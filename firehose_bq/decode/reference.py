@@ -13,8 +13,8 @@ import pyarrow as pa
 from google.protobuf.message import Message
 
 from firehose_bq.arrow_schema import arrow_struct
-from firehose_bq.convert import _MESSAGE_FAULTS, _UNDECODABLE, _collector_paused, _parser, unknown_fields_check, \
-    compile_message, non_utf8_string
+from firehose_bq.convert import _MESSAGE_FAULTS, _UNDECODABLE, NonFiniteNumber, _collector_paused, _parser, \
+    compile_message, non_finite_number, non_utf8_problem, non_utf8_string, unknown_fields_check
 from firehose_bq.decode.values import DecodedValues
 from firehose_bq.errors import ErrorType, RowError
 from firehose_bq.schema import SchemaOptions, bigquery_fields
@@ -54,11 +54,13 @@ class ReferenceDecoder:
                     kind = ErrorType.DESERIALIZATION_ERROR if isinstance(exc, _UNDECODABLE) else \
                         ErrorType.INVALID_MESSAGE_ERROR
                     text = str(exc) or type(exc).__name__
-                    if msg is not None and isinstance(exc, (UnicodeDecodeError, TypeError)) \
+                    if msg is not None and isinstance(exc, NonFiniteNumber) and (path := non_finite_number(msg)):
+                        text = f"{path}: {text}"  # the Struct/Value/ListValue column's converter cannot tell where
+                    elif msg is not None and isinstance(exc, (UnicodeDecodeError, TypeError)) \
                             and (path := non_utf8_string(msg)):
                         # upb hands a proto2 map's non-UTF-8 string key as bytes, which the converter
                         # trips over (decoding it, or sorting it among str keys)
-                        text = f"{path}: invalid UTF-8 in a string field; a STRING column holds UTF-8 only"
+                        text = non_utf8_problem(path)
                     out.failures.append(RowError(i, kind, text, _qualified(exc)))
                     rows.append(None)
             out.values = self._arrow(rows, out)

@@ -15,6 +15,7 @@ masked (tests/integration/test_kafka_security.py).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,9 +50,13 @@ KEY_PASSWORD_ENV = "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEY_PASSWORD"
 
 # Firehose's DLQ producer takes security settings of its own (any DLQ_KAFKA_* property), and its env files
 # carry them: this job's DLQ producer and `replay-dlq` use the source's, so each must say the same.
-DLQ_SECURITY_ENVS = {"DLQ_KAFKA_SECURITY_PROTOCOL": PROTOCOL_ENV, "DLQ_KAFKA_SASL_MECHANISM": MECHANISM_ENV,
+DLQ_PROTOCOL_ENV = "DLQ_KAFKA_SECURITY_PROTOCOL"
+DLQ_SECURITY_ENVS = {DLQ_PROTOCOL_ENV: PROTOCOL_ENV, "DLQ_KAFKA_SASL_MECHANISM": MECHANISM_ENV,
                      "DLQ_KAFKA_SASL_JAAS_CONFIG": JAAS_ENV, "DLQ_KAFKA_SSL_TRUSTSTORE_LOCATION": CA_ENV,
                      "DLQ_KAFKA_SSL_KEYSTORE_LOCATION": KEYSTORE_ENV, "DLQ_KAFKA_SSL_KEY_PASSWORD": KEY_PASSWORD_ENV}
+# The ones Kafka reads only with SASL, only with TLS (the protocol decides: the others are ignored).
+_DLQ_SASL_ONLY = ("DLQ_KAFKA_SASL_MECHANISM", "DLQ_KAFKA_SASL_JAAS_CONFIG")
+_DLQ_TLS_ONLY = ("DLQ_KAFKA_SSL_TRUSTSTORE_LOCATION", "DLQ_KAFKA_SSL_KEYSTORE_LOCATION", "DLQ_KAFKA_SSL_KEY_PASSWORD")
 
 # Firehose's Java key and trust store settings, which a Firehose env file for a TLS cluster carries: this job
 # takes PEM files instead. Named as unread rather than as typos ("did you mean ..._SSL_KEY_PASSWORD?" would
@@ -95,18 +100,58 @@ def jaas_value(match: re.Match[str], first: int) -> str:
 def dlq_security_problems(environ: Mapping[str, str], source: KafkaSecurityConfig, dlq_kafka: bool) -> list[str]:
     """Firehose's DLQ_KAFKA_* security variables that say otherwise than the source's settings (`source`):
     this job reaches the DLQ topic with those (`dlq_kafka`: the DLQ is on and written to Kafka; otherwise the
-    variables are unused). Compared as Kafka reads them: names without case, a JAAS line by its credentials."""
+    variables are unused). Compared as Kafka reads them: names without case, a JAAS line by its credentials,
+    file paths by the file they name; a variable the DLQ's protocol does not use is not compared
+    (`dlq_security_ignored`)."""
     if not dlq_kafka:
         return []
     problems = []
+    ignored = _ignored_by_protocol(environ, source)
     for dlq_env, source_env in DLQ_SECURITY_ENVS.items():
         given = environ.get(dlq_env, "").strip()
-        if given and not source.says(source_env, given):
+        if given and dlq_env not in ignored and not source.says(source_env, given):
             # The values are not quoted: three of them are secrets.
             problems.append(f"{dlq_env}: differs from {source_env}, and the DLQ producer and `replay-dlq` connect "
                             f"with the source's Kafka security settings (a DLQ with security of its own is not "
                             f"supported): unset {dlq_env}, or give it the source's value")
     return problems
+
+
+def dlq_security_ignored(environ: Mapping[str, str], source: KafkaSecurityConfig, dlq_kafka: bool) -> list[str]:
+    """Warnings for Firehose's DLQ_KAFKA_* security variables that the DLQ's protocol does not use: Kafka, and
+    so Firehose's DLQ producer, ignores SASL settings without SASL and TLS ones without TLS. An env file that
+    carries them worked with Firehose; here they are not compared with the source's either."""
+    if not dlq_kafka:
+        return []
+    protocol = _dlq_protocol(environ, source)
+    given = (f"{DLQ_PROTOCOL_ENV} is {protocol}" if environ.get(DLQ_PROTOCOL_ENV, "").strip()
+             else f"{DLQ_PROTOCOL_ENV} is unset and the source's is {protocol}")
+    return [f"{env} is set but has no effect: {given}, which uses no {'SASL' if env in _DLQ_SASL_ONLY else 'TLS'} "
+            f"(the DLQ producer connects with the source's Kafka security settings); unset it"
+            for env in _ignored_by_protocol(environ, source)]
+
+
+def _dlq_protocol(environ: Mapping[str, str], source: KafkaSecurityConfig) -> str:
+    """The DLQ producer's protocol as the variables give it: its own, else the source's (which it uses)."""
+    return environ.get(DLQ_PROTOCOL_ENV, "").strip().upper() or source.protocol
+
+
+def _ignored_by_protocol(environ: Mapping[str, str], source: KafkaSecurityConfig) -> list[str]:
+    protocol = _dlq_protocol(environ, source)
+    unused = (() if protocol in (SASL_PLAINTEXT, SASL_SSL) else _DLQ_SASL_ONLY) + \
+             (() if protocol in (SSL, SASL_SSL) else _DLQ_TLS_ONLY)
+    return [env for env in unused if environ.get(env, "").strip()]
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether paths `a` and `b` name one file (`./ca.pem` and `/etc/kafka/ca.pem` from /etc/kafka): as files
+    when both exist, as text otherwise."""
+    if a == b:
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one is missing (or unreadable): only the text can say
+        return False
 
 
 @dataclass(frozen=True)
@@ -209,7 +254,7 @@ class KafkaSecurityConfig:
             return ours is not None and (given.username, given.password.reveal()) == (ours.username, ours.password.reveal())
         if env == KEY_PASSWORD_ENV:
             return self.ssl_key_password is not None and value == self.ssl_key_password.reveal()
-        return value == {CA_ENV: self.ssl_ca_location, KEYSTORE_ENV: self.ssl_keystore_location}[env]
+        return same_file(value, {CA_ENV: self.ssl_ca_location, KEYSTORE_ENV: self.ssl_keystore_location}[env])
 
     @property
     def sasl(self) -> bool:

@@ -171,7 +171,11 @@ def test_a_file_loads_trigger_faster_than_the_load_job_quota_is_warned_about(met
     assert bool(warnings) == warned
     if interval == "10000":
         (warning,) = warnings
-        assert "every 10 s" in warning and "runs out after 4.2 h of streaming" in warning and "57600 ms" in warning
+        assert "every 10 s" in warning and "runs out after 4 h 10 min of streaming" in warning and "57600 ms" in warning
+    if interval == "57599":
+        # 23.9996 h: rounded to "24.0 h" it contradicted "57600 ms or more runs all day" in the same sentence
+        (warning,) = warnings
+        assert "runs out after 23 h 59 min of streaming" in warning and "24" not in warning.split("57600 ms")[0]
     if interval == "0" and warned:
         assert "as soon as the previous batch ends" in warnings[0] and "after 1,500 batches" in warnings[0]
 

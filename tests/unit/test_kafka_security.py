@@ -246,6 +246,49 @@ def test_a_dlq_with_security_of_its_own_stops_the_start(dlq: dict[str, str], nam
     assert "9e41" not in problem and PASSWORD not in problem
 
 
+
+def test_dlq_file_paths_naming_the_sources_files_are_the_same_setting(ca_file: str, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # `./ca.pem` beside `/etc/kafka/ca.pem` is one file: compared as text, it was called a DLQ security of its own.
+    keystore = tmp_path / "client.pem"
+    keystore.write_text(CA_PEM + "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n")
+    (tmp_path / "link.pem").symlink_to(ca_file)
+    monkeypatch.chdir(tmp_path)
+    source = {"SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL": "SSL",
+              "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_TRUSTSTORE_LOCATION": ca_file,
+              "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_LOCATION": "client.pem"}
+    for ca in ("./ca.pem", f"{tmp_path}/../{tmp_path.name}/ca.pem", "link.pem"):
+        Config.from_env({**MINIMAL, **source, **DLQ_ON, "DLQ_KAFKA_SSL_TRUSTSTORE_LOCATION": ca,
+                         "DLQ_KAFKA_SSL_KEYSTORE_LOCATION": str(keystore)})
+    # another file, or a path to nothing, still differs
+    (tmp_path / "other.pem").write_text(CA_PEM)
+    for ca in ("other.pem", "missing/ca.pem"):
+        [problem] = _problems({**source, **DLQ_ON, "DLQ_KAFKA_SSL_TRUSTSTORE_LOCATION": ca})
+        assert problem.startswith("DLQ_KAFKA_SSL_TRUSTSTORE_LOCATION: differs from ")
+
+
+@pytest.mark.parametrize(("source", "dlq"), [
+    ({}, {"DLQ_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512"}),
+    ({}, {"DLQ_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT", "DLQ_KAFKA_SASL_MECHANISM": "PLAIN"}),
+    ({}, {"DLQ_KAFKA_SECURITY_PROTOCOL": "plaintext", "DLQ_KAFKA_SASL_JAAS_CONFIG": SCRAM}),
+    ({}, {"DLQ_KAFKA_SSL_TRUSTSTORE_LOCATION": "/etc/kafka/ca.pem", "DLQ_KAFKA_SSL_KEYSTORE_LOCATION": "/etc/k.pem",
+          "DLQ_KAFKA_SSL_KEY_PASSWORD": "other-pa$s-9e41"}),
+    ({"SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+      "SOURCE_KAFKA_CONSUMER_CONFIG_SASL_MECHANISM": "SCRAM-SHA-512", "SOURCE_KAFKA_CONSUMER_CONFIG_SASL_JAAS_CONFIG": SCRAM},
+     {"DLQ_KAFKA_SSL_TRUSTSTORE_LOCATION": "/etc/kafka/ca.pem"}),
+])
+def test_dlq_security_variables_their_protocol_does_not_use_are_warned_about_not_refused(
+        source: dict[str, str], dlq: dict[str, str]) -> None:
+    # Kafka (and so Firehose's DLQ producer) ignores SASL settings without SASL and TLS ones without TLS: an env
+    # file carrying them worked, and this job connects with the source's settings anyway.
+    env = {**MINIMAL, **source, **DLQ_ON, **dlq}
+    config = Config.from_env(env)
+    ignored = sorted(name for name in dlq if name != "DLQ_KAFKA_SECURITY_PROTOCOL")
+    warnings = config.dlq_security_ignored(env)
+    assert sorted(w.split(" ", 1)[0] for w in warnings) == ignored
+    assert all("has no effect" in w and "9e41" not in w and PASSWORD not in w for w in warnings), warnings
+    assert Config.from_env({**MINIMAL, **source}).dlq_security_ignored({**MINIMAL, **source, **dlq}) == []  # DLQ off
+
 def test_dlq_security_variables_are_unused_without_a_kafka_dlq() -> None:
     other = {"DLQ_KAFKA_SECURITY_PROTOCOL": "SSL", "DLQ_KAFKA_SASL_JAAS_CONFIG": "x"}
     Config.from_env({**MINIMAL, **other})

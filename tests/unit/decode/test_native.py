@@ -271,7 +271,7 @@ EDGES = [
      "INVALID_MESSAGE_ERROR", False, False),  # Duration signs differ
     ("testdata.AllTypes", length_delimited(20, tag(1, VARINT) + varint(-315576000000)), None, False, False),
     ("testdata.AllTypes", length_delimited(19, length_delimited(1, length_delimited(1, b"k") + length_delimited(
-        2, tag(2, 1) + struct.pack("<d", float("nan"))))), "INVALID_MESSAGE_ERROR", False, False),
+        2, tag(2, 1) + struct.pack("<d", float("nan"))))), "INVALID_MESSAGE_ERROR", False, True),  # the reference names it
     ("testdata.AllTypes", length_delimited(17, b"") * 2, None, False, True),  # a message field twice: merged
     ("testdata.AllTypes", length_delimited(28, b"") + length_delimited(27, b"x"), None, False, True),  # oneof
     ("testdata.AllTypes", length_delimited(27, b"x") + length_delimited(28, b""), None, False, False),

@@ -355,3 +355,53 @@ def test_a_message_without_fields_is_its_json_text_and_null_when_unset(decode: D
     # upb reads field number 0 in a message without fields as an unknown field; so does the native decoder.
     out = decode(marker, [b"\x00\x01", b"\x03\x04", b"\x04", b"\x03\x0c"])
     assert failures(out) == [(2, DESER), (3, DESER)] and out.unknown_fields == [0, 1]
+
+
+def test_a_map_key_not_utf8_beside_a_missing_required_field_fails_its_row_clearly(
+        decode: Decode, test_descriptors: Descriptors) -> None:
+    """upb hands the non-UTF-8 key as bytes among str keys: naming the missing field sorted them, and the
+    row failed with Python's `'<' not supported between instances of 'bytes' and 'str'`. A missing field
+    under such a key cannot be looked up (upb refuses the bytes key): the key is the row's failure."""
+    from tests.unit.decode.wire import VARINT, length_delimited, tag
+
+    cls = test_descriptors.message_class("testdata.Required2")
+    head = cls(id="x", kind=3, req={"a": 1}).SerializeToString()
+    complete, empty = length_delimited(2, tag(1, VARINT) + b"\x01"), length_delimited(2, b"")
+    out = decode(cls, [head + length_delimited(5, length_delimited(1, b"ok") + empty)
+                       + length_delimited(5, length_delimited(1, b"\xff") + complete),
+                       head + length_delimited(5, length_delimited(1, b"\xff") + empty)
+                       + length_delimited(5, length_delimited(1, b"ok") + complete)])
+    assert [(f.index, f.error_type, f.message) for f in out.failures] == [
+        (0, INVALID, "required field(s) missing: by_name['ok'].a"),
+        (1, INVALID, "by_name.key: invalid UTF-8 in a string field; a STRING column holds UTF-8 only")]
+
+
+def test_a_non_finite_number_in_a_struct_names_its_path_alike_in_both_decoders(decode: Decode,
+                                                                               test_descriptors: Descriptors) -> None:
+    """The row failed with json_format's words alone ("Fail to serialize NaN for Value.number_value"), or the
+    native decoder's, naming no field: in a message with several Struct columns the producer could not
+    tell which value to fix. Inside a Struct the path is JSON's (`['k'][0]`); the native decoder hands such
+    a row to the reference, so the two say the same."""
+    cls = test_descriptors.message_class("testdata.Edge3")
+    words = "Fail to serialize {} for Value.number_value, which would parse as string_value"
+    in_list, in_value, in_map, in_repeated, in_self = cls(), cls(), cls(), cls(), cls()
+    in_list.list.values.add().number_value = 1
+    in_list.list.values.add().struct_value.update({"n": math.nan})
+    in_value.value.number_value = -math.inf
+    in_map.m_struct["ok"].update({"a": 1})
+    in_map.m_struct["bad"].update({"x": [1, {"y": math.inf}]})
+    in_repeated.r_struct.add()
+    in_repeated.r_struct.add().update({"k": math.nan})
+    in_self.m_self["s"].c_struct.update({"k": math.inf})
+    out = decode(cls, [in_list, in_value, in_map, in_repeated, in_self], SchemaOptions(max_depth=3))
+    assert [(f.index, f.error_type, f.message) for f in out.failures] == [
+        (0, INVALID, "list[1]['n']: " + words.format("NaN")),
+        (1, INVALID, "value: " + words.format("Infinity")),  # json_format says so for -Infinity too
+        (2, INVALID, "m_struct['bad']['x'][1]['y']: " + words.format("Infinity")),
+        (3, INVALID, "r_struct[1]['k']: " + words.format("NaN")),
+        (4, INVALID, "m_self['s'].c_struct['k']: " + words.format("Infinity"))]
+    # cut to JSON at the max depth: the path from the cut column, as for invalid UTF-8 there
+    cut = cls()
+    cut.self.r_struct.add().update({"k": math.nan})
+    [failure] = decode(cls, [cut], SchemaOptions(max_depth=1)).failures
+    assert failure.message.startswith("r_struct[0]['k']: ") and "NaN" in failure.message, failure.message
