@@ -36,7 +36,7 @@ enum { K_RECORD, K_STRING, K_BYTES, K_INTEGER, K_FLOAT, K_BOOLEAN, K_TIMESTAMP, 
 enum { M_NULLABLE, M_REQUIRED, M_REPEATED };
 enum { P_NO_COERCION = 1, P_NOT_AN_ARRAY, P_REQUIRED_MISSING, P_NULL_ELEMENT, P_DUPLICATE_KEY, P_NOT_A_NUMBER,
        P_NOT_WHOLE, P_OUT_OF_RANGE, P_TOO_PRECISE, P_NOT_BOOLEAN, P_BAD_TIMESTAMP, P_TIMESTAMP_RANGE, P_BAD_DATE,
-       P_BAD_DATETIME, P_BAD_TIME, P_BAD_BASE64 };
+       P_BAD_DATETIME, P_BAD_TIME, P_BAD_BASE64, P_JSON_NUMBER_RANGE };
 enum { J_NULL, J_BOOLEAN, J_NUMBER, J_STRING, J_ARRAY, J_OBJECT };
 
 /* How a row ended. */
@@ -721,11 +721,23 @@ static int put_epoch_seconds(St *st, int ni, const Num *x, int jt) {
     return put_fixed(st, &st->d->nodes[ni], &st->cols[ni], &v);
 }
 
+/* A number in the value of JSON column ni: BigQuery's JSON type holds int64 / uint64 and FLOAT64 and
+ * rounds other numbers to FLOAT64, which a number beyond its range cannot be (json_rules.py). Nearly every
+ * number has fewer than 309 integer digits, which is all it takes to be below DBL_MAX: no parsing then. */
+static int json_number(St *st, int ni, const Num *x) {
+    if ((long long)x->il + x->exp <= 308) return 0; /* |x| < 10^(il + exp) <= 10^308 */
+    double v;
+    if (to_double(st, x, &v)) return ERR;
+    return isinf(v) ? invalid(st, P_JSON_NUMBER_RANGE, ni, J_NUMBER) : 0;
+}
+
 static int put_number(St *st, int ni, const Num *x, int jt) {
     const Node *nd = &st->d->nodes[ni];
     switch (nd->kind) {
-    case K_STRING:
     case K_JSON:
+        if (json_number(st, ni, x)) return ERR;
+        return put_var(st, nd, &st->cols[ni], x->s, x->n);
+    case K_STRING:
         return put_var(st, nd, &st->cols[ni], x->s, x->n);
     case K_INTEGER:
         return put_integer(st, ni, x, jt);
@@ -1006,8 +1018,9 @@ static int mirror_key(St *st, Buf *mirror, int entries, const uint8_t *ks, size_
     return 0;
 }
 
-/* Checks the value at st->p and steps past it; with `out`, also writes it as compact JSON. */
-static int walk_value(St *st, Buf *out) {
+/* Checks the value at st->p and steps past it; with `out`, also writes it as compact JSON. With a
+ * `json_node` (else -1) it is that JSON column's value, whose numbers BigQuery must be able to hold. */
+static int walk_value(St *st, Buf *out, int json_node) {
     if (st->p >= st->end) return deser(st, "not JSON: a value was expected");
     uint8_t c = *st->p;
     const uint8_t *s;
@@ -1023,7 +1036,7 @@ static int walk_value(St *st, Buf *out) {
                 if (member_key(st, &s, &n, &esc)) return ERR;
                 if (out && (put_raw_string(st, out, s, n, esc) || buf_byte(out, ':'))) return nomem(st);
             }
-            if (walk_value(st, out) || (more = next_member(st, close)) < 0) return ERR;
+            if (walk_value(st, out, json_node) || (more = next_member(st, close)) < 0) return ERR;
             if (more && out && buf_byte(out, ',')) return nomem(st);
         }
         return out && buf_byte(out, close) ? nomem(st) : 0;
@@ -1041,6 +1054,7 @@ static int walk_value(St *st, Buf *out) {
     Num x;
     if (!scan_number(st->p, st->end, &x)) return deser(st, "not JSON: not a JSON value");
     st->p += x.n;
+    if (json_node >= 0 && json_number(st, json_node, &x)) return ERR;
     return out && buf_put(out, x.s, x.n) ? nomem(st) : 0;
 }
 
@@ -1076,7 +1090,7 @@ static int put_scalar(St *st, int ni) {
     }
     if (ch == '{' || ch == '[') {
         if (k == K_STRING || k == K_JSON || (k == K_GEOGRAPHY && ch == '{')) {
-            if (walk_value(st, &c->data)) return ERR;
+            if (walk_value(st, &c->data, k == K_JSON ? ni : -1)) return ERR;
             return end_var(st, nd, c);
         }
         return invalid(st, P_NO_COERCION, ni, json_type_of(ch));
@@ -1144,7 +1158,7 @@ static int record_object(St *st, int ni, Buf *mirror) {
         if (child < 0 || child == st->d->ap_node) {
             st->unknown = 1;
             if (mirror && mirror_key(st, mirror, entries++, ks, kn, kesc)) return ERR;
-            if (walk_value(st, mirror)) return ERR;
+            if (walk_value(st, mirror, -1)) return ERR;
         } else {
             const Node *cn = &st->d->nodes[child];
             Col *cc = &st->cols[child];
@@ -1396,7 +1410,7 @@ static int decode_all(St *st, const uint8_t *validity, const void *offsets, int 
             st->p = st->start;
             st->depth = 0;
             skip_ws(st);
-            if (walk_value(st, NULL) == 0) {
+            if (walk_value(st, NULL, -1) == 0) {
                 skip_ws(st);
                 if (st->p != st->end) deser(st, "not JSON: data after the object");
             }
@@ -1802,7 +1816,8 @@ PyMODINIT_FUNC PyInit__json(void) {
     static const char *const problems[] = {"NO_COERCION", "NOT_AN_ARRAY", "REQUIRED_MISSING", "NULL_ELEMENT",
                                            "DUPLICATE_KEY", "NOT_A_NUMBER", "NOT_WHOLE", "OUT_OF_RANGE",
                                            "TOO_PRECISE", "NOT_BOOLEAN", "BAD_TIMESTAMP", "TIMESTAMP_RANGE",
-                                           "BAD_DATE", "BAD_DATETIME", "BAD_TIME", "BAD_BASE64"};
+                                           "BAD_DATE", "BAD_DATETIME", "BAD_TIME", "BAD_BASE64",
+                                           "JSON_NUMBER_RANGE"};
     static const char *const json_types[] = {"null", "boolean", "number", "string", "array", "object"};
     for (int c = 0; c < 256; c++) plain_byte[c] = c >= 0x20 && c < 0x80 && c != '"' && c != '\\';
     c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
@@ -1812,7 +1827,7 @@ PyMODINIT_FUNC PyInit__json(void) {
     Py_INCREF(&DecoderType);
     if (PyModule_AddObject(m, "Decoder", (PyObject *)&DecoderType) ||
         add_table(m, "KINDS", kinds, 0, K_COUNT) || add_table(m, "MODES", modes, 0, 3) ||
-        add_table(m, "PROBLEMS", problems, 1, 16) || add_table(m, "JSON_TYPES", json_types, 0, 6) ||
+        add_table(m, "PROBLEMS", problems, 1, P_JSON_NUMBER_RANGE) || add_table(m, "JSON_TYPES", json_types, 0, 6) ||
         PyModule_AddIntConstant(m, "DESERIALIZATION", F_DESER)) {
         Py_DECREF(m);
         return NULL;

@@ -248,11 +248,27 @@ def scalar(column: Column, value: Any, path: str) -> Any:
         return _from_string(column, value, path)
     if json_type is JsonType.number:
         return _from_number(column, value, path, JsonType.number)
+    if kind is Kind.JSON:
+        _check_json_numbers(column, value, path)
     if kind in (Kind.STRING, Kind.JSON) or (kind is Kind.GEOGRAPHY and json_type is JsonType.object):
         return dump(value)
     if kind is Kind.BOOLEAN and json_type is JsonType.boolean:
         return value
     raise _Invalid(Problem.NO_COERCION, path, json_type, column)
+
+
+def _check_json_numbers(column: Column, value: Any, path: str) -> None:
+    """A JSON column's value must hold no number beyond FLOAT64's range: BigQuery's JSON type rounds
+    other numbers to FLOAT64 and refuses what cannot be rounded (json_rules)."""
+    if type(value) is _Number:
+        if math.isinf(float(value)):
+            raise _Invalid(Problem.JSON_NUMBER_RANGE, path, JsonType.number, column)
+    elif type(value) is _Object:
+        for _, item in value:
+            _check_json_numbers(column, item, path)
+    elif type(value) is list:
+        for item in value:
+            _check_json_numbers(column, item, path)
 
 
 def _from_string(column: Column, text: str, path: str) -> Any:
@@ -293,6 +309,8 @@ def _from_string(column: Column, text: str, path: str) -> Any:
 
 def _from_number(column: Column, text: str, path: str, json_type: JsonType) -> Any:
     kind = column.kind
+    if kind is Kind.JSON and json_type is JsonType.number:
+        _check_json_numbers(column, _Number(text), path)
     if kind in (Kind.STRING, Kind.JSON):
         return str(text)
     if kind is Kind.FLOAT:

@@ -42,7 +42,9 @@ REQUIRED column, null or a missing key fails the row):
     TIME            string HH:MM:SS[.f]                          the string (fraction cut to 6 digits)
     BYTES           string in base64 (standard alphabet, padded) the decoded bytes
     JSON            any value                                    its compact JSON text (a string value is
-                                                                 stored as a JSON string: "a" → "\\"a\\"")
+                                                                 stored as a JSON string: "a" → "\\"a\\""); a
+                                                                 number anywhere in it beyond FLOAT64's
+                                                                 range (1e400) → error
     GEOGRAPHY       string (WKT or GeoJSON text); object         the string; the object's JSON text (GeoJSON)
     INTERVAL        string                                       the string (BigQuery validates it)
     RECORD          object                                       its fields, by the key rules
@@ -54,6 +56,15 @@ REQUIRED column, null or a missing key fails the row):
 Anything else (a boolean for an INTEGER, an object for a REPEATED column that is not a map, a scalar for
 a REPEATED column, 1.5 for INTEGER, ...) fails the row with INVALID_MESSAGE_ERROR naming the column path
 (`items[2].price`) and what was there. Nothing is clamped, wrapped or rounded into range.
+
+JSON columns: BigQuery's JSON type "can store integers in the range of -9,223,372,036,854,775,808 ... to
+18,446,744,073,709,551,615 and floating point numbers within a domain of FLOAT64" (its data types
+reference). Other numbers are rounded to the nearest FLOAT64 where it ingests them (PARSE_JSON's
+wide_number_mode 'round': "If the number cannot be rounded, the function throws an error"), so a number
+beyond FLOAT64's range (1e400, -1e999) is refused, and in a load job it fails the whole job. Such a value
+fails its row here instead, naming the column. What BigQuery accepts is kept as written: wide integers
+and long fractions (it rounds them), duplicate keys (it keeps the first), nesting up to its 500 levels
+(MAX_DEPTH is lower). Lone surrogates and NaN / Infinity literals are not JSON (below).
 
 A document that is not UTF-8, not JSON (RFC 8259: no NaN literals, no comments, no trailing commas, no
 byte-order mark), nested deeper than MAX_DEPTH, holds a lone UTF-16 surrogate escape (`"\\ud800"`), or is
@@ -247,6 +258,7 @@ class Problem(enum.IntEnum):
     BAD_DATETIME = 14
     BAD_TIME = 15
     BAD_BASE64 = 16
+    JSON_NUMBER_RANGE = 17
 
 
 class JsonType(enum.IntEnum):
@@ -279,6 +291,8 @@ _PROBLEMS: dict[Problem, str] = {
     Problem.BAD_DATETIME: "the JSON string is not a datetime YYYY-MM-DD[(T| )HH:MM:SS[.ffffff]]",
     Problem.BAD_TIME: "the JSON string is not a time HH:MM:SS[.ffffff]",
     Problem.BAD_BASE64: "the JSON string is not base64 (standard alphabet, padded with =)",
+    Problem.JSON_NUMBER_RANGE: "the value holds a number beyond FLOAT64's range (about ±1.8e308), which BigQuery's "
+                               "JSON type cannot store",
 }
 
 

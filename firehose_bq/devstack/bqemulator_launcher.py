@@ -42,6 +42,7 @@ from bqemulator_patches import (
     append_rows_stream,
     ddl_alter_table,
     insert_all,
+    json_column_numbers,
     json_load_bytes,
     load_job_atomic,
     load_job_id_taken,
@@ -102,6 +103,7 @@ def apply_patches(args: argparse.Namespace) -> None:
         ("extra uploaded load job keeps its job id", upload_job_id.apply),
         ("extra JSON load decodes BYTES from base64", json_load_bytes.apply),
         ("extra Parquet load matches columns by name", parquet_load_by_name.apply),
+        ("extra a JSON column refuses numbers beyond FLOAT64", json_column_numbers.apply),
         ("extra a load job with a taken job id answers 409", load_job_id_taken.apply),
         ("extra a load job loads all its files or none", load_job_atomic.apply),
     ]

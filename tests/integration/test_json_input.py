@@ -176,3 +176,40 @@ def test_a_routed_table_whose_additional_properties_column_cannot_hold_them_fail
         assert "column additional_properties is NULLABLE JSON" in letters[0].error.message
     finally:
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+@pytest.mark.parametrize("method", ["file_loads", "storage_write"])
+def test_a_json_value_bigquery_cannot_store_is_a_dead_letter_not_a_crash_loop(
+        spark, job_env: dict[str, str], bq_client: bigquery.Client, tmp_path: Path, method: str) -> None:
+    # BigQuery's JSON type refuses a number beyond FLOAT64's range, and a load job holding one fails as a
+    # whole: the job used to stop on it, and stop again on every restart (the emulator refuses it too).
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps([{"name": "id", "type": "INTEGER", "mode": "REQUIRED"},
+                                  {"name": "payload", "type": "JSON"}]))
+    cfg = Config.from_env(json_env(job_env, SINK_BIGQUERY_TABLE_SCHEMA_FILE=str(schema),
+                                   SINK_BIGQUERY_ADDITIONAL_PROPERTIES_ENABLE="false",
+                                   SINK_BIGQUERY_WRITE_METHOD=method))
+    topic = cfg.source.topics[0]
+    sample.ensure_topic(cfg.source.brokers, topic, 1)
+    sample.ensure_topic(cfg.source.brokers, cfg.dlq.kafka_topic, 1)
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    for i in range(20):
+        # A wide integer BigQuery takes (it rounds it): kept, not refused.
+        producer.send(topic, b'{"id": %d, "payload": {"n": %d, "wide": 123456789012345678901234567890}}' % (i, i))
+        if i == 9:
+            producer.send(topic, b'{"id": 99, "payload": {"x": [1, 1e400]}}')
+    producer.flush()
+    producer.close()
+    try:
+        t = Pipeline(cfg, spark).run(available_now=True).totals  # returns: the CLI exits 0
+        assert (t.messages, t.rows_written, t.dead_lettered, t.failed) == (21, 20, 1, 0)
+        assert dict(t.errors_by_type) == {"INVALID_MESSAGE_ERROR": 1}
+        landed = rows(bq_client, cfg.bigquery.table_ref)
+        assert sorted(r["id"] for r in landed) == list(range(20))
+        payload = landed[0]["payload"]
+        assert (json.loads(payload) if isinstance(payload, str) else payload)["n"] == 0
+        letters = read_topic(cfg.source.brokers, cfg.dlq.kafka_topic)
+        assert len(letters) == 1 and letters[0].error.error_type is ErrorType.INVALID_MESSAGE_ERROR
+        assert letters[0].error.message.startswith("payload: the value holds a number beyond FLOAT64's range")
+    finally:
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)

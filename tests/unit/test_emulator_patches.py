@@ -57,3 +57,19 @@ def test_insert_all_accepts_numerics_wider_than_decimals_default_precision() -> 
     assert error is None and row is not None and str(row["n"]) == biggest
     row, error = validate_row({"n": "1" + "0" * 29}, fields, ignore_unknown=False)  # 30 integer digits
     assert row is None and error is not None and "Invalid NUMERIC value" in error.message
+
+
+def test_a_json_column_refuses_a_number_beyond_float64_as_bigquery_does() -> None:
+    from types import SimpleNamespace
+
+    from firehose_bq.devstack.bqemulator_patches.json_column_numbers import holds_number_beyond_float64
+    from firehose_bq.devstack.bqemulator_patches.row_values import validate_row
+
+    assert [holds_number_beyond_float64(t) for t in ('{"a": [1e400]}', "-1" + "0" * 309, "1e308", '"1e400"', "1e")] \
+        == [True, True, False, False, False]
+    fields = [SimpleNamespace(name="j", type="JSON", mode="NULLABLE", fields=[])]
+    for value in ('{"a": 1e400}', {"a": 10 ** 400}):
+        row, error = validate_row({"j": value}, fields, ignore_unknown=False)
+        assert row is None and error is not None and "out of FLOAT64 range" in error.message
+    row, error = validate_row({"j": '{"a": 18446744073709551616}'}, fields, ignore_unknown=False)
+    assert error is None and row == {"j": '{"a": 18446744073709551616}'}

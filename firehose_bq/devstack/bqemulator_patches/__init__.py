@@ -22,6 +22,7 @@ shows the gap; each exposes `apply(...) -> list[str]` (the dotted names it repla
 | - | `upload_job_id` | an uploaded load job keeps its job id; a taken id answers 409 |
 | - | `json_load_bytes` | a JSON load reads BYTES as base64 |
 | - | `parquet_load_by_name` | a Parquet load matches columns by name |
+| - | `json_column_numbers` (+ `row_values`) | a JSON column refuses a number beyond FLOAT64's range; a Parquet load holding one fails |
 | - | `thread_connections` | concurrent requests (a query while rows are appended) each get a connection |
 | - | `load_job_id_taken` | a load job (`sourceUris`) whose job id is taken answers 409 and runs nothing |
 | - | `load_job_atomic` | a load job over several files loads all of them or none |

@@ -24,6 +24,7 @@ from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation, localcontext
 from typing import Any
 
 from ._bq_types import canonical_type, mode
+from .json_column_numbers import holds_number_beyond_float64
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,8 +242,11 @@ def _coerce_json(value: Any, loc: str) -> str:
             json.loads(value)
         except ValueError:
             raise InvalidValue(loc, f"Invalid JSON: {value}") from None
-        return value
-    return json.dumps(value)
+    else:
+        value = json.dumps(value)
+    if holds_number_beyond_float64(value):  # BigQuery's JSON type cannot round it to FLOAT64
+        raise InvalidValue(loc, f"Invalid JSON: a number out of FLOAT64 range: {_display(value)}")
+    return value
 
 
 SCALAR_COERCERS: dict[str, Callable[[Any, str], Any]] = {

@@ -292,6 +292,46 @@ def test_json_columns_take_any_value_as_its_json_text(decode: Decode) -> None:
         ['{"a":[1.0,null]}', '"text"', "12.50", "true", None]
 
 
+BEYOND_FLOAT64 = "the value holds a number beyond FLOAT64's range (about ±1.8e308), which BigQuery's JSON type " \
+                 "cannot store"
+
+
+@pytest.mark.parametrize("text", [
+    "1e400", "-1e999", "1.7976931348623159e308", "2" + "0" * 308, '{"x": 1e400}', '[1, {"a": [-2e308]}]',
+    '{"ok": 1, "deep": [[[{"n": 1e99999999999999999999}]]]}', "0." + "0" * 400 + "1e710"])
+def test_a_json_value_holding_a_number_beyond_float64_fails_naming_the_column(decode: Decode, text: str) -> None:
+    # BigQuery's JSON type holds int64/uint64 and FLOAT64 numbers, rounds the others to FLOAT64 and refuses
+    # what cannot be rounded; in a load job one such value fails the whole job.
+    assert error(decode, F("c", "JSON"), text) == f"c: {BEYOND_FLOAT64}"
+
+
+def test_json_values_beyond_float64_fail_at_their_path_and_only_their_row(decode: Decode) -> None:
+    columns = [F("id", "INTEGER"), F("js", "JSON", "REPEATED"), F("r", "RECORD", fields=[F("j", "JSON")]),
+               F("m", "RECORD", "REPEATED", fields=[F("key", "STRING"), F("value", "JSON")])]
+    out = decode(columns, ['{"id": 1, "js": [1, {"a": 1e400}]}', '{"id": 2, "r": {"j": -1e309}}',
+                           '{"id": 3, "m": {"k": [1e400]}}', '{"id": 4, "js": [1e308], "r": {"j": "1e400"}}'])
+    assert [(f.index, f.error_type, f.message) for f in out.failures] == [
+        (0, INVALID, f"js[1]: {BEYOND_FLOAT64}"), (1, INVALID, f"r.j: {BEYOND_FLOAT64}"),
+        (2, INVALID, f"m[0].value: {BEYOND_FLOAT64}")]
+    assert out.values.to_pylist()[3] == {"id": 4, "js": ["1e308"], "r": {"j": '"1e400"'}, "m": []}
+
+
+@pytest.mark.parametrize("text", [
+    "1.7976931348623157e308", "-1.7976931348623157e308", "1" + "0" * 308, "18446744073709551616",
+    "123456789012345678901234567890", "3.141592653589793238462643383279", "1e-400", "0e999999", "-0.0",
+    '{"a": 1, "a": 2}', '"1e400"'])
+def test_json_values_bigquery_accepts_are_kept_as_written(decode: Decode, text: str) -> None:
+    # Wide integers and long fractions BigQuery rounds to FLOAT64, duplicate keys it keeps the first of:
+    # it takes them, so they are not refused here.
+    assert value(decode, F("c", "JSON"), text) == text.replace(" ", "")
+
+
+def test_strings_and_unknown_values_may_hold_numbers_beyond_float64(decode: Decode) -> None:
+    out = decode([F("s", "STRING"), F("additional_properties", "STRING")], ['{"s": {"a": 1e400}, "x": 1e400}'],
+                 additional_properties=True)
+    assert only_row(out) == {"s": '{"a":1e400}', "additional_properties": '{"x":1e400}'}
+
+
 def test_geography_takes_text_or_a_geojson_object(decode: Decode) -> None:
     column = F("c", "GEOGRAPHY")
     assert value(decode, column, '"POINT(1 2)"') == "POINT(1 2)"
