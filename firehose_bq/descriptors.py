@@ -126,7 +126,7 @@ def _known_messages(wanted: str, names: list[str], shown: int = 20) -> str:
     ordered = sorted(set(names), key=lambda name: (name.startswith("google.protobuf."), name))
     more = f" (and {len(ordered) - shown} more)" if len(ordered) > shown else ""
     hint = f"did you mean {' or '.join(near)}? " if near else ""
-    return f"{hint}known messages: {', '.join(ordered[:shown])}{more}"
+    return f"{hint}known messages: {', '.join(ordered[:shown]) or 'none (the set holds no message)'}{more}"
 
 
 def _build_pool(sets: tuple[bytes, ...]) -> descriptor_pool.DescriptorPool:
