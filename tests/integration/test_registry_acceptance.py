@@ -34,8 +34,14 @@ def test_a_misbehaving_registry_keeps_the_job_running_and_its_publishes_evolve_o
         spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
         tmp_path: Path) -> None:
     fake, _server = registry
-    blobs = {v: compile_protos(tmp_path / f"{v}.desc", PROTOS / f"acme_{v}").read_bytes()
-             for v in ("v1", "v2", "v3qty", "v5pkg")}
+    v2_text = (PROTOS / "acme_v2" / "acme" / "order.proto").read_text()
+    # v2 published wrongly: an incompatible type change, and the package renamed (the job's class gone).
+    for name, text in (("v3qty", v2_text.replace("int32 qty = 2;", "string qty = 2;")),
+                       ("v5pkg", v2_text.replace("package acme.shop;", "package acme.shop.v2;"))):
+        (tmp_path / name / "acme").mkdir(parents=True)
+        (tmp_path / name / "acme" / "order.proto").write_text(text)
+    blobs = {v: compile_protos(tmp_path / f"{v}.desc", PROTOS / f"acme_{v}").read_bytes() for v in ("v1", "v2")}
+    blobs |= {v: compile_protos(tmp_path / f"{v}.desc", tmp_path / v).read_bytes() for v in ("v3qty", "v5pkg")}
     fake.routes["/acme"] = blobs["v1"]
     cfg = Config.from_env({**job_env, "INPUT_SCHEMA_PROTO_CLASS": CLASS, "SINK_BIGQUERY_TABLE_NAME": "orders",
                            "SCHEMA_REGISTRY_STENCIL_URLS": f"{fake.url}/acme",
