@@ -134,3 +134,39 @@ def test_a_misbehaving_registry_keeps_the_job_running_and_its_publishes_evolve_o
         cache.stop()
         producer.close()
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_a_new_enum_value_from_a_producer_ahead_of_the_sink_lands_by_name(
+        spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
+        tmp_path: Path) -> None:
+    # The sink loaded v1 (Status without SHIPPED = 2); the registry and the producer already have v2. The
+    # message has no unknown field, only an enum number v1 does not name: before, it was written as "2" at
+    # once (and later ones as "SHIPPED"), the registry never asked.
+    from firehose_bq import descriptors
+
+    fake, _server = registry
+    blobs = {v: compile_protos(tmp_path / f"{v}.desc", PROTOS / f"acme_{v}").read_bytes() for v in ("v1", "v2")}
+    fake.routes["/acme"] = blobs["v1"]
+    cfg = Config.from_env({**job_env, "INPUT_SCHEMA_PROTO_CLASS": CLASS, "SINK_BIGQUERY_TABLE_NAME": "orders",
+                           "SCHEMA_REGISTRY_STENCIL_URLS": f"{fake.url}/acme",
+                           "SCHEMA_REGISTRY_STENCIL_CACHE_TTL_MS": "600000",
+                           "SCHEMA_REGISTRY_UNKNOWN_FIELDS_REFRESH_MIN_INTERVAL_MS": "0"})
+    topic = cfg.source.topics[0]
+    ensure_topic(cfg.source.brokers, topic, 1)
+    cache = descriptor_cache(cfg).start()
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    try:
+        fake.routes["/acme"] = blobs["v2"]
+        v2 = descriptors.Descriptors((blobs["v2"],)).message_class(CLASS)
+        for i, status in enumerate(["NEW", "SHIPPED"]):
+            producer.send(topic, v2(id=f"s{i}", status=status).SerializeToString())
+        producer.flush()
+        summary = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now).run(available_now=True)
+        assert (summary.totals.rows_written, summary.totals.failed) == (2, 0)
+        statuses = {r["id"]: r["status"] for r in bq_client.query(f"SELECT id, status FROM `{cfg.bigquery.table_ref}`")}
+        assert statuses == {"s0": "NEW", "s1": "SHIPPED"}
+        assert cache.stats().changes == 1
+    finally:
+        cache.stop()
+        producer.close()
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
