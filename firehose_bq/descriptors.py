@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import difflib
 import hashlib
+import threading
 import urllib.parse
 import urllib.request
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +56,7 @@ class Descriptors:
 
     def pool(self) -> descriptor_pool.DescriptorPool:
         if self._pool is None:
-            object.__setattr__(self, "_pool", _build_pool(self.sets))
+            object.__setattr__(self, "_pool", _shared_pool(self.sets))
         assert self._pool is not None
         return self._pool
 
@@ -126,7 +128,31 @@ def _known_messages(wanted: str, names: list[str], shown: int = 20) -> str:
     ordered = sorted(set(names), key=lambda name: (name.startswith("google.protobuf."), name))
     more = f" (and {len(ordered) - shown} more)" if len(ordered) > shown else ""
     hint = f"did you mean {' or '.join(near)}? " if near else ""
-    return f"{hint}known messages: {', '.join(ordered[:shown])}{more}"
+    return f"{hint}known messages: {', '.join(ordered[:shown]) or 'none (the set holds no message)'}{more}"
+
+
+# The pools this process built, newest last, by their sets' content. A Spark task gets the descriptors
+# unpickled, without a pool, with every micro-batch; a large set (a monorepo's, tens of MB) took most of a
+# second to build in each task of each batch. Two are kept: the current version and the one before it.
+_POOLS: OrderedDict[bytes, descriptor_pool.DescriptorPool] = OrderedDict()
+_POOLS_KEPT = 2
+_POOLS_LOCK = threading.Lock()
+
+
+def _shared_pool(sets: tuple[bytes, ...]) -> descriptor_pool.DescriptorPool:
+    """The pool of `sets`, built once per process (and content) while it is one of the last two used."""
+    digest = hashlib.sha256(b"".join(hashlib.sha256(blob).digest() for blob in sets)).digest()
+    with _POOLS_LOCK:
+        if digest in _POOLS:
+            _POOLS.move_to_end(digest)
+            return _POOLS[digest]
+    pool = _build_pool(sets)  # outside the lock: a failing or slow build holds no one else up
+    with _POOLS_LOCK:
+        pool = _POOLS.setdefault(digest, pool)
+        _POOLS.move_to_end(digest)
+        while len(_POOLS) > _POOLS_KEPT:
+            _POOLS.popitem(last=False)
+    return pool
 
 
 def _build_pool(sets: tuple[bytes, ...]) -> descriptor_pool.DescriptorPool:

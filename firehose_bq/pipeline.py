@@ -23,7 +23,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from firehose_bq import logs
-from firehose_bq.batch.core import UNKNOWN_FIELDS_AT, UNKNOWN_SCHEMA_ID, TaskResult
+from firehose_bq.batch.core import UNKNOWN_ENUM_NUMBER_AT, UNKNOWN_FIELDS_AT, UNKNOWN_SCHEMA_ID, TaskResult
 from firehose_bq.batch.task import RESULT_SCHEMA, Resume, run_task
 from firehose_bq.config import Config
 from firehose_bq.errors import FirehoseError, worker_error
@@ -237,6 +237,8 @@ class Pipeline:
         fates = [self._unknown_fate()] if any(h.startswith(UNKNOWN_FIELDS_AT) for h in held) else []
         if any(h.startswith(UNKNOWN_SCHEMA_ID) for h in held):
             fates.append("schema ids still unknown: DESERIALIZATION_ERROR")
+        if any(h.startswith(UNKNOWN_ENUM_NUMBER_AT) for h in held):
+            fates.append("enum numbers still unnamed: written as their decimal text")
         return "; ".join(fates)
 
     def _unknown_fate(self) -> str:

@@ -237,7 +237,7 @@ def load_descriptors(config: Config) -> Descriptors:
         fetch = confluent_fetch(registry, config.confluent_subject)
     else:
         # Through the Stencil fetcher: headers, timeout and refresh strategy as the running job uses them.
-        fetch = StencilFetcher(config.input_schema.stencil_urls, config.registry).fetch
+        fetch = StencilFetcher(config.input_schema.stencil_urls, config.registry, messages=job_classes(config)).fetch
     return fetch_retrying(fetch, config.registry.quick_backoff(), "loading the descriptors")
 
 
@@ -246,7 +246,14 @@ def descriptor_cache(config: Config) -> DescriptorCache:
     registry = ConfluentRegistry.from_config(config.registry)
     if registry is not None:
         return DescriptorCache.for_confluent(registry, config.confluent_subject, config.registry)
-    return DescriptorCache.for_stencil(config.input_schema.stencil_urls, config.registry)
+    return DescriptorCache.for_stencil(config.input_schema.stencil_urls, config.registry, job_classes(config))
+
+
+def job_classes(config: Config) -> tuple[str, ...]:
+    """Every message class the job decodes: the value's (or each route's) and the key's."""
+    router = config.router
+    names = {router.default_class, *(c for _, c in router.class_routes), config.input_schema.key_class}
+    return tuple(sorted(n for n in names if n))
 
 
 def _fixed(config: Config) -> DescriptorSource:

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from firehose_bq.batch.enums import EnumNumbers
 from firehose_bq.batch.keys import SubMicrosecondKeys
 from firehose_bq.batch.rows import RowBuilder, Rows, SchemaIds, Writable, framed_schema_id, insert_ids
 from firehose_bq.bigquery.client import Clients
@@ -134,7 +135,7 @@ def row_builder(spec: SinkSpec, changelog: bool, proto_class: str = "",
     schema_ids = (SchemaIds(spec.schema_subject, ids, name, message_indexes(message_class.DESCRIPTOR), moved)
                   if spec.confluent_framed and spec.schema_subject and ids is not None else None)
     return RowBuilder(values, spec.metadata, key, changelog=changelog, unknown=unknown, schema_ids=schema_ids,
-                      key_precision=precision)
+                      key_precision=precision, enum_numbers=EnumNumbers(message_class.DESCRIPTOR, spec.options))
 
 
 class _Task:
@@ -177,7 +178,7 @@ class _Task:
                 refused.append((destination, part))
                 continue
             rows = builder.build(part, load_time_us)
-            if (rows.unknown_fields or rows.unknown_schema_ids) and self.spec.hold_on_unknown_fields:
+            if (rows.unknown_fields or rows.unknown_schema_ids or rows.enum_numbers) and self.spec.hold_on_unknown_fields:
                 # Nothing of this source batch is written or counted: the second run starts with it.
                 self.result.held = _held(part, rows)
                 self.result.resume = _starts(source)
@@ -448,15 +449,19 @@ def _starts(source: pa.RecordBatch) -> list[tuple[str, int, int]]:
 # How TaskResult.held begins, by why the task held (the driver's log line tells them apart).
 UNKNOWN_FIELDS_AT = "unknown fields at"
 UNKNOWN_SCHEMA_ID = "unknown schema id"
+UNKNOWN_ENUM_NUMBER_AT = "enum number the descriptors do not name at"
 
 
 def _held(source: pa.RecordBatch, rows: Rows) -> str:
-    """Why a task holds: the first record in `source` with unknown fields or an unknown schema id."""
-    first = min(rows.unknown_fields[:1] + rows.unknown_schema_ids[:1])
+    """Why a task holds: the first record in `source` with unknown fields, an unknown schema id or an enum
+    number the descriptors do not name."""
+    first = min(rows.unknown_fields[:1] + rows.unknown_schema_ids[:1] + rows.enum_numbers[:1])
     if first in rows.unknown_schema_ids[:1]:
         schema_id = framed_schema_id(source["value"][first].as_py())
         return f"{UNKNOWN_SCHEMA_ID} {schema_id} at {_where(source, first)}"
-    return f"{UNKNOWN_FIELDS_AT} {_where(source, first)}"
+    if first in rows.unknown_fields[:1]:
+        return f"{UNKNOWN_FIELDS_AT} {_where(source, first)}"
+    return f"{UNKNOWN_ENUM_NUMBER_AT} {_where(source, first)}"
 
 
 def _where(source: pa.RecordBatch, index: int) -> str:

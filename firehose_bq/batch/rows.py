@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from firehose_bq.arrow_schema import TIMESTAMP, arrow_field
+from firehose_bq.batch.enums import EnumNumbers
 from firehose_bq.batch.keys import SubMicrosecondKeys
 from firehose_bq.decode import ValueDecoder
 from firehose_bq.decode.unknown import UnknownFieldsJson
@@ -160,6 +161,9 @@ class Rows:
     # Source indices of the records whose Confluent frame carries a schema id that is no version of the
     # subject (as far as the descriptors know): failed (DESERIALIZATION_ERROR), and a reason to refresh.
     unknown_schema_ids: list[int] = field(default_factory=list)
+    # Source indices of the rows holding an open enum's number that the descriptors do not name (enums.py):
+    # written as its decimal text, unless a refresh names it first (a task holds for them as for unknown fields).
+    enum_numbers: list[int] = field(default_factory=list)
     deletes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # per row: a tombstone
     additional: pa.Array | None = None
 
@@ -217,7 +221,8 @@ class RowBuilder:
 
     def __init__(self, values: ValueDecoder, metadata: MetadataColumns, key: ValueDecoder | None = None,
                  changelog: bool = False, unknown: UnknownFieldsJson | None = None,
-                 schema_ids: SchemaIds | None = None, key_precision: SubMicrosecondKeys | None = None) -> None:
+                 schema_ids: SchemaIds | None = None, key_precision: SubMicrosecondKeys | None = None,
+                 enum_numbers: EnumNumbers | None = None) -> None:
         if changelog and key is None:
             raise ValueError("a changelog needs the key's decoder")
         self._values = values
@@ -227,6 +232,7 @@ class RowBuilder:
         self._changelog = changelog
         self._unknown = unknown
         self._schema_ids = schema_ids
+        self._enum_numbers = enum_numbers if enum_numbers is not None and enum_numbers.has_enums() else None
         # The allowed ids as the frame holds them, for one vectorized membership test per batch (an id a
         # registry answered outside 4 unsigned bytes is in no frame).
         self._id_bytes = (pa.array([i.to_bytes(4, "big") for i in sorted(schema_ids.ids) if 0 <= i < 2 ** 32],
@@ -295,8 +301,10 @@ class RowBuilder:
         else:
             values = decoded.values
         unknown = sorted({*decoded.unknown_fields, *key_unknown}) if key_unknown else decoded.unknown_fields
+        enum_numbers = ([i for i in self._enum_numbers.rows(decoded.values) if not failed[i]]
+                        if self._enum_numbers is not None else [])
         return Rows(values, key, metadata, self._metadata.namespace, sources, load_time_us, failures,
-                    unknown, key_unknown, unknown_ids,
+                    unknown, key_unknown, unknown_ids, enum_numbers,
                     deletes=null_values[sources] if self._changelog else np.zeros(len(sources), dtype=bool),
                     additional=additional)
 

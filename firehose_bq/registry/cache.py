@@ -113,8 +113,9 @@ class DescriptorCache:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def for_stencil(cls, urls: Sequence[str], config: RegistryConfig) -> DescriptorCache:
-        fetcher = StencilFetcher(urls, config)
+    def for_stencil(cls, urls: Sequence[str], config: RegistryConfig, messages: Sequence[str] = ()) -> DescriptorCache:
+        """`messages`: the job's classes; a fetched set without one of them is a failed fetch."""
+        fetcher = StencilFetcher(urls, config, messages=messages)
         return cls._configured(fetcher.fetch, ", ".join(redact.url(u) for u in fetcher.urls), config)
 
     @classmethod

@@ -24,13 +24,16 @@ class StencilFetcher:
     """Fetches the sets behind SCHEMA_REGISTRY_STENCIL_URLS, one request per URL (the descriptor cache
     retries a fetch). Remembers versions: one caller at a time."""
 
-    def __init__(self, urls: Sequence[str], config: RegistryConfig, get: transport.Get = transport.get) -> None:
+    def __init__(self, urls: Sequence[str], config: RegistryConfig, get: transport.Get = transport.get,
+                 messages: Sequence[str] = ()) -> None:
+        """`messages`: the classes the job decodes, which every fetched set must hold (see `fetch`)."""
         if not urls:
             raise SchemaError("no descriptor source configured (SCHEMA_REGISTRY_STENCIL_URLS is empty)")
         self.urls = tuple(urls)
         self._config = config
         self._headers = config.stencil_headers()
         self._get = get
+        self._messages = tuple(messages)
         self._versions: dict[str, tuple[int, bytes]] = {}  # url → (newest version, its set)
 
     def fetch(self) -> Descriptors:
@@ -38,6 +41,11 @@ class StencilFetcher:
         when worth retrying) or does not fit."""
         result = Descriptors(tuple(self._fetch_one(url) for url in self.urls), self.urls)
         result.pool()  # a set with a missing import fails here, not in a Spark worker later
+        # A set that parses but lacks the job's classes (an empty body, a namespace published half-way, a
+        # package renamed) is a bad fetch like a corrupt one: the first load fails naming the URL, and a
+        # refresh keeps the last good descriptors instead of handing the running job a set it must stop on.
+        for name in self._messages:
+            result.find_message(name)
         return result
 
     def _fetch_one(self, url: str) -> bytes:

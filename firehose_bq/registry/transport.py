@@ -4,11 +4,13 @@ retrying (the retrying itself is the descriptor cache's)."""
 from __future__ import annotations
 
 import base64
+import http.client
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 
+from firehose_bq import redact
 from firehose_bq.errors import RegistryUnavailableError, SchemaError
 
 # (url, headers, timeout in seconds) → body; tests swap in a fake.
@@ -16,6 +18,24 @@ Get = Callable[[str, Mapping[str, str], float], bytes]
 
 
 def get(url: str, headers: Mapping[str, str], timeout_s: float) -> bytes:
+    """The body; OSError when the request failed (`is_transient` tells whether to retry), SchemaError when
+    `url` cannot be requested at all."""
+    try:
+        return _get(url, headers, timeout_s)
+    except (ValueError, http.client.InvalidURL) as exc:
+        # urllib and http.client refuse a malformed URL (a space, a newline, no scheme) with a message
+        # that quotes it, query included: a token must not reach the logs through it.
+        blank = any(c.isspace() or not c.isprintable() for c in url)
+        why = "it contains a space or a control character" if blank else type(exc).__name__
+        raise SchemaError(f"{redact.url(url)} is not a URL that can be requested ({why}; the refusal, which "
+                          "quotes the URL, is not shown: it may hold a secret)") from None
+    except http.client.HTTPException as exc:
+        # No OSError, yet a registry (or a proxy) that cut its answer short or spoke garbage HTTP may answer
+        # whole next time: as transient as a reset connection.
+        raise ConnectionError(f"the answer was cut short or is not HTTP: {exc!r}") from exc
+
+
+def _get(url: str, headers: Mapping[str, str], timeout_s: float) -> bytes:
     target, user_info = _split_user_info(url)
     request = urllib.request.Request(target)
     if user_info is not None and not any(name.lower() == "authorization" for name in headers):

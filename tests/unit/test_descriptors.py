@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from google.protobuf import descriptor_pb2, timestamp_pb2
 
+from firehose_bq import descriptors
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.errors import SchemaError
+from tests.unit.registry.fixtures import regtest_set, with_new_field
 
 
 def _set_with_imports() -> Descriptors:
@@ -58,3 +62,20 @@ def test_a_proto2_file_whose_json_names_clash_loads() -> None:
     assert cls.FromString(cls(fooBar=1, foo_bar=2, foo_bar_=3).SerializeToString()).foo_bar == 2
     assert [f.name for f in loaded.find_message("legacy.Clash.Inner").fields] == ["a_b", "aB"]
     assert loaded.sets == (blob,)  # the sets (and so the fingerprint) stay as fetched
+
+
+def test_a_pool_is_built_once_per_process_for_equal_sets_and_only_the_last_two_are_kept(tmp_path: Path) -> None:
+    import pickle
+
+    from firehose_bq import descriptors as module
+
+    v1 = regtest_set(tmp_path)
+    v2, v3 = with_new_field(v1), with_new_field(v1, field="other")
+    first = descriptors.Descriptors((v1,), ("a",))
+    # What a Spark task gets with every micro-batch: the same sets, unpickled, without a pool.
+    again = pickle.loads(pickle.dumps(first))
+    assert again._pool is None and again.pool() is first.pool()
+    assert descriptors.Descriptors((v2,)).pool() is not first.pool()
+    descriptors.Descriptors((v3,)).pool()
+    assert len(module._POOLS) <= 2 and descriptors.Descriptors((v1,)).pool() is not first.pool()
+    assert descriptors.Descriptors((v3,)).message_class("regtest.Header").DESCRIPTOR.fields_by_name["other"]

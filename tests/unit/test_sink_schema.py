@@ -70,3 +70,11 @@ def test_an_outage_or_a_permission_still_stops_the_job(tmp_path: Path, monkeypat
         keeper(tmp_path, monkeypatch, error).ensure(None, Destination("ds", "ev_a"))
     assert raised.value.error_type is error_type
     assert "creating or evolving table ds.ev_a failed" in str(raised.value)
+
+
+def test_the_stencil_fetch_requires_every_class_the_job_decodes() -> None:
+    protobuf = {**BASE, "INPUT_SCHEMA_DATA_TYPE": "PROTOBUF", "SCHEMA_REGISTRY_STENCIL_URLS": "/d.desc",
+                "INPUT_SCHEMA_PROTO_CLASS": "shop.Click", "INPUT_SCHEMA_PROTO_CLASS_HEADER": "type",
+                "INPUT_SCHEMA_PROTO_CLASS_ROUTES": "buy=shop.Purchase,see=shop.View",
+                "INPUT_SCHEMA_PROTO_KEY_CLASS": "shop.Key"}
+    assert sink_schema.job_classes(Config.from_env(protobuf)) == ("shop.Click", "shop.Key", "shop.Purchase", "shop.View")

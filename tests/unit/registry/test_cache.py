@@ -358,3 +358,18 @@ def test_an_older_version_whose_files_cannot_be_written_is_left_out_not_the_fetc
                    f"{url}/subjects/x/versions/1": json.dumps({"schema": "syntax = 'proto3';"}).encode()})
     loaded = confluent_fetch(ConfluentRegistry(url, user_info=None, timeout_s=1, get=get), "orders-value")()
     assert loaded.schema_ids == {11, 12} and loaded.moved_indexes == {}
+
+
+def test_a_refresh_whose_set_lacks_the_jobs_class_keeps_the_last_good_descriptors(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # Before, an empty set replaced the descriptors and the running job stopped on its next batch.
+    v1 = regtest_set(tmp_path)
+    get = FakeGet({SOURCE: v1})
+    descriptors = DescriptorCache(StencilFetcher([SOURCE], RegistryConfig(), get=get, messages=["regtest.Order"]).fetch,
+                                  source=SOURCE, refresh_interval_s=None, min_on_demand_interval_s=0).start()
+    get.routes[SOURCE] = b""
+    with caplog.at_level(logging.WARNING, logger="firehose_bq.registry"):
+        assert descriptors.refresh_now("scheduled") is False
+    assert descriptors.get().fingerprint == Descriptors((v1,)).fingerprint
+    assert descriptors.stats().failures == 1
+    assert "keeping" in caplog.text and "'regtest.Order' is not in the descriptors from" in caplog.text

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from google.protobuf import descriptor_pb2
+
 from firehose_bq.errors import RegistryUnavailableError, SchemaError
 from firehose_bq.registry.config import RegistryConfig, Secret
 from firehose_bq.registry.stencil import StencilFetcher
@@ -89,3 +91,20 @@ def test_files_and_plain_paths_are_read_with_the_descriptors_module(v1: bytes, t
 def test_no_urls_is_a_schema_error() -> None:
     with pytest.raises(SchemaError, match="SCHEMA_REGISTRY_STENCIL_URLS is empty"):
         StencilFetcher([], RegistryConfig())
+
+
+def test_a_set_that_parses_but_lacks_the_jobs_class_is_a_failed_fetch_naming_the_url(v1: bytes) -> None:
+    # An empty body is a valid, empty FileDescriptorSet; a set published without the class's file lacks it
+    # too. Either is a bad fetch like a corrupt body: the descriptor cache keeps the last good set
+    # (tests/unit/registry/test_cache.py).
+    full = descriptor_pb2.FileDescriptorSet.FromString(v1)
+    partial = descriptor_pb2.FileDescriptorSet(file=[f for f in full.file if f.name != "regtest/order.proto"])
+    get = FakeGet({URL: [b"", partial.SerializeToString(), v1]})
+    stencil = StencilFetcher([URL], RegistryConfig(), get=get, messages=["regtest.Order"])
+    with pytest.raises(SchemaError, match=rf"'regtest.Order' is not in the descriptors from {URL}; known messages: "
+                                          r"none \(the set holds no message\)"):
+        stencil.fetch()
+    with pytest.raises(SchemaError, match=rf"'regtest.Order' is not in the descriptors from {URL}; known messages: "
+                                          r"regtest.Money"):
+        stencil.fetch()
+    assert "regtest.Order" in stencil.fetch().message_names()
