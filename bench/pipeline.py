@@ -13,6 +13,7 @@ rounds, each round against its own plain run:
 
 from __future__ import annotations
 
+import os
 import resource
 import statistics
 import time
@@ -22,8 +23,8 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from bench.localstack import local_stack, produce_fast
-from bench.proctree import tree
-from firehose_bq import descriptors, sample
+from bench.proctree import cmdline, tree
+from firehose_bq import descriptors, fork_server, sample
 from firehose_bq.config import Config, SparkConfig
 from firehose_bq.pipeline import Pipeline
 from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, KAFKA_PYTHON, KafkaMetadataClient
@@ -129,12 +130,21 @@ def spark_run(spark: SparkSession, env: dict[str, str], levers: Levers, name: st
                            "SPARK_MAX_OFFSETS_PER_TRIGGER": "-1",
                            "SPARK_CHECKPOINT_LOCATION": f"{state}/ck-{name}",
                            "SOURCE_KAFKA_CONSUMER_GROUP_ID": f"bench-{name}"})
-    jvm = spark.sparkContext._gateway.proc.pid  # type: ignore[union-attr]
+    roots = spark_roots(spark)
     pipeline = Pipeline(cfg, spark, write=False)
     pipeline.prepare()  # the table and descriptors, as a long-running job has them once
-    run = timed(messages, lambda: pipeline.run(available_now=True), lambda: sum(p.cpu_seconds for p in tree(jvm)))
+    run = timed(messages, lambda: pipeline.run(available_now=True),
+                lambda: sum(p.cpu_seconds for root in roots for p in tree(root)))
     assert pipeline.summary.totals.messages == messages, pipeline.summary.totals.messages
     return run
+
+
+def spark_roots(spark: SparkSession) -> list[int]:
+    """The processes whose trees do Spark's work for this process: its JVM, and the fork server that
+    Spark's Python processes on the driver are forked from (fork_server.py), a child of this process."""
+    me = os.getpid()
+    servers = [p.pid for p in tree(me) if p.ppid == me and fork_server.__name__ in cmdline(p.pid)]
+    return [spark.sparkContext._gateway.proc.pid, *servers]  # type: ignore[union-attr]
 
 
 def _spread(values: list[float], form: str) -> str:

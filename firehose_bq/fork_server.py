@@ -68,6 +68,7 @@ STATUS = struct.Struct("!i")
 MAX_REQUEST = 16 * 1024 * 1024
 STDIO = 3
 RECEIVE_TIMEOUT_S = 5.0
+PR_SET_NAME = 15  # prctl(2)
 
 
 @dataclass
@@ -217,6 +218,7 @@ class _Server:
 
             module, args = request["argv"][2], request["argv"][3:]
             sys.argv = [module, *args]
+            _name_process(process_name(module))
             # Run as `python -m` runs it: a fresh __main__ from the module's code (its imports stay done).
             sys.modules.pop(module, None)
             runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -260,6 +262,21 @@ class _Server:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def process_name(module: str) -> str:
+    """What `ps -o comm`, top and /proc/<pid>/comm call a forked process (its command line stays the
+    server's): the last part of its module, in the kernel's 15 bytes."""
+    return module.rpartition(".")[2][:15]
+
+
+def _name_process(name: str) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, name.encode(), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the name stays the server's
+        pass
 
 
 def refusal(request: Mapping[str, Any], descriptors: int, python: str, pyspark: str | None) -> str | None:

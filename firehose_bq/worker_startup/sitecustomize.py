@@ -12,6 +12,12 @@ wheel, so the zip moves to the end of sys.path and pyspark is imported from the 
 files instead. A Spark distribution with its own SPARK_HOME (/opt/spark, YARN, Kubernetes images)
 ships a zip elsewhere, which may differ from what pip installed: it stays first, as Spark intends;
 so it does when anything else on the path (another zip, a source tree) would supply pyspark instead.
+
+Then, in the processes Spark starts on the driver that the job's fork server takes over (FORKED: the
+source runner, the planning and the workers' daemons; firehose_bq/fork_server.py says why), this process
+hands itself over to the server and stays only as the forked child's stand-in (`hand_over`). Where there
+is no server (an executor of a cluster, SPARK_PYTHON_FORK_SERVER=false) or it cannot take over, the
+process starts as Spark started it.
 """
 
 from __future__ import annotations

@@ -70,9 +70,11 @@ def test_workers_start_from_the_job_daemon_with_the_batch_core_imported(spark) -
     (malloc, wanted), = WORKER_MALLOC_ENV.items()
 
     def worker() -> tuple[str, str, str]:
-        """(the daemon that forked this worker, whether the batch core was imported, the malloc setting)."""
-        parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-        return parent, str("firehose_bq.batch.task" in sys.modules), os.environ.get(malloc, "none")
+        """(the daemon module that forked this worker, whether the batch core was imported, the malloc
+        setting). A worker is a fork of its daemon: its __main__ is the daemon's, whether Spark started the
+        daemon or the job's fork server forked it."""
+        daemon = sys.modules["__main__"].__spec__.name  # type: ignore[union-attr]
+        return daemon, str("firehose_bq.batch.task" in sys.modules), os.environ.get(malloc, "none")
 
     class Workers(DataSource):
         @classmethod
@@ -115,8 +117,7 @@ def test_workers_start_from_the_job_daemon_with_the_batch_core_imported(spark) -
     expected = os.environ.get(malloc, wanted)  # the user's own value wins
     assert len(rows) == 1
     daemon, preloaded, env, task_daemon, task_preloaded, task_env = rows[0]
-    for forked_by in (daemon, task_daemon):
-        assert "-m firehose_bq.worker_daemon pyspark.worker" in forked_by, forked_by
+    assert daemon == task_daemon == "firehose_bq.worker_daemon", (daemon, task_daemon)
     assert (preloaded, env, task_preloaded, task_env) == ("True", expected, "True", expected)
 
 
@@ -127,6 +128,7 @@ def test_start_workers_leaves_an_idle_worker_per_core_for_the_first_batch(spark,
     import logging
 
     from bench.proctree import cmdline, processes
+    from firehose_bq import fork_server, worker_daemon
     from firehose_bq.spark import start_workers
 
     with caplog.at_level(logging.DEBUG, logger="firehose_bq.spark"):
@@ -140,6 +142,13 @@ def test_start_workers_leaves_an_idle_worker_per_core_for_the_first_batch(spark,
     daemons = [p.pid for p in procs
                if p.ppid == jvm and "-m firehose_bq.worker_daemon pyspark.worker" in cmdline(p.pid)]
     assert len(daemons) == 1, daemons
+    if fork_server.SOCKET_ENV in spark.sparkContext.environment:
+        # What Spark started stands in for the daemon the job's fork server forked (fork_server.py).
+        # Its workers, forks of it, carry its name too: the daemon is the one whose parent does not.
+        name = fork_server.process_name(worker_daemon.__name__)
+        names = {p.pid: p.name for p in procs}
+        daemons = [p.pid for p in procs if p.name == name and names.get(p.ppid) != name]
+        assert len(daemons) == 1, daemons
     workers = [p.pid for p in procs if p.ppid == daemons[0]]
     assert len(workers) >= spark.sparkContext.defaultParallelism
 

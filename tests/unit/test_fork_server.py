@@ -156,6 +156,8 @@ def test_a_daemon_is_forked_and_serves_the_jvm_on_its_stdio_as_its_own(server: f
         port = struct.unpack("!i", proxy.stdout.read(4))[0]  # type: ignore[union-attr]  # the daemon's first word
         forked = _children(server.process.pid) - before
         assert port > 0 and len(forked) == (1 if fork_socket else 0), (port, forked)
+        assert all(Path(f"/proc/{pid}/comm").read_text().strip() == fork_server.process_name(daemon)
+                   for pid in forked)
         proxy.stdin.close()  # type: ignore[union-attr]  # the JVM ends: the daemon shuts down
         proxy.wait(timeout=30)
         ends.append(proxy.returncode)
