@@ -31,7 +31,6 @@ their daemons start as before.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import selectors
 import shutil
@@ -49,8 +48,6 @@ from typing import Any
 
 from firehose_bq import worker_daemon
 from firehose_bq.worker_startup import sitecustomize as startup
-
-log = logging.getLogger(__name__)
 
 RUNNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
 PYSPARK_DAEMON = "pyspark.daemon"
