@@ -194,8 +194,7 @@ class _Server:
         code = 1
         try:
             signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            inherit_signals(request["signals"])
             # Out of the terminal's process group: a Ctrl-C reaches the process once, through its proxy
             # (which Spark started in that group), as it would reach a process Spark started itself.
             os.setpgid(0, 0)
@@ -264,6 +263,29 @@ class _Server:
             pass
 
 
+def inherit_signals(state: Mapping[str, Sequence[int]]) -> None:
+    """Take on the signal dispositions and mask of the process Spark started (startup.signal_state), as
+    that process had them from the JVM, instead of the server's (which ignores SIGINT, catches SIGCHLD,
+    and has its driver's). A JVM's children ignore SIGINT: PySpark starts the JVM so, as a Ctrl-C is the
+    driver's to handle (it stops after the running micro-batch); a forked daemon that took it as a
+    KeyboardInterrupt would end, and take that batch's workers with it."""
+    ignored = set(state["ignored"])
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        if signum in ignored:
+            handler: Any = signal.SIG_IGN
+        elif signum == signal.SIGINT:  # what Python's start-up installs where SIGINT is not ignored
+            handler = signal.default_int_handler
+        else:
+            handler = signal.SIG_DFL
+        try:
+            signal.signal(signum, handler)
+        except (OSError, ValueError):  # the C library's own (32, 33): not Python's to set
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, state["blocked"])
+
+
 def process_name(module: str) -> str:
     """What `ps -o comm`, top and /proc/<pid>/comm call a forked process (its command line stays the
     server's): the last part of its module, in the kernel's 15 bytes."""
@@ -292,6 +314,11 @@ def refusal(request: Mapping[str, Any], descriptors: int, python: str, pyspark: 
         return f"another pyspark ({request.get('pyspark')}, this server imported {pyspark})"
     if not isinstance(request.get("env"), dict) or not isinstance(request.get("cwd"), str):
         return "no environment or working directory"
+    signals = request.get("signals")
+    if not isinstance(signals, dict) or not all(
+            isinstance(signals.get(k), list) and all(isinstance(n, int) for n in signals[k])
+            for k in ("ignored", "blocked")):
+        return "no signal dispositions"
     return None
 
 

@@ -61,16 +61,21 @@ class FakeJvm:
         self.listener.listen(1)
         self.listener.settimeout(20)
 
-    def start_runner(self, fork_socket: str | None, *args: str) -> subprocess.Popen[bytes]:
+    def start_runner(self, fork_socket: str | None, *args: str,
+                     ignored: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHON_WORKER_FACTORY_PORT",
                                                                   "PYTHON_WORKER_FACTORY_SECRET")}
         env.update(PYTHONPATH=str(WORKER_STARTUP), PYTHON_WORKER_FACTORY_SOCK_PATH=self.path)
         env.pop(fork_server.SOCKET_ENV, None)
         if fork_socket is not None:
             env[fork_server.SOCKET_ENV] = fork_socket
+        def ignore() -> None:  # what the JVM's children inherit (PySpark starts the JVM ignoring SIGINT)
+            for signum in ignored:
+                signal.signal(signum, signal.SIG_IGN)
+
         return subprocess.Popen([sys.executable, "-m", *(args or (fork_server.RUNNER_MODULE,))], env=env,
                                 stdin=subprocess.PIPE if args else subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+                                stderr=subprocess.PIPE, preexec_fn=ignore if ignored else None)
 
     def accept(self) -> tuple[socket.socket, int]:
         conn, _ = self.listener.accept()
@@ -166,6 +171,59 @@ def test_a_daemon_is_forked_and_serves_the_jvm_on_its_stdio_as_its_own(server: f
     assert ends[0] == ends[1], ends
 
 
+def _signal_state(pid: int) -> dict[str, int]:
+    """Which signals the process ignores, blocks and catches (/proc/<pid>/status). Caught: the standard
+    signals only (glibc catches its own real-time ones, 32 and 33, once a process has threads)."""
+    fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if line.startswith(("SigIgn", "SigBlk", "SigCgt")))
+    state = {k: int(v, 16) for k, v in fields.items()}
+    state["SigCgt"] &= (1 << 31) - 1
+    return state
+
+
+@pytest.mark.parametrize("daemon", [fork_server.PYSPARK_DAEMON, worker_daemon.__name__])
+def test_a_forked_daemon_ignores_the_signals_its_process_inherited_ignored(server: fork_server.ForkServer,
+                                                                           tmp_path: Path, daemon: str) -> None:
+    """PySpark starts the JVM with SIGINT ignored and the Python processes the JVM starts inherit that (Python
+    installs no KeyboardInterrupt handler then): a Ctrl-C is the driver's, which stops after the running
+    micro-batch. A daemon's ending on it would take that batch's workers with it (its shutdown SIGHUPs them)."""
+    jvm = FakeJvm(tmp_path)
+    states, ends = [], []
+    for fork_socket in (server.socket_path, None):
+        before = _children(server.process.pid)
+        proxy = jvm.start_runner(fork_socket, daemon, "pyspark.worker", ignored=(signal.SIGINT,))
+        assert struct.unpack("!i", proxy.stdout.read(4))[0] > 0  # type: ignore[union-attr]  # serving
+        forked = _children(server.process.pid) - before
+        (running,) = forked or {proxy.pid}
+        # The daemon sets its own handlers (SIGTERM's the last) just after it wrote its port.
+        _wait(lambda: _signal_state(running)["SigCgt"] & 1 << (signal.SIGTERM - 1))  # noqa: B023
+        states.append(_signal_state(running))
+        proxy.send_signal(signal.SIGINT)  # the terminal's Ctrl-C
+        time.sleep(0.5)
+        assert proxy.poll() is None and _alive(running), proxy.stderr.read().decode()  # type: ignore[union-attr]
+        proxy.stdin.close()  # type: ignore[union-attr]
+        proxy.wait(timeout=30)
+        ends.append(proxy.returncode)
+    assert states[0] == states[1], states
+    assert ends[0] == ends[1], ends
+
+
+def test_a_forked_runner_has_the_signal_dispositions_and_mask_of_its_process(server: fork_server.ForkServer,
+                                                                             tmp_path: Path) -> None:
+    jvm = FakeJvm(tmp_path)
+    states = []
+    for fork_socket in (server.socket_path, None):
+        proxy = jvm.start_runner(fork_socket, ignored=(signal.SIGINT, signal.SIGQUIT))
+        conn, pid = jvm.accept()
+        states.append(_signal_state(pid))
+        proxy.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert proxy.poll() is None and _alive(pid)
+        conn.close()
+        proxy.communicate(timeout=30)
+    assert states[0] == states[1], states
+
+
 def test_the_commands_forked_are_the_modules_spark_and_the_job_start() -> None:
     from firehose_bq.worker_startup import sitecustomize
 
@@ -179,6 +237,7 @@ def test_the_commands_forked_are_the_modules_spark_and_the_job_start() -> None:
 
 
 REQUEST = {"argv": [PYTHON, "-m", fork_server.RUNNER_MODULE], "env": {}, "cwd": "/", "python": PYTHON,
+           "signals": {"ignored": [13], "blocked": []},
            "pyspark": "/x/pyspark/__init__.py"}
 
 
@@ -191,6 +250,8 @@ REQUEST = {"argv": [PYTHON, "-m", fork_server.RUNNER_MODULE], "env": {}, "cwd": 
     ({"python": "/usr/bin/python3.9"}, 3, "another Python"),
     ({"pyspark": "/opt/spark/python/lib/pyspark.zip/pyspark/__init__.py"}, 3, "another pyspark"),
     ({"env": None}, 3, "no environment"),
+    ({"signals": None}, 3, "no signal dispositions"),
+    ({"signals": {"ignored": ["SIGINT"], "blocked": []}}, 3, "no signal dispositions"),
 ])
 def test_only_known_commands_of_the_same_python_and_pyspark_are_forked(change: dict[str, object], descriptors: int,
                                                                   reason: str | None) -> None:
