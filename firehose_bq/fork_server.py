@@ -69,6 +69,12 @@ MAX_REQUEST = 16 * 1024 * 1024
 STDIO = 3
 RECEIVE_TIMEOUT_S = 5.0
 PR_SET_NAME = 15  # prctl(2)
+# What Python reads from the environment only as it starts, so a fork keeps the server's: a process whose
+# values differ starts as usual. Spark gives all its Python processes PYTHONUNBUFFERED and PYTHONHASHSEED
+# (PySpark's portable_hash relies on it): the driver starts the server with Spark's values (spark.py).
+# The flags count as set or not, as Python reads them.
+START_ENV = ("PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONMALLOC", "PYTHONWARNINGS", "PYTHONOPTIMIZE")
+START_FLAGS = ("PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDEVMODE")
 
 
 @dataclass
@@ -114,7 +120,7 @@ class _Child:
 
 
 class _Server:
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, started_env: Mapping[str, str]) -> None:
         self.directory = directory
         path = os.path.join(directory, SOCKET_NAME)
         self.selector = selectors.DefaultSelector()
@@ -126,6 +132,7 @@ class _Server:
         self.accepting = True
         self.python = os.path.realpath(sys.executable)
         self.pyspark = pyspark_origin()
+        self.started = started_with(started_env)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
@@ -188,7 +195,7 @@ class _Server:
             self._proxy_gone(pid)
 
     def _refusal(self, request: dict[str, Any], fds: Sequence[int]) -> str | None:
-        return refusal(request, len(fds), self.python, self.pyspark)
+        return refusal(request, len(fds), self.python, self.pyspark, self.started)
 
     def _become(self, request: dict[str, Any], fds: Sequence[int]) -> None:
         code = 1
@@ -301,8 +308,15 @@ def _name_process(name: str) -> None:
         pass
 
 
-def refusal(request: Mapping[str, Any], descriptors: int, python: str, pyspark: str | None) -> str | None:
-    """Why a request must not be forked from a server running `python` with `pyspark` imported, or None."""
+def started_with(environ: Mapping[str, str]) -> dict[str, str | bool | None]:
+    """What of `environ` Python reads only as it starts (START_ENV, START_FLAGS)."""
+    return {**{name: environ.get(name) for name in START_ENV}, **{name: bool(environ.get(name)) for name in START_FLAGS}}
+
+
+def refusal(request: Mapping[str, Any], descriptors: int, python: str, pyspark: str | None,
+            started: Mapping[str, str | bool | None]) -> str | None:
+    """Why a request must not be forked from a server running `python` with `pyspark` imported, started
+    with `started` (started_with), or None."""
     if descriptors != STDIO:
         return f"{descriptors} descriptors passed, expected {STDIO}"
     argv = request.get("argv")
@@ -314,6 +328,9 @@ def refusal(request: Mapping[str, Any], descriptors: int, python: str, pyspark: 
         return f"another pyspark ({request.get('pyspark')}, this server imported {pyspark})"
     if not isinstance(request.get("env"), dict) or not isinstance(request.get("cwd"), str):
         return "no environment or working directory"
+    differ = sorted(k for k, v in started_with(request["env"]).items() if started.get(k) != v)
+    if differ:
+        return f"Python started with other {', '.join(differ)} than this server"
     signals = request.get("signals")
     if not isinstance(signals, dict) or not all(
             isinstance(signals.get(k), list) and all(isinstance(n, int) for n in signals[k])
@@ -347,13 +364,14 @@ def main(argv: Sequence[str]) -> None:
     # A Ctrl-C goes to the terminal's whole process group: the driver decides how the job stops, and this
     # server ends with it (its stdin closes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    started_env = dict(os.environ)  # before preloading sets what the workers' daemon sets
     try:
         unsafe = worker_daemon.preload(PRELOADED)
         if unsafe is not None:
             # Spark's processes start as Spark starts them; say why once.
             print(f"firehose-bq fork server: not serving ({unsafe})", file=sys.stderr, flush=True)
             return
-        _Server(directory).serve()
+        _Server(directory, started_env).serve()
     except FileNotFoundError:  # the driver removed the directory: it has stopped already
         return
     finally:

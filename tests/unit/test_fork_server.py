@@ -62,10 +62,10 @@ class FakeJvm:
         self.listener.settimeout(20)
 
     def start_runner(self, fork_socket: str | None, *args: str,
-                     ignored: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
+                     ignored: tuple[int, ...] = (), extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHON_WORKER_FACTORY_PORT",
                                                                   "PYTHON_WORKER_FACTORY_SECRET")}
-        env.update(PYTHONPATH=str(WORKER_STARTUP), PYTHON_WORKER_FACTORY_SOCK_PATH=self.path)
+        env.update(PYTHONPATH=str(WORKER_STARTUP), PYTHON_WORKER_FACTORY_SOCK_PATH=self.path, **(extra_env or {}))
         env.pop(fork_server.SOCKET_ENV, None)
         if fork_socket is not None:
             env[fork_server.SOCKET_ENV] = fork_socket
@@ -134,6 +134,32 @@ def test_without_a_listening_server_the_runner_starts_as_spark_starts_it(tmp_pat
     assert pid == proxy.pid
     conn.close()
     proxy.communicate(timeout=30)
+
+
+def test_a_runner_started_with_another_hash_seed_starts_as_spark_starts_it(server: fork_server.ForkServer,
+                                                                           tmp_path: Path) -> None:
+    """A fork's str hashes are its server's: one that should hash with another seed must not be forked."""
+    jvm = FakeJvm(tmp_path)
+    seed = "1" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
+    proxy = jvm.start_runner(server.socket_path, extra_env={"PYTHONHASHSEED": seed})
+    conn, pid = jvm.accept()
+    assert pid == proxy.pid
+    conn.close()
+    _, err = proxy.communicate(timeout=30)
+    assert proxy.returncode != 0, err  # the runner's first read failed, as in the test above
+
+
+def test_the_server_starts_as_the_python_processes_spark_starts() -> None:
+    """PySpark's context gives its Python processes PYTHONHASHSEED (the driver's, else "0") and Spark's
+    PythonWorkerFactory PYTHONUNBUFFERED=YES: the server's forks must hash and buffer as they would."""
+    from firehose_bq.spark import WORKER_MALLOC_ENV, fork_server_env
+
+    env = fork_server_env({"PATH": "/bin", "PYTHONUNBUFFERED": "1"})
+    assert env == {**WORKER_MALLOC_ENV, "PATH": "/bin", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
+    assert fork_server_env({"PYTHONHASHSEED": "7"})["PYTHONHASHSEED"] == "7"
+    spark_env = {"PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
+    assert fork_server.refusal({**REQUEST, "env": spark_env}, 3, PYTHON, "/x/pyspark/__init__.py",
+                               fork_server.started_with(env)) is None
 
 
 def test_the_server_ends_with_its_driver_and_removes_its_socket() -> None:
@@ -252,8 +278,12 @@ REQUEST = {"argv": [PYTHON, "-m", fork_server.RUNNER_MODULE], "env": {}, "cwd": 
     ({"env": None}, 3, "no environment"),
     ({"signals": None}, 3, "no signal dispositions"),
     ({"signals": {"ignored": ["SIGINT"], "blocked": []}}, 3, "no signal dispositions"),
+    ({"env": {"PYTHONHASHSEED": "0"}}, 3, "other PYTHONHASHSEED"),
+    ({"env": {"PYTHONUNBUFFERED": "YES"}}, 3, "other PYTHONUNBUFFERED"),
+    ({"env": {"PYTHONUNBUFFERED": ""}}, 3, None),  # empty: not set, as Python reads it
 ])
 def test_only_known_commands_of_the_same_python_and_pyspark_are_forked(change: dict[str, object], descriptors: int,
                                                                   reason: str | None) -> None:
-    found = fork_server.refusal({**REQUEST, **change}, descriptors, PYTHON, "/x/pyspark/__init__.py")
+    found = fork_server.refusal({**REQUEST, **change}, descriptors, PYTHON, "/x/pyspark/__init__.py",
+                                fork_server.started_with({}))
     assert found == reason if reason is None else reason in (found or "")
