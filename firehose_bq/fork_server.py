@@ -95,6 +95,19 @@ class ForkServer:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+_shared: ForkServer | None = None
+
+
+def shared(environ: Mapping[str, str]) -> ForkServer | None:
+    """This process's server, started (`start`) on first use: one serves every session the process starts
+    (a stopped session's and the next one's processes alike), rather than one per session, each running,
+    with its imports, until the process ends. The reference also keeps its stdin open: the server's life."""
+    global _shared
+    if _shared is None or _shared.process.poll() is not None or not os.path.isdir(_shared.directory):
+        _shared = start(environ)
+    return _shared
+
+
 def start(environ: Mapping[str, str]) -> ForkServer | None:
     """Start the server in the background (it imports for ≈ 1 s, then listens); None where it cannot run.
     `environ`: its environment, which C libraries read once, at start (glibc's malloc settings).

@@ -117,10 +117,10 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None,
     # What the user configured Spark with (spark-defaults.conf, PYSPARK_SUBMIT_ARGS) reaches SparkConf only
     # once the JVM runs, and whatever the builder sets overrides it: start the JVM first, then keep theirs.
     # Its JVM options, though, must be on its command line (a JVM already running keeps its own).
-    # Started first: its imports overlap the JVM's start.
+    # Started first: its imports overlap the JVM's start (a session of this process that runs already has its own).
     server = None
-    if cfg.python_fork_server:
-        server = fork_server.start(fork_server_env(os.environ))
+    if cfg.python_fork_server and SparkContext._active_spark_context is None:
+        server = fork_server.shared(fork_server_env(os.environ))
     launch = SparkConf(loadDefaults=False)
     java_options = driver_java_options(cfg, json_logs, os.environ)
     if java_options and not spark_configures(DRIVER_DEFAULT_JAVA_OPTIONS, os.environ):
@@ -138,10 +138,7 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None,
     spark.sparkContext.setLogLevel("WARN")
     add_worker_env(spark.sparkContext.environment, WORKER_MALLOC_ENV, os.environ)
     if server is not None:
-        if fork_server.SOCKET_ENV in spark.sparkContext.environment:  # a session of this process has one
-            server.close()
-        else:
-            spark.sparkContext.environment[fork_server.SOCKET_ENV] = server.socket_path
+        spark.sparkContext.environment.setdefault(fork_server.SOCKET_ENV, server.socket_path)
     return spark
 
 

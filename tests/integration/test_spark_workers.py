@@ -254,3 +254,31 @@ def test_what_the_user_configured_spark_with_is_kept(tmp_path) -> None:  # noqa:
     daemon, pythonpath, jvm = done.stdout.split("\n")[:3]
     assert [daemon, pythonpath] == ["pyspark.daemon", f"{WORKER_STARTUP}{os.pathsep}/opt/their/modules"]
     assert "-Dtheirs=1" in jvm.split() and "-XX:TieredStopAtLevel=1" not in jvm, jvm
+
+
+def test_sessions_one_after_another_share_one_fork_server() -> None:
+    """A process that stops its session and starts another (a test run, a bench) has one fork server, not
+    one more per session, each holding its imports until the process ends."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import os, time\nfrom firehose_bq import fork_server\nfrom firehose_bq.config import SparkConfig\n"
+            "from firehose_bq.spark import spark_session\nfrom bench.proctree import cmdline, tree\n"
+            "cfg = SparkConfig(checkpoint_location='unused', master='local[1]')\nsockets = []\n"
+            "for _ in range(2):\n"
+            "    spark = spark_session(cfg, {'spark.ui.enabled': 'false'})\n"
+            "    sockets.append(spark.sparkContext.environment.get(fork_server.SOCKET_ENV))\n"
+            "    again = spark_session(cfg, {'spark.ui.enabled': 'false'})\n"
+            "    sockets.append(again.sparkContext.environment.get(fork_server.SOCKET_ENV))\n"
+            "    spark.stop()\n"
+            "time.sleep(3)\nme = os.getpid()\n"
+            "print(len([p for p in tree(me) if p.ppid == me and fork_server.__name__ in cmdline(p.pid)]))\n"
+            "print(len(set(sockets)), None in sockets)\n")
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=repo, env=dict(os.environ),
+                          capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    servers, sockets = done.stdout.split("\n")[:2]
+    assert (servers, sockets) == ("1", "1 False"), done.stdout
