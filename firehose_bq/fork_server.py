@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
 import os
 import selectors
 import shutil
@@ -215,6 +216,9 @@ class _Server:
         try:
             signal.set_wakeup_fd(-1)
             inherit_signals(request["signals"])
+            for number, (soft, hard) in request["limits"].items():
+                resource.setrlimit(int(number), (soft, hard))
+            os.umask(request["umask"])
             # Out of the terminal's process group: a Ctrl-C reaches the process once, through its proxy
             # (which Spark started in that group), as it would reach a process Spark started itself.
             os.setpgid(0, 0)
@@ -349,7 +353,21 @@ def refusal(request: Mapping[str, Any], descriptors: int, python: str, pyspark: 
             isinstance(signals.get(k), list) and all(isinstance(n, int) for n in signals[k])
             for k in ("ignored", "blocked")):
         return "no signal dispositions"
+    limits, umask = request.get("limits"), request.get("umask")
+    if not isinstance(limits, dict) or not isinstance(umask, int) or not all(
+            isinstance(v, list) and len(v) == 2 and all(isinstance(n, int) for n in v) for v in limits.values()):
+        return "no resource limits or umask"
+    above = [number for number, (_, hard) in limits.items() if not _within(hard, resource.getrlimit(int(number))[1])]
+    if above:  # a fork cannot raise a hard limit (unprivileged)
+        return f"hard resource limits {', '.join(above)} above this server's"
     return None
+
+
+def _within(limit: int, ceiling: int) -> bool:
+    """Whether resource limit `limit` is at most `ceiling` (RLIM_INFINITY above all)."""
+    if ceiling == resource.RLIM_INFINITY:
+        return True
+    return limit != resource.RLIM_INFINITY and limit <= ceiling
 
 
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:

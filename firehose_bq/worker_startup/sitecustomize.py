@@ -84,7 +84,7 @@ def hand_over() -> None:
         "argv": list(sys.orig_argv), "env": dict(os.environ), "cwd": os.getcwd(),
         "python": os.path.realpath(sys.executable),
         "pyspark": os.path.realpath(spec.origin) if spec is not None and spec.origin else None,
-        "signals": signal_state(),
+        "signals": signal_state(), "limits": limits(), "umask": _umask(),
     }).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -132,6 +132,21 @@ def signal_state() -> dict[str, list[int]]:
         except (OSError, ValueError):
             pass
     return {"ignored": ignored, "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))}
+
+
+def limits() -> dict[str, list[int]]:
+    """This process's resource limits (soft, hard) by number: what the JVM had (it raises its open files'
+    soft limit to the hard one, and its children inherit that), for the forked child to take on."""
+    import resource
+
+    return {str(int(getattr(resource, name))): list(resource.getrlimit(getattr(resource, name)))
+            for name in dir(resource) if name.startswith("RLIMIT_")}
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _signal(pid: int, signum: int) -> None:

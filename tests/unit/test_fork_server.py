@@ -5,13 +5,14 @@ processes, Spark's real runner module, and this test standing in for the JVM end
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,8 @@ class FakeJvm:
         self.listener.settimeout(20)
 
     def start_runner(self, fork_socket: str | None, *args: str,
-                     ignored: tuple[int, ...] = (), extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+                     ignored: tuple[int, ...] = (), extra_env: dict[str, str] | None = None,
+                     preexec: Callable[[], None] | None = None) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHON_WORKER_FACTORY_PORT",
                                                                   "PYTHON_WORKER_FACTORY_SECRET")}
         env.update(PYTHONPATH=str(WORKER_STARTUP), PYTHON_WORKER_FACTORY_SOCK_PATH=self.path, **(extra_env or {}))
@@ -72,10 +74,12 @@ class FakeJvm:
         def ignore() -> None:  # what the JVM's children inherit (PySpark starts the JVM ignoring SIGINT)
             for signum in ignored:
                 signal.signal(signum, signal.SIG_IGN)
+            if preexec is not None:
+                preexec()
 
         return subprocess.Popen([sys.executable, "-m", *(args or (fork_server.RUNNER_MODULE,))], env=env,
                                 stdin=subprocess.PIPE if args else subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, preexec_fn=ignore if ignored else None)
+                                stderr=subprocess.PIPE, preexec_fn=ignore if ignored or preexec else None)
 
     def accept(self) -> tuple[socket.socket, int]:
         conn, _ = self.listener.accept()
@@ -250,6 +254,36 @@ def test_a_forked_runner_has_the_signal_dispositions_and_mask_of_its_process(ser
     assert states[0] == states[1], states
 
 
+def _limits(pid: int) -> str:
+    return Path(f"/proc/{pid}/limits").read_text()
+
+
+def test_a_forked_runner_has_the_resource_limits_and_umask_of_its_process(server: fork_server.ForkServer,
+                                                                          tmp_path: Path) -> None:
+    """The JVM raises its open files' soft limit to the hard one and the processes it starts inherit it;
+    a fork has the limits and umask of the process it becomes, not the server's (its driver's)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max(64, soft // 2)
+
+    def differ() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        os.umask(0o077)
+
+    jvm = FakeJvm(tmp_path)
+    seen = []
+    for fork_socket in (server.socket_path, None):
+        proxy = jvm.start_runner(fork_socket, preexec=differ)
+        conn, pid = jvm.accept()
+        assert (pid != proxy.pid) == (fork_socket is not None)
+        umask = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                     if line.startswith("Umask"))
+        seen.append((_limits(pid), umask))
+        conn.close()
+        proxy.communicate(timeout=30)
+    assert seen[0] == seen[1], seen
+    assert f"{wanted}" in seen[1][0] and "0077" in seen[1][1]
+
+
 def test_the_commands_forked_are_the_modules_spark_and_the_job_start() -> None:
     from firehose_bq.worker_startup import sitecustomize
 
@@ -263,7 +297,7 @@ def test_the_commands_forked_are_the_modules_spark_and_the_job_start() -> None:
 
 
 REQUEST = {"argv": [PYTHON, "-m", fork_server.RUNNER_MODULE], "env": {}, "cwd": "/", "python": PYTHON,
-           "signals": {"ignored": [13], "blocked": []},
+           "signals": {"ignored": [13], "blocked": []}, "limits": {}, "umask": 0o022,
            "pyspark": "/x/pyspark/__init__.py"}
 
 
@@ -278,6 +312,11 @@ REQUEST = {"argv": [PYTHON, "-m", fork_server.RUNNER_MODULE], "env": {}, "cwd": 
     ({"env": None}, 3, "no environment"),
     ({"signals": None}, 3, "no signal dispositions"),
     ({"signals": {"ignored": ["SIGINT"], "blocked": []}}, 3, "no signal dispositions"),
+    ({"limits": None}, 3, "no resource limits"),
+    ({"umask": "022"}, 3, "no resource limits or umask"),
+    ({"limits": {str(int(resource.RLIMIT_NOFILE)): [64, resource.RLIM_INFINITY]}}, 3, None)
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] == resource.RLIM_INFINITY else
+    ({"limits": {str(int(resource.RLIMIT_NOFILE)): [64, resource.RLIM_INFINITY]}}, 3, "hard resource limits"),
     ({"env": {"PYTHONHASHSEED": "0"}}, 3, "other PYTHONHASHSEED"),
     ({"env": {"PYTHONUNBUFFERED": "YES"}}, 3, "other PYTHONUNBUFFERED"),
     ({"env": {"PYTHONUNBUFFERED": ""}}, 3, None),  # empty: not set, as Python reads it
