@@ -76,6 +76,9 @@ PR_SET_NAME = 15  # prctl(2)
 # The flags count as set or not, as Python reads them.
 START_ENV = ("PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONMALLOC", "PYTHONWARNINGS", "PYTHONOPTIMIZE")
 START_FLAGS = ("PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDEVMODE")
+# Read by preloaded modules as they import (pyspark.serializers, pyspark.worker_util): a fork has the
+# server's view of them, so they must be the same too.
+IMPORT_ENV = ("PYSPARK_ENABLE_NAMEDTUPLE_PATCH", "SPARK_TESTING")
 
 
 @dataclass
@@ -326,8 +329,10 @@ def _name_process(name: str) -> None:
 
 
 def started_with(environ: Mapping[str, str]) -> dict[str, str | bool | None]:
-    """What of `environ` Python reads only as it starts (START_ENV, START_FLAGS)."""
-    return {**{name: environ.get(name) for name in START_ENV}, **{name: bool(environ.get(name)) for name in START_FLAGS}}
+    """What of `environ` Python reads only as it starts, or preloaded modules as they import (START_ENV,
+    START_FLAGS, IMPORT_ENV)."""
+    return {**{name: environ.get(name) for name in (*START_ENV, *IMPORT_ENV)},
+            **{name: bool(environ.get(name)) for name in START_FLAGS}}
 
 
 def refusal(request: Mapping[str, Any], descriptors: int, python: str, pyspark: str | None,

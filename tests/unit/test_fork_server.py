@@ -320,6 +320,7 @@ REQUEST = {"argv": [PYTHON, "-m", fork_server.RUNNER_MODULE], "env": {}, "cwd": 
     ({"env": {"PYTHONHASHSEED": "0"}}, 3, "other PYTHONHASHSEED"),
     ({"env": {"PYTHONUNBUFFERED": "YES"}}, 3, "other PYTHONUNBUFFERED"),
     ({"env": {"PYTHONUNBUFFERED": ""}}, 3, None),  # empty: not set, as Python reads it
+    ({"env": {"PYSPARK_ENABLE_NAMEDTUPLE_PATCH": "1"}}, 3, "other PYSPARK_ENABLE_NAMEDTUPLE_PATCH"),
 ])
 def test_only_known_commands_of_the_same_python_and_pyspark_are_forked(change: dict[str, object], descriptors: int,
                                                                   reason: str | None) -> None:
