@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import selectors
 import shutil
 import signal
@@ -66,6 +67,15 @@ MAX_REQUEST = 16 * 1024 * 1024
 STDIO = 3
 RECEIVE_TIMEOUT_S = 5.0
 PR_SET_NAME = 15  # prctl(2)
+# What Python reads from the environment only as it starts, so a fork keeps the server's: a process whose
+# values differ starts as usual. Spark gives all its Python processes PYTHONUNBUFFERED and PYTHONHASHSEED
+# (PySpark's portable_hash relies on it): the driver starts the server with Spark's values (spark.py).
+# The flags count as set or not, as Python reads them.
+START_ENV = ("PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONMALLOC", "PYTHONWARNINGS", "PYTHONOPTIMIZE")
+START_FLAGS = ("PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDEVMODE")
+# Read by preloaded modules as they import (pyspark.serializers, pyspark.worker_util): a fork has the
+# server's view of them, so they must be the same too.
+IMPORT_ENV = ("PYSPARK_ENABLE_NAMEDTUPLE_PATCH", "SPARK_TESTING")
 
 
 @dataclass
@@ -84,6 +94,19 @@ class ForkServer:
         if self.process.stdin is not None and not self.process.stdin.closed:
             self.process.stdin.close()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+_shared: ForkServer | None = None
+
+
+def shared(environ: Mapping[str, str]) -> ForkServer | None:
+    """This process's server, started (`start`) on first use: one serves every session the process starts
+    (a stopped session's and the next one's processes alike), rather than one per session, each running,
+    with its imports, until the process ends. The reference also keeps its stdin open: the server's life."""
+    global _shared
+    if _shared is None or _shared.process.poll() is not None or not os.path.isdir(_shared.directory):
+        _shared = start(environ)
+    return _shared
 
 
 def start(environ: Mapping[str, str]) -> ForkServer | None:
@@ -111,7 +134,7 @@ class _Child:
 
 
 class _Server:
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, started_env: Mapping[str, str]) -> None:
         self.directory = directory
         path = os.path.join(directory, SOCKET_NAME)
         self.selector = selectors.DefaultSelector()
@@ -123,6 +146,7 @@ class _Server:
         self.accepting = True
         self.python = os.path.realpath(sys.executable)
         self.pyspark = pyspark_origin()
+        self.started = started_with(started_env)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w)
@@ -185,14 +209,16 @@ class _Server:
             self._proxy_gone(pid)
 
     def _refusal(self, request: dict[str, Any], fds: Sequence[int]) -> str | None:
-        return refusal(request, len(fds), self.python, self.pyspark)
+        return refusal(request, len(fds), self.python, self.pyspark, self.started)
 
     def _become(self, request: dict[str, Any], fds: Sequence[int]) -> None:
         code = 1
         try:
             signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+            inherit_signals(request["signals"])
+            for number, (soft, hard) in request["limits"].items():
+                resource.setrlimit(int(number), (soft, hard))
+            os.umask(request["umask"])
             # Out of the terminal's process group: a Ctrl-C reaches the process once, through its proxy
             # (which Spark started in that group), as it would reach a process Spark started itself.
             os.setpgid(0, 0)
@@ -261,6 +287,29 @@ class _Server:
             pass
 
 
+def inherit_signals(state: Mapping[str, Sequence[int]]) -> None:
+    """Take on the signal dispositions and mask of the process Spark started (startup.signal_state), as
+    that process had them from the JVM, instead of the server's (which ignores SIGINT, catches SIGCHLD,
+    and has its driver's). A JVM's children ignore SIGINT: PySpark starts the JVM so, as a Ctrl-C is the
+    driver's to handle (it stops after the running micro-batch); a forked daemon that took it as a
+    KeyboardInterrupt would end, and take that batch's workers with it."""
+    ignored = set(state["ignored"])
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        if signum in ignored:
+            handler: Any = signal.SIG_IGN
+        elif signum == signal.SIGINT:  # what Python's start-up installs where SIGINT is not ignored
+            handler = signal.default_int_handler
+        else:
+            handler = signal.SIG_DFL
+        try:
+            signal.signal(signum, handler)
+        except (OSError, ValueError):  # the C library's own (32, 33): not Python's to set
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, state["blocked"])
+
+
 def process_name(module: str) -> str:
     """What `ps -o comm`, top and /proc/<pid>/comm call a forked process (its command line stays the
     server's): the last part of its module, in the kernel's 15 bytes."""
@@ -276,8 +325,17 @@ def _name_process(name: str) -> None:
         pass
 
 
-def refusal(request: Mapping[str, Any], descriptors: int, python: str, pyspark: str | None) -> str | None:
-    """Why a request must not be forked from a server running `python` with `pyspark` imported, or None."""
+def started_with(environ: Mapping[str, str]) -> dict[str, str | bool | None]:
+    """What of `environ` Python reads only as it starts, or preloaded modules as they import (START_ENV,
+    START_FLAGS, IMPORT_ENV)."""
+    return {**{name: environ.get(name) for name in (*START_ENV, *IMPORT_ENV)},
+            **{name: bool(environ.get(name)) for name in START_FLAGS}}
+
+
+def refusal(request: Mapping[str, Any], descriptors: int, python: str, pyspark: str | None,
+            started: Mapping[str, str | bool | None]) -> str | None:
+    """Why a request must not be forked from a server running `python` with `pyspark` imported, started
+    with `started` (started_with), or None."""
     if descriptors != STDIO:
         return f"{descriptors} descriptors passed, expected {STDIO}"
     argv = request.get("argv")
@@ -289,7 +347,29 @@ def refusal(request: Mapping[str, Any], descriptors: int, python: str, pyspark: 
         return f"another pyspark ({request.get('pyspark')}, this server imported {pyspark})"
     if not isinstance(request.get("env"), dict) or not isinstance(request.get("cwd"), str):
         return "no environment or working directory"
+    differ = sorted(k for k, v in started_with(request["env"]).items() if started.get(k) != v)
+    if differ:
+        return f"Python started with other {', '.join(differ)} than this server"
+    signals = request.get("signals")
+    if not isinstance(signals, dict) or not all(
+            isinstance(signals.get(k), list) and all(isinstance(n, int) for n in signals[k])
+            for k in ("ignored", "blocked")):
+        return "no signal dispositions"
+    limits, umask = request.get("limits"), request.get("umask")
+    if not isinstance(limits, dict) or not isinstance(umask, int) or not all(
+            isinstance(v, list) and len(v) == 2 and all(isinstance(n, int) for n in v) for v in limits.values()):
+        return "no resource limits or umask"
+    above = [number for number, (_, hard) in limits.items() if not _within(hard, resource.getrlimit(int(number))[1])]
+    if above:  # a fork cannot raise a hard limit (unprivileged)
+        return f"hard resource limits {', '.join(above)} above this server's"
     return None
+
+
+def _within(limit: int, ceiling: int) -> bool:
+    """Whether resource limit `limit` is at most `ceiling` (RLIM_INFINITY above all)."""
+    if ceiling == resource.RLIM_INFINITY:
+        return True
+    return limit != resource.RLIM_INFINITY and limit <= ceiling
 
 
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
@@ -317,13 +397,14 @@ def main(argv: Sequence[str]) -> None:
     # A Ctrl-C goes to the terminal's whole process group: the driver decides how the job stops, and this
     # server ends with it (its stdin closes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    started_env = dict(os.environ)  # before preloading sets what the workers' daemon sets
     try:
         unsafe = worker_daemon.preload(PRELOADED)
         if unsafe is not None:
             # Spark's processes start as Spark starts them; say why once.
             print(f"firehose-bq fork server: not serving ({unsafe})", file=sys.stderr, flush=True)
             return
-        _Server(directory).serve()
+        _Server(directory, started_env).serve()
     except FileNotFoundError:  # the driver removed the directory: it has stopped already
         return
     finally:

@@ -117,11 +117,10 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None,
     # What the user configured Spark with (spark-defaults.conf, PYSPARK_SUBMIT_ARGS) reaches SparkConf only
     # once the JVM runs, and whatever the builder sets overrides it: start the JVM first, then keep theirs.
     # Its JVM options, though, must be on its command line (a JVM already running keeps its own).
-    # Started first: its imports overlap the JVM's start. glibc reads its malloc settings once, at start: the
-    # server's are those of the processes Spark would have started (WORKER_MALLOC_ENV).
+    # Started first: its imports overlap the JVM's start (a session of this process that runs already has its own).
     server = None
-    if cfg.python_fork_server:
-        server = fork_server.start({**WORKER_MALLOC_ENV, **os.environ})
+    if cfg.python_fork_server and SparkContext._active_spark_context is None:
+        server = fork_server.shared(fork_server_env(os.environ))
     launch = SparkConf(loadDefaults=False)
     java_options = driver_java_options(cfg, json_logs, os.environ)
     if java_options and not spark_configures(DRIVER_DEFAULT_JAVA_OPTIONS, os.environ):
@@ -139,11 +138,17 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None,
     spark.sparkContext.setLogLevel("WARN")
     add_worker_env(spark.sparkContext.environment, WORKER_MALLOC_ENV, os.environ)
     if server is not None:
-        if fork_server.SOCKET_ENV in spark.sparkContext.environment:  # a session of this process has one
-            server.close()
-        else:
-            spark.sparkContext.environment[fork_server.SOCKET_ENV] = server.socket_path
+        spark.sparkContext.environment.setdefault(fork_server.SOCKET_ENV, server.socket_path)
     return spark
+
+
+def fork_server_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The fork server's environment: what is read only at a process's start is as in the Python processes
+    Spark starts, which the server's forks become. glibc's malloc settings (WORKER_MALLOC_ENV); Python's
+    hash seed, which PySpark's context gives them (PYTHONHASHSEED, "0" unless the driver has one: str
+    hashes are then the same in every process, as PySpark's portable_hash requires), and its unbuffered
+    stdio, which Spark's PythonWorkerFactory sets for each."""
+    return {**WORKER_MALLOC_ENV, "PYTHONHASHSEED": "0", **environ, "PYTHONUNBUFFERED": "YES"}
 
 
 def refuse_speculation(spark: SparkSession) -> None:

@@ -84,6 +84,7 @@ def hand_over() -> None:
         "argv": list(sys.orig_argv), "env": dict(os.environ), "cwd": os.getcwd(),
         "python": os.path.realpath(sys.executable),
         "pyspark": os.path.realpath(spec.origin) if spec is not None and spec.origin else None,
+        "signals": signal_state(), "limits": limits(), "umask": _umask(),
     }).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -100,7 +101,10 @@ def hand_over() -> None:
     # From here on the child is the process: this one only stands for it, and never runs a second one.
     try:
         for name in _FORWARDED:
-            signal.signal(getattr(signal, name), lambda signum, _frame: _signal(pid, signum))
+            # One this process ignores (the JVM's children inherit SIGINT ignored) reaches neither: the
+            # child ignores it too (signal_state).
+            if signal.getsignal(getattr(signal, name)) != signal.SIG_IGN:
+                signal.signal(getattr(signal, name), lambda signum, _frame: _signal(pid, signum))
         status = exactly(conn, 4)
     except BaseException:  # noqa: BLE001
         status = None
@@ -112,6 +116,37 @@ def hand_over() -> None:
         signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(code & 0xFF)
+
+
+def signal_state() -> dict[str, list[int]]:
+    """The signals this process ignores and blocks, as it inherited them from whoever started it (and
+    Python's start-up set them: SIGPIPE ignored; SIGINT a KeyboardInterrupt unless it was ignored). The
+    forked child takes them on (fork_server.inherit_signals) instead of the server's."""
+    import signal
+
+    ignored = []
+    for signum in signal.valid_signals():
+        try:
+            if signal.getsignal(signum) == signal.SIG_IGN:
+                ignored.append(int(signum))
+        except (OSError, ValueError):
+            pass
+    return {"ignored": ignored, "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))}
+
+
+def limits() -> dict[str, list[int]]:
+    """This process's resource limits (soft, hard) by number: what the JVM had (it raises its open files'
+    soft limit to the hard one, and its children inherit that), for the forked child to take on."""
+    import resource
+
+    return {str(int(getattr(resource, name))): list(resource.getrlimit(getattr(resource, name)))
+            for name in dir(resource) if name.startswith("RLIMIT_")}
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _signal(pid: int, signum: int) -> None:

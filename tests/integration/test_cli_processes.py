@@ -71,21 +71,29 @@ def test_stack_up_status_down_leaves_no_process_behind(tmp_path: Path, stack: St
     assert stopped.returncode == 1 and stopped.stdout.count("stopped") == len(SERVICES)
 
 
-def test_streaming_run_stops_cleanly_on_sigterm(job_env: dict[str, str], job_config, bq_client) -> None:
+@pytest.mark.parametrize("ctrl_c", [False, True], ids=["sigterm", "ctrl-c"])
+def test_streaming_run_stops_cleanly_on_sigterm(job_env: dict[str, str], job_config, bq_client, ctrl_c: bool) -> None:
+    """SIGTERM to the job, or a terminal's Ctrl-C: SIGINT to the job's whole process group (the JVM and the
+    Python processes Spark started are in it, and must leave the stop to the driver)."""
     produce_bookings(job_config, 200)
     env = {**job_env, "SPARK_TRIGGER_INTERVAL_MS": "500", "FIREHOSE_LOG_LEVEL": "INFO"}
     log_path = Path(job_env["SPARK_CHECKPOINT_LOCATION"]).with_suffix(".log")
     with open(log_path, "w") as log:
         job = subprocess.Popen([sys.executable, "-m", "firehose_bq.cli", "run"], env={**os.environ, **env},
-                               cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True,
+                               process_group=0 if ctrl_c else None)
         deadline = time.monotonic() + 240
         while "batch 0:" not in log_path.read_text() and time.monotonic() < deadline:
             assert job.poll() is None, log_path.read_text()
             time.sleep(0.5)
-        job.send_signal(signal.SIGTERM)
+        if ctrl_c:
+            os.killpg(job.pid, signal.SIGINT)
+        else:
+            job.send_signal(signal.SIGTERM)
         out, _ = job.communicate(timeout=120)
     assert job.returncode == 0, log_path.read_text()
-    assert "SIGTERM received: stopping after the current micro-batch" in log_path.read_text()
+    name = "SIGINT" if ctrl_c else "SIGTERM"
+    assert f"{name} received: stopping after the current micro-batch" in log_path.read_text()
     assert "messages read      200" in out
     count = next(iter(bq_client.query(f"SELECT COUNT(*) n FROM `{job_config.bigquery.table_ref}`").result())).n
     assert count == 200

@@ -55,6 +55,71 @@ def test_spark_python_processes_import_the_installed_pyspark(spark) -> None:  # 
         assert ".zip" not in where and where.endswith("pyspark/__init__.py"), where
 
 
+def test_spark_python_processes_forked_by_the_fork_server_hash_with_sparks_seed(spark) -> None:  # noqa: ANN001
+    """The source runner and the workers (forks of the job's fork server, fork_server.py, where it runs)
+    hash str with the seed PySpark gives its Python processes (PYTHONHASHSEED; PySpark's portable_hash,
+    which partitions keyed RDDs, relies on it), not with a seed of the server's own."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+
+    from firehose_bq import fork_server
+
+    class Hashes(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "str-hashes"
+
+        def schema(self) -> str:
+            return "runner STRING, worker STRING"
+
+        def streamReader(self, schema):  # noqa: ANN001, ANN202
+            return HashesReader()
+
+    def hashed() -> str:
+        """This process's hash of a str, and its name (a fork of the server carries its module's)."""
+        return f"{hash('firehose')} {open('/proc/self/comm').read().strip()}"
+
+    class HashesReader(DataSourceStreamReader):
+        def initialOffset(self) -> dict:
+            return {"at": 0}
+
+        def latestOffset(self) -> dict:  # in the source runner
+            return {"at": 1, "runner": hashed()}
+
+        def partitions(self, start: dict, end: dict) -> list:
+            return [InputPartition(end["runner"])] if start["at"] < end["at"] else []
+
+        def read(self, partition):  # noqa: ANN001, ANN201
+            yield (partition.value, hashed())
+
+        def commit(self, end: dict) -> None:
+            pass
+
+    forked = fork_server.SOCKET_ENV in spark.sparkContext.environment
+    if forked:  # the server listens once it has imported; a runner started before that starts as usual
+        deadline = time.monotonic() + 60
+        while not os.path.exists(spark.sparkContext.environment[fork_server.SOCKET_ENV]):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    spark.dataSource.register(Hashes)
+    rows = []
+    query = (spark.readStream.format("str-hashes").load().writeStream
+             .foreachBatch(lambda df, _: rows.extend(df.collect())).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    seed = spark.sparkContext.environment["PYTHONHASHSEED"]
+    expected = subprocess.run([sys.executable, "-c", "print(hash('firehose'))"], capture_output=True, text=True,
+                              env={**os.environ, "PYTHONHASHSEED": seed}, check=True).stdout.strip()
+    assert len(rows) == 1
+    (runner_hash, runner_name), (worker_hash, _) = (value.split() for value in rows[0])
+    assert (runner_hash, worker_hash) == (expected, expected), (rows, seed)
+    if forked:  # the runner is a fork, not a fallback
+        assert runner_name == fork_server.process_name(fork_server.RUNNER_MODULE), runner_name
+
+
 def test_workers_start_from_the_job_daemon_with_the_batch_core_imported(spark) -> None:  # noqa: ANN001
     """The source's read() and the job's mapInArrow tasks run in workers forked by the job's daemon
     (worker_daemon.py), which imported the batch core before forking them; both get the session's malloc
@@ -189,3 +254,31 @@ def test_what_the_user_configured_spark_with_is_kept(tmp_path) -> None:  # noqa:
     daemon, pythonpath, jvm = done.stdout.split("\n")[:3]
     assert [daemon, pythonpath] == ["pyspark.daemon", f"{WORKER_STARTUP}{os.pathsep}/opt/their/modules"]
     assert "-Dtheirs=1" in jvm.split() and "-XX:TieredStopAtLevel=1" not in jvm, jvm
+
+
+def test_sessions_one_after_another_share_one_fork_server() -> None:
+    """A process that stops its session and starts another (a test run, a bench) has one fork server, not
+    one more per session, each holding its imports until the process ends."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import os, time\nfrom firehose_bq import fork_server\nfrom firehose_bq.config import SparkConfig\n"
+            "from firehose_bq.spark import spark_session\nfrom bench.proctree import cmdline, tree\n"
+            "cfg = SparkConfig(checkpoint_location='unused', master='local[1]')\nsockets = []\n"
+            "for _ in range(2):\n"
+            "    spark = spark_session(cfg, {'spark.ui.enabled': 'false'})\n"
+            "    sockets.append(spark.sparkContext.environment.get(fork_server.SOCKET_ENV))\n"
+            "    again = spark_session(cfg, {'spark.ui.enabled': 'false'})\n"
+            "    sockets.append(again.sparkContext.environment.get(fork_server.SOCKET_ENV))\n"
+            "    spark.stop()\n"
+            "time.sleep(3)\nme = os.getpid()\n"
+            "print(len([p for p in tree(me) if p.ppid == me and fork_server.__name__ in cmdline(p.pid)]))\n"
+            "print(len(set(sockets)), None in sockets)\n")
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", code], cwd=repo, env=dict(os.environ),
+                          capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    servers, sockets = done.stdout.split("\n")[:2]
+    assert (servers, sockets) == ("1", "1 False"), done.stdout

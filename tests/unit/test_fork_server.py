@@ -5,13 +5,14 @@ processes, Spark's real runner module, and this test standing in for the JVM end
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -61,16 +62,24 @@ class FakeJvm:
         self.listener.listen(1)
         self.listener.settimeout(20)
 
-    def start_runner(self, fork_socket: str | None, *args: str) -> subprocess.Popen[bytes]:
+    def start_runner(self, fork_socket: str | None, *args: str,
+                     ignored: tuple[int, ...] = (), extra_env: dict[str, str] | None = None,
+                     preexec: Callable[[], None] | None = None) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHON_WORKER_FACTORY_PORT",
                                                                   "PYTHON_WORKER_FACTORY_SECRET")}
-        env.update(PYTHONPATH=str(WORKER_STARTUP), PYTHON_WORKER_FACTORY_SOCK_PATH=self.path)
+        env.update(PYTHONPATH=str(WORKER_STARTUP), PYTHON_WORKER_FACTORY_SOCK_PATH=self.path, **(extra_env or {}))
         env.pop(fork_server.SOCKET_ENV, None)
         if fork_socket is not None:
             env[fork_server.SOCKET_ENV] = fork_socket
+        def ignore() -> None:  # what the JVM's children inherit (PySpark starts the JVM ignoring SIGINT)
+            for signum in ignored:
+                signal.signal(signum, signal.SIG_IGN)
+            if preexec is not None:
+                preexec()
+
         return subprocess.Popen([sys.executable, "-m", *(args or (fork_server.RUNNER_MODULE,))], env=env,
                                 stdin=subprocess.PIPE if args else subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+                                stderr=subprocess.PIPE, preexec_fn=ignore if ignored or preexec else None)
 
     def accept(self) -> tuple[socket.socket, int]:
         conn, _ = self.listener.accept()
@@ -131,6 +140,32 @@ def test_without_a_listening_server_the_runner_starts_as_spark_starts_it(tmp_pat
     proxy.communicate(timeout=30)
 
 
+def test_a_runner_started_with_another_hash_seed_starts_as_spark_starts_it(server: fork_server.ForkServer,
+                                                                           tmp_path: Path) -> None:
+    """A fork's str hashes are its server's: one that should hash with another seed must not be forked."""
+    jvm = FakeJvm(tmp_path)
+    seed = "1" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
+    proxy = jvm.start_runner(server.socket_path, extra_env={"PYTHONHASHSEED": seed})
+    conn, pid = jvm.accept()
+    assert pid == proxy.pid
+    conn.close()
+    _, err = proxy.communicate(timeout=30)
+    assert proxy.returncode != 0, err  # the runner's first read failed, as in the test above
+
+
+def test_the_server_starts_as_the_python_processes_spark_starts() -> None:
+    """PySpark's context gives its Python processes PYTHONHASHSEED (the driver's, else "0") and Spark's
+    PythonWorkerFactory PYTHONUNBUFFERED=YES: the server's forks must hash and buffer as they would."""
+    from firehose_bq.spark import WORKER_MALLOC_ENV, fork_server_env
+
+    env = fork_server_env({"PATH": "/bin", "PYTHONUNBUFFERED": "1"})
+    assert env == {**WORKER_MALLOC_ENV, "PATH": "/bin", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
+    assert fork_server_env({"PYTHONHASHSEED": "7"})["PYTHONHASHSEED"] == "7"
+    spark_env = {"PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
+    assert fork_server.refusal({**REQUEST, "env": spark_env}, 3, PYTHON, "/x/pyspark/__init__.py",
+                               fork_server.started_with(env)) is None
+
+
 def test_the_server_ends_with_its_driver_and_removes_its_socket() -> None:
     started = fork_server.start(os.environ)
     assert started is not None
@@ -166,6 +201,89 @@ def test_a_daemon_is_forked_and_serves_the_jvm_on_its_stdio_as_its_own(server: f
     assert ends[0] == ends[1], ends
 
 
+def _signal_state(pid: int) -> dict[str, int]:
+    """Which signals the process ignores, blocks and catches (/proc/<pid>/status). Caught: the standard
+    signals only (glibc catches its own real-time ones, 32 and 33, once a process has threads)."""
+    fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if line.startswith(("SigIgn", "SigBlk", "SigCgt")))
+    state = {k: int(v, 16) for k, v in fields.items()}
+    state["SigCgt"] &= (1 << 31) - 1
+    return state
+
+
+@pytest.mark.parametrize("daemon", [fork_server.PYSPARK_DAEMON, worker_daemon.__name__])
+def test_a_forked_daemon_ignores_the_signals_its_process_inherited_ignored(server: fork_server.ForkServer,
+                                                                           tmp_path: Path, daemon: str) -> None:
+    """PySpark starts the JVM with SIGINT ignored and the Python processes the JVM starts inherit that (Python
+    installs no KeyboardInterrupt handler then): a Ctrl-C is the driver's, which stops after the running
+    micro-batch. A daemon's ending on it would take that batch's workers with it (its shutdown SIGHUPs them)."""
+    jvm = FakeJvm(tmp_path)
+    states, ends = [], []
+    for fork_socket in (server.socket_path, None):
+        before = _children(server.process.pid)
+        proxy = jvm.start_runner(fork_socket, daemon, "pyspark.worker", ignored=(signal.SIGINT,))
+        assert struct.unpack("!i", proxy.stdout.read(4))[0] > 0  # type: ignore[union-attr]  # serving
+        forked = _children(server.process.pid) - before
+        (running,) = forked or {proxy.pid}
+        # The daemon sets its own handlers (SIGTERM's the last) just after it wrote its port.
+        _wait(lambda: _signal_state(running)["SigCgt"] & 1 << (signal.SIGTERM - 1))  # noqa: B023
+        states.append(_signal_state(running))
+        proxy.send_signal(signal.SIGINT)  # the terminal's Ctrl-C
+        time.sleep(0.5)
+        assert proxy.poll() is None and _alive(running), proxy.stderr.read().decode()  # type: ignore[union-attr]
+        proxy.stdin.close()  # type: ignore[union-attr]
+        proxy.wait(timeout=30)
+        ends.append(proxy.returncode)
+    assert states[0] == states[1], states
+    assert ends[0] == ends[1], ends
+
+
+def test_a_forked_runner_has_the_signal_dispositions_and_mask_of_its_process(server: fork_server.ForkServer,
+                                                                             tmp_path: Path) -> None:
+    jvm = FakeJvm(tmp_path)
+    states = []
+    for fork_socket in (server.socket_path, None):
+        proxy = jvm.start_runner(fork_socket, ignored=(signal.SIGINT, signal.SIGQUIT))
+        conn, pid = jvm.accept()
+        states.append(_signal_state(pid))
+        proxy.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        assert proxy.poll() is None and _alive(pid)
+        conn.close()
+        proxy.communicate(timeout=30)
+    assert states[0] == states[1], states
+
+
+def _limits(pid: int) -> str:
+    return Path(f"/proc/{pid}/limits").read_text()
+
+
+def test_a_forked_runner_has_the_resource_limits_and_umask_of_its_process(server: fork_server.ForkServer,
+                                                                          tmp_path: Path) -> None:
+    """The JVM raises its open files' soft limit to the hard one and the processes it starts inherit it;
+    a fork has the limits and umask of the process it becomes, not the server's (its driver's)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max(64, soft // 2)
+
+    def differ() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        os.umask(0o077)
+
+    jvm = FakeJvm(tmp_path)
+    seen = []
+    for fork_socket in (server.socket_path, None):
+        proxy = jvm.start_runner(fork_socket, preexec=differ)
+        conn, pid = jvm.accept()
+        assert (pid != proxy.pid) == (fork_socket is not None)
+        umask = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                     if line.startswith("Umask"))
+        seen.append((_limits(pid), umask))
+        conn.close()
+        proxy.communicate(timeout=30)
+    assert seen[0] == seen[1], seen
+    assert f"{wanted}" in seen[1][0] and "0077" in seen[1][1]
+
+
 def test_the_commands_forked_are_the_modules_spark_and_the_job_start() -> None:
     from firehose_bq.worker_startup import sitecustomize
 
@@ -179,6 +297,7 @@ def test_the_commands_forked_are_the_modules_spark_and_the_job_start() -> None:
 
 
 REQUEST = {"argv": [PYTHON, "-m", fork_server.RUNNER_MODULE], "env": {}, "cwd": "/", "python": PYTHON,
+           "signals": {"ignored": [13], "blocked": []}, "limits": {}, "umask": 0o022,
            "pyspark": "/x/pyspark/__init__.py"}
 
 
@@ -191,8 +310,20 @@ REQUEST = {"argv": [PYTHON, "-m", fork_server.RUNNER_MODULE], "env": {}, "cwd": 
     ({"python": "/usr/bin/python3.9"}, 3, "another Python"),
     ({"pyspark": "/opt/spark/python/lib/pyspark.zip/pyspark/__init__.py"}, 3, "another pyspark"),
     ({"env": None}, 3, "no environment"),
+    ({"signals": None}, 3, "no signal dispositions"),
+    ({"signals": {"ignored": ["SIGINT"], "blocked": []}}, 3, "no signal dispositions"),
+    ({"limits": None}, 3, "no resource limits"),
+    ({"umask": "022"}, 3, "no resource limits or umask"),
+    ({"limits": {str(int(resource.RLIMIT_NOFILE)): [64, resource.RLIM_INFINITY]}}, 3, None)
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] == resource.RLIM_INFINITY else
+    ({"limits": {str(int(resource.RLIMIT_NOFILE)): [64, resource.RLIM_INFINITY]}}, 3, "hard resource limits"),
+    ({"env": {"PYTHONHASHSEED": "0"}}, 3, "other PYTHONHASHSEED"),
+    ({"env": {"PYTHONUNBUFFERED": "YES"}}, 3, "other PYTHONUNBUFFERED"),
+    ({"env": {"PYTHONUNBUFFERED": ""}}, 3, None),  # empty: not set, as Python reads it
+    ({"env": {"PYSPARK_ENABLE_NAMEDTUPLE_PATCH": "1"}}, 3, "other PYSPARK_ENABLE_NAMEDTUPLE_PATCH"),
 ])
 def test_only_known_commands_of_the_same_python_and_pyspark_are_forked(change: dict[str, object], descriptors: int,
                                                                   reason: str | None) -> None:
-    found = fork_server.refusal({**REQUEST, **change}, descriptors, PYTHON, "/x/pyspark/__init__.py")
+    found = fork_server.refusal({**REQUEST, **change}, descriptors, PYTHON, "/x/pyspark/__init__.py",
+                                fork_server.started_with({}))
     assert found == reason if reason is None else reason in (found or "")
