@@ -236,6 +236,7 @@ class _Server:
                     os.close(fd)
             os.environ.clear()
             os.environ.update(request["env"])
+            sys.path[:] = request["path"]  # where the process would import from (the preloads stay as they are)
             os.chdir(request["cwd"])
             import runpy
 
@@ -355,6 +356,9 @@ def refusal(request: Mapping[str, Any], descriptors: int, python: str, pyspark: 
             isinstance(signals.get(k), list) and all(isinstance(n, int) for n in signals[k])
             for k in ("ignored", "blocked")):
         return "no signal dispositions"
+    path = request.get("path")
+    if not isinstance(path, list) or not all(isinstance(entry, str) for entry in path):
+        return "no import path"
     limits, umask = request.get("limits"), request.get("umask")
     if not isinstance(limits, dict) or not isinstance(umask, int) or not all(
             isinstance(v, list) and len(v) == 2 and all(isinstance(n, int) for n in v) for v in limits.values()):

@@ -62,8 +62,9 @@ def hand_over() -> None:
     this process's environment and stdio, then pass it Spark's signals and exit with its status (never
     returns). Returns, for Spark's own start, whenever the server cannot take over."""
     path = os.environ.get(FORK_SERVER_SOCKET_ENV)
-    if not path or not forkable(list(getattr(sys, "orig_argv", ())[1:])):
-        return
+    args = list(getattr(sys, "orig_argv", ())[1:])
+    if not path or not forkable(args) or _next_sitecustomize() is not None:
+        return  # another sitecustomize (the user's, on their PYTHONPATH) must run: the fork would skip it
     import json
     import signal
     import socket
@@ -85,6 +86,7 @@ def hand_over() -> None:
         "python": os.path.realpath(sys.executable),
         "pyspark": os.path.realpath(spec.origin) if spec is not None and spec.origin else None,
         "signals": signal_state(), "limits": limits(), "umask": _umask(),
+        "path": sys.path,  # the workers' PYTHONPATH as Spark gave it (user entries after ours)
     }).encode()
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -100,6 +102,10 @@ def hand_over() -> None:
         return
     # From here on the child is the process: this one only stands for it, and never runs a second one.
     try:
+        if FORKED[args[1]]:
+            # A daemon Spark starts leads a process group of its own (PySpark's daemon moves there first):
+            # so does its stand-in, out of reach of the terminal's Ctrl-C, Ctrl-\ and hang-up.
+            os.setpgid(0, 0)
         for name in _FORWARDED:
             # One this process ignores (the JVM's children inherit SIGINT ignored) reaches neither: the
             # child ignores it too (signal_state).
@@ -156,13 +162,19 @@ def _signal(pid: int, signum: int) -> None:
         pass
 
 
-def _run_next_sitecustomize() -> None:
-    """This module shadows any other `sitecustomize` (a distribution's or the user's): run that one too."""
-    import importlib.util
-
+def _next_sitecustomize() -> importlib.machinery.ModuleSpec | None:
+    """The `sitecustomize` this module shadows (a distribution's or the user's), if there is one."""
     here = os.path.dirname(os.path.realpath(__file__))
     rest = [entry for entry in sys.path if os.path.realpath(entry or os.curdir) != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    return spec if spec is not None and spec.loader is not None else None
+
+
+def _run_next_sitecustomize() -> None:
+    """This module shadows any other `sitecustomize`: run that one too."""
+    import importlib.util
+
+    spec = _next_sitecustomize()
     if spec is None or spec.loader is None:
         return
     module = importlib.util.module_from_spec(spec)

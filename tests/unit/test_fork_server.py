@@ -67,7 +67,7 @@ class FakeJvm:
                      preexec: Callable[[], None] | None = None) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHON_WORKER_FACTORY_PORT",
                                                                   "PYTHON_WORKER_FACTORY_SECRET")}
-        env.update(PYTHONPATH=str(WORKER_STARTUP), PYTHON_WORKER_FACTORY_SOCK_PATH=self.path, **(extra_env or {}))
+        env.update({"PYTHONPATH": str(WORKER_STARTUP), "PYTHON_WORKER_FACTORY_SOCK_PATH": self.path, **(extra_env or {})})
         env.pop(fork_server.SOCKET_ENV, None)
         if fork_socket is not None:
             env[fork_server.SOCKET_ENV] = fork_socket
@@ -129,6 +129,21 @@ def test_a_killed_proxy_takes_its_runner_with_it(server: fork_server.ForkServer,
     proxy.wait(timeout=20)
     _wait(lambda: not _alive(pid))
     conn.close()
+
+
+def test_a_process_with_a_sitecustomize_of_its_own_on_its_path_starts_as_spark_starts_it(
+        server: fork_server.ForkServer, tmp_path: Path) -> None:
+    """A fork would skip the user's sitecustomize (the proxy hands over before it runs): no hand-over."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    marker = tmp_path / "ran"
+    (theirs / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    jvm = FakeJvm(tmp_path)
+    proxy = jvm.start_runner(server.socket_path, extra_env={"PYTHONPATH": f"{WORKER_STARTUP}{os.pathsep}{theirs}"})
+    conn, pid = jvm.accept()
+    assert pid == proxy.pid and marker.exists()
+    conn.close()
+    proxy.communicate(timeout=30)
 
 
 def test_without_a_listening_server_the_runner_starts_as_spark_starts_it(tmp_path: Path) -> None:
@@ -298,7 +313,7 @@ def test_the_commands_forked_are_the_modules_spark_and_the_job_start() -> None:
 
 REQUEST = {"argv": [PYTHON, "-m", fork_server.RUNNER_MODULE], "env": {}, "cwd": "/", "python": PYTHON,
            "signals": {"ignored": [13], "blocked": []}, "limits": {}, "umask": 0o022,
-           "pyspark": "/x/pyspark/__init__.py"}
+           "pyspark": "/x/pyspark/__init__.py", "path": ["/x"]}
 
 
 @pytest.mark.parametrize(("change", "descriptors", "reason"), [
@@ -314,6 +329,8 @@ REQUEST = {"argv": [PYTHON, "-m", fork_server.RUNNER_MODULE], "env": {}, "cwd": 
     ({"signals": {"ignored": ["SIGINT"], "blocked": []}}, 3, "no signal dispositions"),
     ({"limits": None}, 3, "no resource limits"),
     ({"umask": "022"}, 3, "no resource limits or umask"),
+    ({"path": None}, 3, "no import path"),
+    ({"path": ["/x", 3]}, 3, "no import path"),
     ({"limits": {str(int(resource.RLIMIT_NOFILE)): [64, resource.RLIM_INFINITY]}}, 3, None)
     if resource.getrlimit(resource.RLIMIT_NOFILE)[1] == resource.RLIM_INFINITY else
     ({"limits": {str(int(resource.RLIMIT_NOFILE)): [64, resource.RLIM_INFINITY]}}, 3, "hard resource limits"),
