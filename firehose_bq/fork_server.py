@@ -219,8 +219,8 @@ class _Server:
             for number, (soft, hard) in request["limits"].items():
                 resource.setrlimit(int(number), (soft, hard))
             os.umask(request["umask"])
-            # Out of the terminal's process group: a Ctrl-C reaches the process once, through its proxy
-            # (which Spark started in that group), as it would reach a process Spark started itself.
+            # Out of the terminal's process group: the terminal's signals reach it only through its stand-in
+            # (which forwards what it does not ignore), as they would reach the process Spark started.
             os.setpgid(0, 0)
             self.selector.close()
             self.listener.close()
