@@ -800,7 +800,6 @@ def reference_markdown(sections: tuple[type, ...] | None = None) -> str:
 FIREHOSE_UNREAD = {**SOURCE_UNREAD, **DLQ_UNREAD}
 
 
-
 def _hours_minutes(ms: int) -> str:
     """`ms` as "23 h 59 min", "25 min" or "1 s", rounded down: a time that runs out is never overstated (23.99 h
     rounded to "24.0 h" said a trigger that is warned about runs all day)."""
@@ -809,6 +808,7 @@ def _hours_minutes(ms: int) -> str:
     if hours:
         return f"{hours} h {minutes} min" if minutes else f"{hours} h"
     return f"{minutes} min" if minutes else f"{seconds} s"
+
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """Set variables under this sink's prefixes that no setting reads (probably typos); not Firehose's own
