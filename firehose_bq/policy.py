@@ -321,7 +321,10 @@ class _Write:
         self.attempts += 1
         rejected, unsent, request_error = self._send(batch)
         if request_error is not None and self._isolates(request_error):
-            more, unsent, request_error = self._isolate(unsent, request_error)
+            # Rows of the request that went in before it was refused (a writer sending in parts): the table
+            # takes this request's rows. (Rows rejected are left out: a writer may refuse rows before sending.)
+            went_in = len(batch) - len(unsent) - len(rejected) > 0
+            more, unsent, request_error = self._isolate(unsent, request_error, went_in)
             rejected += more
         if request_error is not None and request_error.error_type not in self.retry_types:
             raise request_error
@@ -352,10 +355,13 @@ class _Write:
     def _isolates(self, error: SinkError) -> bool:
         return error.invalid_request and error.error_type not in self.retry_types
 
-    def _isolate(self, unsent: list[int], error: SinkError) -> tuple[list[RowError], list[int], SinkError | None]:
+    def _isolate(self, unsent: list[int], error: SinkError,
+                 accepted: bool = False) -> tuple[list[RowError], list[int], SinkError | None]:
         """The rows a request BigQuery refused as invalid left unsent, written in halves, and the halves that
         are refused the same way in halves again, depth first, until each row that still is refused is alone:
         it becomes a RowError of the refusal's type (then the policy's lists decide: the DLQ by default).
+
+        `accepted`: rows of the request went in before it was refused.
 
         Returns the rows the halves' writes rejected (the isolated ones among them), the rows still owed, and
         the request error that ended it: None when every row was written or failed on its own; another
@@ -379,7 +385,6 @@ class _Write:
         # A part of the refused request was taken without the others: its rows went in, or BigQuery answered
         # them row by row (a row it rejects on its own, a transient 5XX): the table takes its requests. (Rows
         # a writer refuses before sending never reach `unsent`, so every row answered here was sent.)
-        accepted = False
         while stack:
             spent = self.calls - first_call
             if refused >= budget.until_accepted and not accepted:

@@ -507,6 +507,9 @@ def refusals(draw: st.DrawFn) -> Refusal:
 
 # A poison row beside a row BigQuery answered on its own (here a transient 5XX) was taken for a refusing table.
 @example(case=Refusal(2, frozenset({0}), frozenset(), frozenset({1}), 0, frozenset()))
+# A writer sending in parts of 7 got rows 0-20 in, then its last part, both rows poison, was refused whole:
+# taken for a refusing table, it stopped the job (and every restart).
+@example(case=Refusal(23, frozenset({21, 22}), frozenset(), frozenset(), 7, frozenset()))
 @settings(max_examples=150, deadline=None)
 @given(case=refusals())
 def test_isolating_poison_rows_puts_every_row_in_one_place_at_a_bounded_cost(case: Refusal) -> None:
