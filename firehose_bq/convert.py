@@ -108,7 +108,7 @@ def validates_utf8(fd: FieldDescriptor) -> bool:
     return bool(fd._GetFeatures().utf8_validation == FeatureSet.VERIFY)  # noqa: SLF001
 
 
-def _reaches(descriptor: Descriptor, test: Callable[[Descriptor], bool]) -> bool:
+def reaches(descriptor: Descriptor, test: Callable[[Descriptor], bool]) -> bool:
     """Whether `test` holds for `descriptor` or a message type reachable from it through its fields."""
     seen: set[str] = set()
     todo = [descriptor]
@@ -125,7 +125,7 @@ def _reaches(descriptor: Descriptor, test: Callable[[Descriptor], bool]) -> bool
 
 def _unvalidated_strings(descriptor: Descriptor) -> bool:
     """Whether a message of `descriptor` can hold, at any depth, a string upb did not check for UTF-8."""
-    return _reaches(descriptor, lambda desc: any(fd.type == FD.TYPE_STRING and not _checks_utf8(fd)
+    return reaches(descriptor, lambda desc: any(fd.type == FD.TYPE_STRING and not _checks_utf8(fd)
                                                  for fd in desc.fields))
 
 
@@ -559,7 +559,7 @@ def _parser(message_class: type[Message], confluent_framed: bool) -> Callable[[b
     parse = message_class.FromString
     # upb parses proto2 messages that lack `required` fields; checking costs a C call per message, so
     # only message types that have such fields pay it.
-    if _reaches(message_class.DESCRIPTOR, lambda desc: any(fd.is_required for fd in desc.fields)):
+    if reaches(message_class.DESCRIPTOR, lambda desc: any(fd.is_required for fd in desc.fields)):
         parse_partial = parse
 
         def parse(data: bytes) -> Message:
@@ -602,7 +602,7 @@ def unknown_fields_check(descriptor: Descriptor) -> Callable[[Message], bool]:
     """What flags a message of `descriptor` as holding fields the table has no column for, dropping them:
     unknown fields, and for a type that can hold known extensions (proto2 `extend`) their values as well,
     which would otherwise vanish without a word (decode/unknown.py keeps both in additional_properties)."""
-    if not _reaches(descriptor, lambda desc: bool(desc.extension_ranges and desc.file.pool.FindAllExtensions(desc))):
+    if not reaches(descriptor, lambda desc: bool(desc.extension_ranges and desc.file.pool.FindAllExtensions(desc))):
         return _has_unknown_fields
     return lambda msg: _take_extensions(msg) | _has_unknown_fields(msg)  # both: each drops what it finds
 

@@ -10,13 +10,12 @@ unknown after it is written as its text.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
+from firehose_bq.convert import reaches
 from firehose_bq.schema import Kind, SchemaOptions, column_name, field_kind
 
 NUMBER = "^-?[0-9]"  # no enum value name starts so
@@ -27,9 +26,10 @@ class EnumNumbers:
 
     def __init__(self, message: Descriptor, options: SchemaOptions) -> None:
         self._message, self._options = message, options
+        self._has_enums = _holds_enum(message)
 
     def has_enums(self) -> bool:
-        return _holds_enum(self._message)
+        return self._has_enums
 
     def rows(self, values: pa.StructArray) -> list[int]:
         """Indices of `values` (NULL slots never) with an enum number at any depth."""
@@ -80,15 +80,7 @@ def _worth_a_look(fd: FieldDescriptor, kind: Kind) -> bool:
     return False  # JSON text, timestamps, wrappers, cut RECORDs: no enum column
 
 
-@functools.lru_cache(maxsize=1024)
-def _holds_enum(message: Descriptor, seen: frozenset[str] = frozenset()) -> bool:
-    """Whether an open enum field sits anywhere below `message` (recursion followed once)."""
-    if message.full_name in seen:
-        return False
-    inner = seen | {message.full_name}
-    for fd in message.fields:
-        if fd.type == FieldDescriptor.TYPE_ENUM and not fd.enum_type.is_closed:
-            return True
-        if fd.message_type is not None and _holds_enum(fd.message_type, inner):
-            return True
-    return False
+def _holds_enum(message: Descriptor) -> bool:
+    """Whether an open enum field sits anywhere below `message`."""
+    return reaches(message, lambda desc: any(fd.type == FieldDescriptor.TYPE_ENUM and not fd.enum_type.is_closed
+                                             for fd in desc.fields))
