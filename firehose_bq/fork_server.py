@@ -30,6 +30,7 @@ their daemons start as before.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import resource
@@ -127,6 +128,21 @@ def pyspark_origin() -> str | None:
     return os.path.realpath(pyspark.__file__) if pyspark.__file__ else None
 
 
+def spark_archives() -> list[str]:
+    """The archives Spark puts on the path of the Python processes it starts, as this pyspark installs them
+    (PythonUtils.sparkPythonPath: SPARK_HOME's python/lib/pyspark.zip and py4j's zip, and the spark-core
+    jar; SPARK_HOME is pyspark's directory for a pip install), looked at here before the first request.
+    Should the JVM name them otherwise, the first request that does pays instead (`_accept`)."""
+    import pyspark
+
+    homes = {os.path.dirname(os.path.abspath(pyspark.__file__))} if pyspark.__file__ else set()
+    if os.environ.get("SPARK_HOME"):
+        homes.add(os.path.abspath(os.environ["SPARK_HOME"]))
+    return sorted(path for home in homes
+                  for path in (*glob.glob(os.path.join(home, "python", "lib", "*.zip")),
+                               *glob.glob(os.path.join(home, "jars", "spark-core_*.jar"))))
+
+
 @dataclass
 class _Child:
     pid: int
@@ -190,6 +206,8 @@ class _Server:
                 conn.sendall(PID.pack(0))
                 conn.close()
                 return
+            # Once here for every process that imports from these entries, rather than once in each of them.
+            worker_daemon.cache_import_paths(request["path"])
             pid = os.fork()
             if pid == 0:
                 conn.close()
@@ -408,7 +426,9 @@ def main(argv: Sequence[str]) -> None:
             # Spark's processes start as Spark starts them; say why once.
             print(f"firehose-bq fork server: not serving ({unsafe})", file=sys.stderr, flush=True)
             return
-        _Server(directory, started_env).serve()
+        server = _Server(directory, started_env)
+        worker_daemon.cache_import_paths(spark_archives())
+        server.serve()
     except FileNotFoundError:  # the driver removed the directory: it has stopped already
         return
     finally:

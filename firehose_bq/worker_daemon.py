@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib.abc
+import importlib.machinery
 import os
 import sys
 import traceback
@@ -35,9 +36,15 @@ SOURCE_MODULES = ("pyspark.sql.worker.plan_data_source_read", "firehose_bq.sourc
 # What a streaming task imports: the batch core (batch/task.py imports it and everything it uses), and the
 # modules the write paths, the Kafka reader and the native decoders import on first use. Not Parquet:
 # only the file-loads tasks stage files, and they import it themselves.
-TASK_MODULES = ("firehose_bq.batch.task", "firehose_bq.decode.native", "firehose_bq.source.batches",
-                "confluent_kafka", "firehose_bq.bigquery.storage_write", "firehose_bq.bigquery.insert_all",
-                "google.cloud.bigquery_storage_v1.services.big_query_write.transports")
+TASK_MODULES = ("firehose_bq.batch.task", "firehose_bq.decode.native", "firehose_bq.decode.reference",
+                "firehose_bq.source.batches", "confluent_kafka", "firehose_bq.bigquery.storage_write",
+                "firehose_bq.bigquery.insert_all", "google.cloud.bigquery_storage_v1.services.big_query_write.transports",
+                # Imported on first use, inside a task: requests reads ~/.netrc on every request, gRPC wraps its
+                # first channel, pyarrow checks for numpy's masked arrays on a first `pa.array(ndarray)`.
+                "netrc", "grpc._interceptor", "numpy.ma")
+# The C decoders, imported on first use (decode/native.py): a missing build is not a reason to fall back
+# to PySpark's daemon, the tasks then take the reference decoders as they would anyway.
+OPTIONAL_TASK_MODULES = ("firehose_bq.decode._native", "firehose_bq.decode._json")
 PYSPARK_WORKER = "pyspark.worker"
 # What the workers' modules import only because it is installed, and no worker uses: pandas (the driver
 # needs it: PySpark's mapInArrow checks its version). google-cloud-bigquery and its Storage clients import
@@ -56,7 +63,7 @@ def modules_for(worker_module: str) -> tuple[str, ...]:
     spark.python.daemon.module says; should a later release use this one, they get the source alone."""
     if worker_module != PYSPARK_WORKER:
         return (worker_module, *SOURCE_MODULES)
-    return (worker_module, *SOURCE_MODULES, *TASK_MODULES)
+    return (worker_module, *SOURCE_MODULES, *TASK_MODULES, *OPTIONAL_TASK_MODULES)
 
 
 def thread_count() -> int:
@@ -75,9 +82,11 @@ def preload(modules: Sequence[str]) -> str | None:
         # The daemon's stdout is its channel to the JVM (it writes its port there): nothing else may go to it.
         with contextlib.redirect_stdout(sys.stderr), _refused(NOT_PRELOADED):
             for name in modules:
-                __import__(name)
+                with contextlib.suppress(ImportError) if name in OPTIONAL_TASK_MODULES else contextlib.nullcontext():
+                    __import__(name)
     except Exception:  # noqa: BLE001 - an import that fails here fails in the worker too, with Spark's report
         return "importing the workers' modules failed:\n" + traceback.format_exc()
+    cache_import_paths(sys.path)
     threads = thread_count()
     if threads != 1:
         return f"{threads or 'an unknown number of'} threads run after importing the workers' modules"
@@ -107,6 +116,19 @@ def _refused(names: Sequence[str]) -> Iterator[None]:
         yield
     finally:
         sys.meta_path.remove(finder)
+
+
+def cache_import_paths(path: Sequence[str]) -> None:
+    """Have Python look at every absolute entry of `path` once, here, so that the processes forked from this
+    one start with its view of them. Spark puts archives on its Python processes' path (PySpark's pip
+    build: its spark-core jar, 6,000 entries and no Python; py4j's zip) ahead of the standard library, and
+    the first import that misses the modules loaded so far reads each archive's table of contents, in
+    Python: ≈ 0.15 s in every fresh worker's first task, until now. Relative entries are left alone: they
+    mean the directory the process imports from, which a fork may not share; so are missing ones, which
+    would be cached as holding nothing even once they exist."""
+    for entry in path:
+        if os.path.isabs(entry) and entry not in sys.path_importer_cache and os.path.exists(entry):
+            importlib.machinery.PathFinder.find_spec("_firehose_bq_no_such_module", [entry])
 
 
 def no_rows(batches: Iterator[Any]) -> Iterator[Any]:

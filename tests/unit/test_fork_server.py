@@ -344,3 +344,11 @@ def test_only_known_commands_of_the_same_python_and_pyspark_are_forked(change: d
     found = fork_server.refusal({**REQUEST, **change}, descriptors, PYTHON, "/x/pyspark/__init__.py",
                                 fork_server.started_with({}))
     assert found == reason if reason is None else reason in (found or "")
+
+
+def test_the_server_reads_the_archives_spark_puts_on_its_processes_path_before_the_first_request() -> None:
+    # PythonUtils.sparkPythonPath for a pip install: pyspark's python/lib zips and the spark-core jar.
+    names = [os.path.basename(path) for path in fork_server.spark_archives()]
+    assert any(n.startswith("spark-core_") and n.endswith(".jar") for n in names), names
+    assert any(n.startswith("py4j-") and n.endswith(".zip") for n in names), names
+    assert all(os.path.isabs(path) for path in fork_server.spark_archives())

@@ -3,14 +3,19 @@ installed libraries, and that it steps aside for PySpark's own daemon when it wo
 
 from __future__ import annotations
 
+import importlib
 import os
 import struct
 import subprocess
 import sys
+import zipfile
+import zipimport
 from pathlib import Path
 
+import pytest
+
 from firehose_bq import worker_daemon
-from firehose_bq.worker_daemon import PYSPARK_WORKER, SOURCE_MODULES, TASK_MODULES, modules_for
+from firehose_bq.worker_daemon import OPTIONAL_TASK_MODULES, PYSPARK_WORKER, SOURCE_MODULES, TASK_MODULES, modules_for
 
 REPO = Path(__file__).resolve().parents[2]
 # What the daemon must not import for every worker: the driver's modules, kafka-python (the driver's
@@ -31,7 +36,7 @@ def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 
 def test_task_workers_get_the_batch_core_and_the_source_planners_only_the_source() -> None:
-    assert modules_for(PYSPARK_WORKER) == (PYSPARK_WORKER, *SOURCE_MODULES, *TASK_MODULES)
+    assert modules_for(PYSPARK_WORKER) == (PYSPARK_WORKER, *SOURCE_MODULES, *TASK_MODULES, *OPTIONAL_TASK_MODULES)
     planner = "pyspark.sql.worker.plan_data_source_read"
     assert modules_for(planner) == (planner, *SOURCE_MODULES)
     assert "firehose_bq.batch.task" in TASK_MODULES
@@ -68,6 +73,43 @@ def test_a_thread_started_at_import_is_reported_as_unsafe() -> None:
                       env={"OPENBLAS_NUM_THREADS": "2"})
     assert done.returncode == 0, done.stderr
     assert "threads run after importing the workers' modules" in done.stdout
+
+
+def test_a_missing_native_decoder_build_is_no_reason_to_fall_back() -> None:
+    # Without a compiler the C decoders are not built; the tasks then use the reference decoders.
+    done = run_python("from firehose_bq import worker_daemon as d\n"
+                      "d.OPTIONAL_TASK_MODULES = ('firehose_bq.decode._no_such_build',)\n"
+                      "print(d.preload(['firehose_bq.decode._no_such_build', 'netrc']))")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "None"
+
+
+def test_archives_on_the_path_are_read_once_before_forking(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Spark puts its spark-core jar (6,000 entries) ahead of the standard library; every worker read its
+    # table of contents again on its first import of a module the daemon had not loaded (≈ 0.15 s).
+    archive = tmp_path / "lib.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("firehose_bq_zipped_probe.py", "VALUE = 7\n")
+    directory, relative, missing = tmp_path / "dir", "relative-entry", tmp_path / "not-yet"
+    directory.mkdir()
+    entries = [str(archive), str(directory), relative, str(missing)]
+    try:
+        worker_daemon.cache_import_paths(entries)
+        assert isinstance(sys.path_importer_cache[str(archive)], zipimport.zipimporter)
+        assert str(directory) in sys.path_importer_cache
+        assert relative not in sys.path_importer_cache  # it means the importing process's own directory
+        assert str(missing) not in sys.path_importer_cache  # it may exist by the time a fork imports
+
+        def read_again(path: object) -> None:
+            raise AssertionError(f"{path} read again")
+
+        monkeypatch.setattr(zipimport, "_read_directory", read_again)
+        monkeypatch.setattr(sys, "path", [*entries, *sys.path])
+        assert importlib.import_module("firehose_bq_zipped_probe").VALUE == 7
+    finally:
+        sys.modules.pop("firehose_bq_zipped_probe", None)
+        for entry in entries:
+            sys.path_importer_cache.pop(entry, None)
 
 
 def test_a_failing_import_is_reported_not_raised() -> None:
