@@ -31,6 +31,7 @@ their daemons start as before.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import resource
 import selectors
@@ -47,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from firehose_bq import worker_daemon
+from firehose_bq import logs, worker_daemon
 from firehose_bq.worker_startup import sitecustomize as startup
 
 RUNNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
@@ -76,6 +77,8 @@ START_FLAGS = ("PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDEVMODE")
 # Read by preloaded modules as they import (pyspark.serializers, pyspark.worker_util): a fork has the
 # server's view of them, so they must be the same too.
 IMPORT_ENV = ("PYSPARK_ENABLE_NAMEDTUPLE_PATCH", "SPARK_TESTING")
+# Who the server's lines on stderr come from (run as `python -m`, its __name__ is __main__).
+LOGGER = "firehose_bq.fork_server"
 
 
 @dataclass
@@ -185,8 +188,7 @@ class _Server:
             request, fds = _receive(conn)
             refusal = self._refusal(request, fds)
             if refusal is not None:
-                print(f"firehose-bq fork server: not forking ({refusal}); the process starts as usual",
-                      file=sys.stderr, flush=True)
+                _say(f"firehose-bq fork server: not forking ({refusal}); the process starts as usual")
                 conn.sendall(PID.pack(0))
                 conn.close()
                 return
@@ -195,7 +197,8 @@ class _Server:
                 conn.close()
                 self._become(request, fds)  # never returns
         except Exception:  # noqa: BLE001 - a bad request must not end the server; the proxy falls back
-            traceback.print_exc()
+            _say("firehose-bq fork server: a request failed; the process starts as usual", logging.ERROR,
+                 exc_info=True)
             conn.close()
             return
         finally:
@@ -286,6 +289,12 @@ class _Server:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def _say(message: str, level: int = logging.WARNING, exc_info: bool = False) -> None:
+    """A line of the server's on stderr, in the job's LOG_FORMAT (spark.fork_server_env) without logging
+    configured: every fork would start with it, and Spark's processes start with logging untouched."""
+    logs.say_unconfigured(LOGGER, level, message, os.environ, exc_info)
 
 
 def inherit_signals(state: Mapping[str, Sequence[int]]) -> None:
@@ -406,7 +415,7 @@ def main(argv: Sequence[str]) -> None:
         unsafe = worker_daemon.preload(PRELOADED)
         if unsafe is not None:
             # Spark's processes start as Spark starts them; say why once.
-            print(f"firehose-bq fork server: not serving ({unsafe})", file=sys.stderr, flush=True)
+            _say(f"firehose-bq fork server: not serving ({unsafe})")
             return
         _Server(directory, started_env).serve()
     except FileNotFoundError:  # the driver removed the directory: it has stopped already

@@ -4,6 +4,7 @@ processes, Spark's real runner module, and this test standing in for the JVM end
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -11,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -174,11 +176,44 @@ def test_the_server_starts_as_the_python_processes_spark_starts() -> None:
     from firehose_bq.spark import WORKER_MALLOC_ENV, fork_server_env
 
     env = fork_server_env({"PATH": "/bin", "PYTHONUNBUFFERED": "1"})
-    assert env == {**WORKER_MALLOC_ENV, "PATH": "/bin", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
+    assert env == {**WORKER_MALLOC_ENV, "PATH": "/bin", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES",
+                   "LOG_FORMAT": "text"}
     assert fork_server_env({"PYTHONHASHSEED": "7"})["PYTHONHASHSEED"] == "7"
     spark_env = {"PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
     assert fork_server.refusal({**REQUEST, "env": spark_env}, 3, PYTHON, "/x/pyspark/__init__.py",
                                fork_server.started_with(env)) is None
+
+
+@pytest.mark.parametrize("json_logs", [True, False])
+def test_the_servers_refusal_is_a_line_in_the_jobs_log_format(tmp_path: Path, json_logs: bool) -> None:
+    """Under LOG_FORMAT=json (here only in the driver's env file: the environment says text) the server's
+    lines are the job's JSON records, though it configures no logging (its forks must start without)."""
+    from firehose_bq.spark import fork_server_env
+
+    directory = tempfile.mkdtemp(prefix="firehose-bq-fork-")
+    env = fork_server_env({**os.environ, "LOG_FORMAT": "text"}, json_logs)
+    with open(tmp_path / "stderr", "w+b") as err:
+        process = subprocess.Popen([sys.executable, "-m", fork_server.__name__, directory], stdin=subprocess.PIPE,
+                                   stdout=subprocess.DEVNULL, stderr=err, env=env)
+        started = fork_server.ForkServer(process, directory)
+        _wait(lambda: os.path.exists(started.socket_path))
+        jvm = FakeJvm(tmp_path)
+        seed = "1" if env["PYTHONHASHSEED"] == "0" else "0"
+        proxy = jvm.start_runner(started.socket_path, extra_env={"PYTHONHASHSEED": seed})
+        conn, pid = jvm.accept()
+        assert pid == proxy.pid
+        conn.close()
+        proxy.communicate(timeout=30)
+        started.close()
+        assert process.wait(timeout=20) == 0
+        err.seek(0)
+        (line,) = err.read().decode().splitlines()
+    if json_logs:
+        record = json.loads(line)
+        assert (record["level"], record["logger"]) == ("WARNING", "firehose_bq.fork_server"), record
+        assert "not forking (Python started with other PYTHONHASHSEED" in record["message"]
+    else:
+        assert line.startswith("firehose-bq fork server: not forking (Python started with other PYTHONHASHSEED")
 
 
 def test_the_server_ends_with_its_driver_and_removes_its_socket() -> None:
