@@ -71,9 +71,15 @@ PR_SET_NAME = 15  # prctl(2)
 # What Python reads from the environment only as it starts, so a fork keeps the server's: a process whose
 # values differ starts as usual. Spark gives all its Python processes PYTHONUNBUFFERED and PYTHONHASHSEED
 # (PySpark's portable_hash relies on it): the driver starts the server with Spark's values (spark.py).
-# The flags count as set or not, as Python reads them.
-START_ENV = ("PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONMALLOC", "PYTHONWARNINGS", "PYTHONOPTIMIZE")
-START_FLAGS = ("PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDEVMODE")
+# The flags count as set or not, as Python reads them. All of `python --help-env` and the -X options'
+# variables but PYTHONPATH (the fork takes the process's import path), PYTHONSTARTUP (interactive only),
+# PYTHONCASEOK (not on Linux) and PYTHONBREAKPOINT (read at each breakpoint()).
+START_ENV = ("PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONMALLOC", "PYTHONWARNINGS", "PYTHONOPTIMIZE",
+             "PYTHONHOME", "PYTHONPLATLIBDIR", "PYTHONINTMAXSTRDIGITS", "PYTHONCOERCECLOCALE", "PYTHONPYCACHEPREFIX",
+             "PYTHONTRACEMALLOC", "PYTHONVERBOSE", "PYTHONDEBUG")
+START_FLAGS = ("PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDEVMODE", "PYTHONDONTWRITEBYTECODE", "PYTHONINSPECT",
+               "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONWARNDEFAULTENCODING", "PYTHONNODEBUGRANGES",
+               "PYTHONPROFILEIMPORTTIME", "PYTHONMALLOCSTATS")
 # Read by preloaded modules as they import (pyspark.serializers, pyspark.worker_util): a fork has the
 # server's view of them, so they must be the same too.
 IMPORT_ENV = ("PYSPARK_ENABLE_NAMEDTUPLE_PATCH", "SPARK_TESTING")

@@ -170,6 +170,18 @@ def test_a_runner_started_with_another_hash_seed_starts_as_spark_starts_it(serve
     assert proxy.returncode != 0, err  # the runner's first read failed, as in the test above
 
 
+def test_a_runner_started_tracing_its_memory_starts_as_spark_starts_it(server: fork_server.ForkServer,
+                                                                       tmp_path: Path) -> None:
+    """spark.executorEnv.PYTHONTRACEMALLOC (debugging the workers' memory): a fork would never trace, and
+    tracemalloc.take_snapshot() in it fails (the module must be tracing)."""
+    jvm = FakeJvm(tmp_path)
+    proxy = jvm.start_runner(server.socket_path, extra_env={"PYTHONTRACEMALLOC": "5"})
+    conn, pid = jvm.accept()
+    assert pid == proxy.pid
+    conn.close()
+    proxy.communicate(timeout=30)
+
+
 def test_the_server_starts_as_the_python_processes_spark_starts() -> None:
     """PySpark's context gives its Python processes PYTHONHASHSEED (the driver's, else "0") and Spark's
     PythonWorkerFactory PYTHONUNBUFFERED=YES: the server's forks must hash and buffer as they would."""
@@ -373,6 +385,17 @@ REQUEST = {"argv": [PYTHON, "-m", fork_server.RUNNER_MODULE], "env": {}, "cwd": 
     ({"env": {"PYTHONUNBUFFERED": "YES"}}, 3, "other PYTHONUNBUFFERED"),
     ({"env": {"PYTHONUNBUFFERED": ""}}, 3, None),  # empty: not set, as Python reads it
     ({"env": {"PYSPARK_ENABLE_NAMEDTUPLE_PATCH": "1"}}, 3, "other PYSPARK_ENABLE_NAMEDTUPLE_PATCH"),
+    # Python reads these only as it starts too (python --help-env, -X's): a fork would keep the server's.
+    ({"env": {"PYTHONTRACEMALLOC": "5"}}, 3, "other PYTHONTRACEMALLOC"),
+    ({"env": {"PYTHONINTMAXSTRDIGITS": "0"}}, 3, "other PYTHONINTMAXSTRDIGITS"),
+    ({"env": {"PYTHONPYCACHEPREFIX": "/tmp/pyc"}}, 3, "other PYTHONPYCACHEPREFIX"),
+    ({"env": {"PYTHONHOME": "/opt/py"}}, 3, "other PYTHONHOME"),
+    ({"env": {"PYTHONVERBOSE": "2"}}, 3, "other PYTHONVERBOSE"),
+    ({"env": {"PYTHONDONTWRITEBYTECODE": "x"}}, 3, "other PYTHONDONTWRITEBYTECODE"),
+    ({"env": {"PYTHONPROFILEIMPORTTIME": "1"}}, 3, "other PYTHONPROFILEIMPORTTIME"),
+    ({"env": {"PYTHONNODEBUGRANGES": "1"}}, 3, "other PYTHONNODEBUGRANGES"),
+    ({"env": {"PYTHONWARNDEFAULTENCODING": "1"}}, 3, "other PYTHONWARNDEFAULTENCODING"),
+    ({"env": {"PYTHONCOERCECLOCALE": "0"}}, 3, "other PYTHONCOERCECLOCALE"),
 ])
 def test_only_known_commands_of_the_same_python_and_pyspark_are_forked(change: dict[str, object], descriptors: int,
                                                                   reason: str | None) -> None:
