@@ -392,23 +392,30 @@ def _within(limit: int, ceiling: int) -> bool:
 
 
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """The request and the descriptors that came with it; a request that cannot be read closes them (they
+    are the process's stdio: a copy kept here would keep its pipes open)."""
     fds = array("i")
     data = b""
     header, ancillary, _, _ = conn.recvmsg(LENGTH.size, socket.CMSG_SPACE(STDIO * fds.itemsize))
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-    if len(header) != LENGTH.size:
-        raise ValueError("truncated request")
-    (length,) = LENGTH.unpack(header)
-    if length > MAX_REQUEST:
-        raise ValueError(f"request of {length} bytes")
-    while len(data) < length:
-        chunk = conn.recv(length - len(data))
-        if not chunk:
+    try:
+        if len(header) != LENGTH.size:
             raise ValueError("truncated request")
-        data += chunk
-    return json.loads(data), list(fds)
+        (length,) = LENGTH.unpack(header)
+        if length > MAX_REQUEST:
+            raise ValueError(f"request of {length} bytes")
+        while len(data) < length:
+            chunk = conn.recv(length - len(data))
+            if not chunk:
+                raise ValueError("truncated request")
+            data += chunk
+        return json.loads(data), list(fds)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def main(argv: Sequence[str]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import select
 import signal
 import socket
 import struct
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from array import array
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -226,6 +228,26 @@ def test_the_servers_refusal_is_a_line_in_the_jobs_log_format(tmp_path: Path, js
         assert "not forking (Python started with other PYTHONHASHSEED" in record["message"]
     else:
         assert line.startswith("firehose-bq fork server: not forking (Python started with other PYTHONHASHSEED")
+
+
+def test_a_request_the_server_cannot_read_leaves_no_copy_of_the_processs_stdio_behind(
+        server: fork_server.ForkServer) -> None:
+    """A request past MAX_REQUEST (an environment of megabytes, JSON-escaped), cut short or timed out: the
+    process starts as usual, and the server must not keep the descriptors that came with it. A write end
+    of the process's stdout held by the server is an end of file the JVM never reads."""
+    read_end, write_end = os.pipe()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(server.socket_path)
+            conn.sendmsg([fork_server.LENGTH.pack(fork_server.MAX_REQUEST + 1)],
+                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array("i", [write_end] * 3).tobytes())])
+            os.close(write_end)
+            conn.settimeout(20)
+            assert conn.recv(8) == b""  # refused: the stand-in starts the process itself
+        readable, _, _ = select.select([read_end], [], [], 10)
+        assert readable and os.read(read_end, 1) == b"", "the server still holds the process's stdout"
+    finally:
+        os.close(read_end)
 
 
 def test_the_server_ends_with_its_driver_and_removes_its_socket() -> None:
