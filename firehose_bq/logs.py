@@ -155,7 +155,9 @@ def say_unconfigured(logger: str, level: int, message: str, environ: Mapping[str
     """Write a line to stderr in the job's LOG_FORMAT (as `environ` has it) from a process that must leave
     logging as it is: the fork server (its forks are Spark's Python processes, which start with logging
     untouched) and the workers' daemon. A JSON record as `configure` would log it, else the message as it
-    is (then the current exception's traceback when `exc_info`); URL credentials masked in both."""
+    is (then the current exception's traceback when `exc_info`); URL credentials masked in both. A line
+    that cannot be written (the reader of stderr went away) is dropped, as logging drops it: the process
+    goes on (a server that ended would take every process it forked with it)."""
     cfg = load_section(LogConfig, environ, []) or LogConfig()  # a bad LOG_FORMAT stopped the job already
     record = logging.LogRecord(logger, level, __file__, 0, "%s", (message,), sys.exc_info() if exc_info else None)
     redactor = Redactor()
@@ -163,7 +165,10 @@ def say_unconfigured(logger: str, level: int, message: str, environ: Mapping[str
         line = JsonFormatter(redactor).format(record)
     else:
         line = redactor.text(logging.Formatter("%(message)s").format(record))
-    print(line, file=sys.stderr, flush=True)
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def say_plain(line: str) -> None:

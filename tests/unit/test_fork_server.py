@@ -250,6 +250,37 @@ def test_a_request_the_server_cannot_read_leaves_no_copy_of_the_processs_stdio_b
         os.close(read_end)
 
 
+def test_a_server_whose_stderr_is_gone_still_serves(tmp_path: Path) -> None:
+    """The driver's stderr may be a pipe whose reader went away (`firehose-bq run 2>&1 | tee log`, tee killed):
+    the driver's logging drops what it cannot write. The server's line about a refusal must not end the
+    server either: every process it forked (the source runner, the daemons) dies with it."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    directory = tempfile.mkdtemp(prefix="firehose-bq-fork-")
+    process = subprocess.Popen([sys.executable, "-m", fork_server.__name__, directory], stdin=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, stderr=write_end, env=os.environ.copy())
+    os.close(write_end)
+    started = fork_server.ForkServer(process, directory)
+    try:
+        _wait(lambda: os.path.exists(started.socket_path))
+        jvm = FakeJvm(tmp_path)
+        seed = "1" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
+        refused = jvm.start_runner(started.socket_path, extra_env={"PYTHONHASHSEED": seed})
+        conn, pid = jvm.accept()
+        assert pid == refused.pid
+        conn.close()
+        refused.communicate(timeout=30)
+        assert process.poll() is None, "the server ended on its refusal's line"
+        forked = jvm.start_runner(started.socket_path)
+        conn, pid = jvm.accept()
+        assert pid != forked.pid and _parent(pid) == process.pid
+        conn.close()
+        forked.communicate(timeout=30)
+    finally:
+        started.close()
+        process.wait(timeout=20)
+
+
 def test_the_server_ends_with_its_driver_and_removes_its_socket() -> None:
     started = fork_server.start(os.environ)
     assert started is not None
