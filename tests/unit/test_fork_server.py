@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -84,6 +84,17 @@ class FakeJvm:
         return subprocess.Popen([sys.executable, "-m", *(args or (fork_server.RUNNER_MODULE,))], env=env,
                                 stdin=subprocess.PIPE if args else subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, preexec_fn=ignore if ignored or preexec else None)
+
+    def run_refused(self, fork_socket: str, server_env: Mapping[str, str]) -> tuple[int, bytes]:
+        """Start a runner the server refuses (another hash seed than `server_env`'s): it starts as Spark
+        starts it, and fails at its first read; (its exit code, its stderr)."""
+        seed = "1" if server_env.get("PYTHONHASHSEED") == "0" else "0"
+        proxy = self.start_runner(fork_socket, extra_env={"PYTHONHASHSEED": seed})
+        conn, pid = self.accept()
+        assert pid == proxy.pid
+        conn.close()
+        _, err = proxy.communicate(timeout=30)
+        return proxy.returncode, err
 
     def accept(self) -> tuple[socket.socket, int]:
         conn, _ = self.listener.accept()
@@ -162,14 +173,8 @@ def test_without_a_listening_server_the_runner_starts_as_spark_starts_it(tmp_pat
 def test_a_runner_started_with_another_hash_seed_starts_as_spark_starts_it(server: fork_server.ForkServer,
                                                                            tmp_path: Path) -> None:
     """A fork's str hashes are its server's: one that should hash with another seed must not be forked."""
-    jvm = FakeJvm(tmp_path)
-    seed = "1" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
-    proxy = jvm.start_runner(server.socket_path, extra_env={"PYTHONHASHSEED": seed})
-    conn, pid = jvm.accept()
-    assert pid == proxy.pid
-    conn.close()
-    _, err = proxy.communicate(timeout=30)
-    assert proxy.returncode != 0, err  # the runner's first read failed, as in the test above
+    code, err = FakeJvm(tmp_path).run_refused(server.socket_path, os.environ)
+    assert code != 0, err  # the runner's first read failed, as in the test above
 
 
 def test_a_runner_started_tracing_its_memory_starts_as_spark_starts_it(server: fork_server.ForkServer,
@@ -204,22 +209,12 @@ def test_the_servers_refusal_is_a_line_in_the_jobs_log_format(tmp_path: Path, js
     lines are the job's JSON records, though it configures no logging (its forks must start without)."""
     from firehose_bq.spark import fork_server_env
 
-    directory = tempfile.mkdtemp(prefix="firehose-bq-fork-")
     env = fork_server_env({**os.environ, "LOG_FORMAT": "text"}, json_logs)
     with open(tmp_path / "stderr", "w+b") as err:
-        process = subprocess.Popen([sys.executable, "-m", fork_server.__name__, directory], stdin=subprocess.PIPE,
-                                   stdout=subprocess.DEVNULL, stderr=err, env=env)
-        started = fork_server.ForkServer(process, directory)
-        _wait(lambda: os.path.exists(started.socket_path))
-        jvm = FakeJvm(tmp_path)
-        seed = "1" if env["PYTHONHASHSEED"] == "0" else "0"
-        proxy = jvm.start_runner(started.socket_path, extra_env={"PYTHONHASHSEED": seed})
-        conn, pid = jvm.accept()
-        assert pid == proxy.pid
-        conn.close()
-        proxy.communicate(timeout=30)
+        started = _server_writing_to(err.fileno(), env)
+        FakeJvm(tmp_path).run_refused(started.socket_path, env)
         started.close()
-        assert process.wait(timeout=20) == 0
+        assert started.process.wait(timeout=20) == 0
         err.seek(0)
         (line,) = err.read().decode().splitlines()
     if json_logs:
@@ -256,29 +251,30 @@ def test_a_server_whose_stderr_is_gone_still_serves(tmp_path: Path) -> None:
     server either: every process it forked (the source runner, the daemons) dies with it."""
     read_end, write_end = os.pipe()
     os.close(read_end)
-    directory = tempfile.mkdtemp(prefix="firehose-bq-fork-")
-    process = subprocess.Popen([sys.executable, "-m", fork_server.__name__, directory], stdin=subprocess.PIPE,
-                               stdout=subprocess.DEVNULL, stderr=write_end, env=os.environ.copy())
+    started = _server_writing_to(write_end, os.environ)
     os.close(write_end)
-    started = fork_server.ForkServer(process, directory)
     try:
-        _wait(lambda: os.path.exists(started.socket_path))
         jvm = FakeJvm(tmp_path)
-        seed = "1" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
-        refused = jvm.start_runner(started.socket_path, extra_env={"PYTHONHASHSEED": seed})
-        conn, pid = jvm.accept()
-        assert pid == refused.pid
-        conn.close()
-        refused.communicate(timeout=30)
-        assert process.poll() is None, "the server ended on its refusal's line"
+        jvm.run_refused(started.socket_path, os.environ)
+        assert started.process.poll() is None, "the server ended on its refusal's line"
         forked = jvm.start_runner(started.socket_path)
         conn, pid = jvm.accept()
-        assert pid != forked.pid and _parent(pid) == process.pid
+        assert pid != forked.pid and _parent(pid) == started.process.pid
         conn.close()
         forked.communicate(timeout=30)
     finally:
         started.close()
-        process.wait(timeout=20)
+        started.process.wait(timeout=20)
+
+
+def _server_writing_to(stderr: int, env: Mapping[str, str]) -> fork_server.ForkServer:
+    """A server started as fork_server.start starts it, but with its stderr on `stderr`; listening."""
+    directory = tempfile.mkdtemp(prefix="firehose-bq-fork-")
+    process = subprocess.Popen([sys.executable, "-m", fork_server.__name__, directory], stdin=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, stderr=stderr, env=dict(env))
+    started = fork_server.ForkServer(process, directory)
+    _wait(lambda: os.path.exists(started.socket_path))
+    return started
 
 
 def test_the_server_ends_with_its_driver_and_removes_its_socket() -> None:
