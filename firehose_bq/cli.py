@@ -287,7 +287,7 @@ def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from firehose_bq.blobstore import open_blob_store
     from firehose_bq.dlq.blob_source import BlobDlqSource
     from firehose_bq.dlq.replay import DlqSource, KafkaDlqSource, replay
-    from firehose_bq.source.kafka_security import dlq_security_problems
+    from firehose_bq.source.kafka_security import dlq_security_ignored, dlq_security_problems
 
     cfg = _load_config(environ)
     if args.max_messages is not None and args.max_messages < 1:
@@ -307,7 +307,11 @@ def _replay_dlq(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         brokers = cfg.source.brokers if fallback else dlq.kafka_brokers
         if not fallback:
             # Reading the DLQ's brokers with the source's security: Firehose's DLQ_KAFKA_* security variables
-            # must agree, even where the job's own DLQ is off (and the start did not check them).
+            # must agree, even where the job's own DLQ is off (and the start did not check them); those the
+            # protocol ignores are named as for a job's DLQ on Kafka (which the start warned about already).
+            if not cfg.dlq_on_kafka:
+                for warning in dlq_security_ignored(environ, cfg.kafka_security, dlq_kafka=True):
+                    log.warning("%s", warning)
             if problems := dlq_security_problems(environ, cfg.kafka_security, dlq_kafka=True):
                 raise ConfigError(problems)
         group = args.group or (f"{cfg.source.consumer_group_id}-replay-{topic}" if args.topic

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import resource
 import selectors
@@ -48,7 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from firehose_bq import worker_daemon
+from firehose_bq import logs, worker_daemon
 from firehose_bq.worker_startup import sitecustomize as startup
 
 RUNNER_MODULE = "pyspark.sql.streaming.python_streaming_source_runner"
@@ -71,12 +72,20 @@ PR_SET_NAME = 15  # prctl(2)
 # What Python reads from the environment only as it starts, so a fork keeps the server's: a process whose
 # values differ starts as usual. Spark gives all its Python processes PYTHONUNBUFFERED and PYTHONHASHSEED
 # (PySpark's portable_hash relies on it): the driver starts the server with Spark's values (spark.py).
-# The flags count as set or not, as Python reads them.
-START_ENV = ("PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONMALLOC", "PYTHONWARNINGS", "PYTHONOPTIMIZE")
-START_FLAGS = ("PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDEVMODE")
+# The flags count as set or not, as Python reads them. All of `python --help-env` and the -X options'
+# variables but PYTHONPATH (the fork takes the process's import path), PYTHONSTARTUP (interactive only),
+# PYTHONCASEOK (not on Linux) and PYTHONBREAKPOINT (read at each breakpoint()).
+START_ENV = ("PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONMALLOC", "PYTHONWARNINGS", "PYTHONOPTIMIZE",
+             "PYTHONHOME", "PYTHONPLATLIBDIR", "PYTHONINTMAXSTRDIGITS", "PYTHONCOERCECLOCALE", "PYTHONPYCACHEPREFIX",
+             "PYTHONTRACEMALLOC", "PYTHONVERBOSE", "PYTHONDEBUG")
+START_FLAGS = ("PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDEVMODE", "PYTHONDONTWRITEBYTECODE", "PYTHONINSPECT",
+               "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONWARNDEFAULTENCODING", "PYTHONNODEBUGRANGES",
+               "PYTHONPROFILEIMPORTTIME", "PYTHONMALLOCSTATS")
 # Read by preloaded modules as they import (pyspark.serializers, pyspark.worker_util): a fork has the
 # server's view of them, so they must be the same too.
 IMPORT_ENV = ("PYSPARK_ENABLE_NAMEDTUPLE_PATCH", "SPARK_TESTING")
+# Who the server's lines on stderr come from (run as `python -m`, its __name__ is __main__).
+LOGGER = "firehose_bq.fork_server"
 
 
 @dataclass
@@ -201,8 +210,7 @@ class _Server:
             request, fds = _receive(conn)
             refusal = self._refusal(request, fds)
             if refusal is not None:
-                print(f"firehose-bq fork server: not forking ({refusal}); the process starts as usual",
-                      file=sys.stderr, flush=True)
+                _say(f"firehose-bq fork server: not forking ({refusal}); the process starts as usual")
                 conn.sendall(PID.pack(0))
                 conn.close()
                 return
@@ -213,7 +221,8 @@ class _Server:
                 conn.close()
                 self._become(request, fds)  # never returns
         except Exception:  # noqa: BLE001 - a bad request must not end the server; the proxy falls back
-            traceback.print_exc()
+            _say("firehose-bq fork server: a request failed; the process starts as usual", logging.ERROR,
+                 exc_info=True)
             conn.close()
             return
         finally:
@@ -306,6 +315,12 @@ class _Server:
             pass
 
 
+def _say(message: str, level: int = logging.WARNING, exc_info: bool = False) -> None:
+    """A line of the server's on stderr, in the job's LOG_FORMAT (spark.fork_server_env) without logging
+    configured: every fork would start with it, and Spark's processes start with logging untouched."""
+    logs.say_unconfigured(LOGGER, level, message, os.environ, exc_info)
+
+
 def inherit_signals(state: Mapping[str, Sequence[int]]) -> None:
     """Take on the signal dispositions and mask of the process Spark started (startup.signal_state), as
     that process had them from the JVM, instead of the server's (which ignores SIGINT, catches SIGCHLD,
@@ -395,23 +410,30 @@ def _within(limit: int, ceiling: int) -> bool:
 
 
 def _receive(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """The request and the descriptors that came with it; a request that cannot be read closes them (they
+    are the process's stdio: a copy kept here would keep its pipes open)."""
     fds = array("i")
     data = b""
     header, ancillary, _, _ = conn.recvmsg(LENGTH.size, socket.CMSG_SPACE(STDIO * fds.itemsize))
     for level, kind, payload in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
-    if len(header) != LENGTH.size:
-        raise ValueError("truncated request")
-    (length,) = LENGTH.unpack(header)
-    if length > MAX_REQUEST:
-        raise ValueError(f"request of {length} bytes")
-    while len(data) < length:
-        chunk = conn.recv(length - len(data))
-        if not chunk:
+    try:
+        if len(header) != LENGTH.size:
             raise ValueError("truncated request")
-        data += chunk
-    return json.loads(data), list(fds)
+        (length,) = LENGTH.unpack(header)
+        if length > MAX_REQUEST:
+            raise ValueError(f"request of {length} bytes")
+        while len(data) < length:
+            chunk = conn.recv(length - len(data))
+            if not chunk:
+                raise ValueError("truncated request")
+            data += chunk
+        return json.loads(data), list(fds)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def main(argv: Sequence[str]) -> None:
@@ -424,7 +446,7 @@ def main(argv: Sequence[str]) -> None:
         unsafe = worker_daemon.preload(PRELOADED)
         if unsafe is not None:
             # Spark's processes start as Spark starts them; say why once.
-            print(f"firehose-bq fork server: not serving ({unsafe})", file=sys.stderr, flush=True)
+            _say(f"firehose-bq fork server: not serving ({unsafe})")
             return
         server = _Server(directory, started_env)
         worker_daemon.cache_import_paths(spark_archives())

@@ -30,6 +30,7 @@ from firehose_bq.redact import Redactor, urls_in
 from firehose_bq.settings import load_section, setting
 
 TEXT, JSON = "text", "json"
+FORMAT_ENV = "LOG_FORMAT"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 CONTEXT_FIELDS = ("batch_id", "topic", "partition", "table", "error_type")
 # Third-party loggers whose INFO lines are per-connection noise.
@@ -44,7 +45,7 @@ Say = Callable[[str], None]
 @dataclass(frozen=True)
 class LogConfig:
     format: str = setting(
-        "LOG_FORMAT",
+        FORMAT_ENV,
         "`text`: one readable line per event; `json`: one JSON object per line with the same content (time, "
         "level, logger, message, exception) plus `batch_id`, `topic`, `partition`, `table` and `error_type` "
         "where known. Secrets (registry headers, passwords, URL credentials) are masked in both.",
@@ -147,6 +148,27 @@ def _install(format_: str, redactor: Redactor, level: int | str) -> None:
     logging.captureWarnings(True)
     for chatty in CHATTY:
         logging.getLogger(chatty).setLevel(max(logging.WARNING, root.level))
+
+
+def say_unconfigured(logger: str, level: int, message: str, environ: Mapping[str, str],
+                     exc_info: bool = False) -> None:
+    """Write a line to stderr in the job's LOG_FORMAT (as `environ` has it) from a process that must leave
+    logging as it is: the fork server (its forks are Spark's Python processes, which start with logging
+    untouched) and the workers' daemon. A JSON record as `configure` would log it, else the message as it
+    is (then the current exception's traceback when `exc_info`); URL credentials masked in both. A line
+    that cannot be written (the reader of stderr went away) is dropped, as logging drops it: the process
+    goes on (a server that ended would take every process it forked with it)."""
+    cfg = load_section(LogConfig, environ, []) or LogConfig()  # a bad LOG_FORMAT stopped the job already
+    record = logging.LogRecord(logger, level, __file__, 0, "%s", (message,), sys.exc_info() if exc_info else None)
+    redactor = Redactor()
+    if cfg.format == JSON:
+        line = JsonFormatter(redactor).format(record)
+    else:
+        line = redactor.text(logging.Formatter("%(message)s").format(record))
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def say_plain(line: str) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import SparkSession
 
-from firehose_bq import fork_server, worker_daemon
+from firehose_bq import fork_server, logs, worker_daemon
 from firehose_bq.config import SparkConfig
 from firehose_bq.errors import ConfigError, FirehoseError
 
@@ -120,7 +120,7 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None,
     # Started first: its imports overlap the JVM's start (a session of this process that runs already has its own).
     server = None
     if cfg.python_fork_server and SparkContext._active_spark_context is None:
-        server = fork_server.shared(fork_server_env(os.environ))
+        server = fork_server.shared(fork_server_env(os.environ, json_logs))
     launch = SparkConf(loadDefaults=False)
     java_options = driver_java_options(cfg, json_logs, os.environ)
     if java_options and not spark_configures(DRIVER_DEFAULT_JAVA_OPTIONS, os.environ):
@@ -137,18 +137,23 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None,
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     add_worker_env(spark.sparkContext.environment, WORKER_MALLOC_ENV, os.environ)
+    # The job's format may come from an env file, which the processes Spark starts never read: the workers'
+    # daemon says in it why it hands over to PySpark's own (without configuring logging, as the server).
+    spark.sparkContext.environment[logs.FORMAT_ENV] = logs.JSON if json_logs else logs.TEXT
     if server is not None:
         spark.sparkContext.environment.setdefault(fork_server.SOCKET_ENV, server.socket_path)
     return spark
 
 
-def fork_server_env(environ: Mapping[str, str]) -> dict[str, str]:
+def fork_server_env(environ: Mapping[str, str], json_logs: bool = False) -> dict[str, str]:
     """The fork server's environment: what is read only at a process's start is as in the Python processes
     Spark starts, which the server's forks become. glibc's malloc settings (WORKER_MALLOC_ENV); Python's
     hash seed, which PySpark's context gives them (PYTHONHASHSEED, "0" unless the driver has one: str
     hashes are then the same in every process, as PySpark's portable_hash requires), and its unbuffered
-    stdio, which Spark's PythonWorkerFactory sets for each."""
-    return {**WORKER_MALLOC_ENV, "PYTHONHASHSEED": "0", **environ, "PYTHONUNBUFFERED": "YES"}
+    stdio, which Spark's PythonWorkerFactory sets for each. And the job's LOG_FORMAT (`json_logs`, which
+    may come from an env file), for the lines the server writes."""
+    return {**WORKER_MALLOC_ENV, "PYTHONHASHSEED": "0", **environ, "PYTHONUNBUFFERED": "YES",
+            logs.FORMAT_ENV: logs.JSON if json_logs else logs.TEXT}
 
 
 def refuse_speculation(spark: SparkSession) -> None:

@@ -140,12 +140,24 @@ def no_rows(batches: Iterator[Any]) -> Iterator[Any]:
     yield from ()
 
 
+def _say(message: str) -> None:
+    """A line on stderr in the job's LOG_FORMAT, without configuring logging (the workers Spark forks from
+    PySpark's daemon start with it untouched); plain if the package's logging cannot even import."""
+    try:
+        import logging
+
+        from firehose_bq import logs
+
+        logs.say_unconfigured("firehose_bq.worker_daemon", logging.WARNING, message, os.environ)
+    except Exception:  # noqa: BLE001 - the daemon must still hand over to PySpark's
+        print(message, file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str]) -> None:
     worker_module = argv[1] if len(argv) > 1 else PYSPARK_WORKER
     unsafe = preload(modules_for(worker_module))
     if unsafe is not None:
-        print(f"firehose-bq worker daemon: starting PySpark's own daemon instead ({unsafe})", file=sys.stderr,
-              flush=True)
+        _say(f"firehose-bq worker daemon: starting PySpark's own daemon instead ({unsafe})")
         os.execv(sys.executable, [sys.executable, "-m", "pyspark.daemon", *argv[1:]])
     from pyspark import daemon
 

@@ -135,7 +135,8 @@ def row_builder(spec: SinkSpec, changelog: bool, proto_class: str = "",
     schema_ids = (SchemaIds(spec.schema_subject, ids, name, message_indexes(message_class.DESCRIPTOR), moved)
                   if spec.confluent_framed and spec.schema_subject and ids is not None else None)
     return RowBuilder(values, spec.metadata, key, changelog=changelog, unknown=unknown, schema_ids=schema_ids,
-                      key_precision=precision, enum_numbers=EnumNumbers(message_class.DESCRIPTOR, spec.options))
+                      key_precision=precision, enum_numbers=EnumNumbers(message_class.DESCRIPTOR, spec.options),
+                      key_enum_numbers=EnumNumbers(key_class.DESCRIPTOR, spec.options, 2) if key_class is not None else None)
 
 
 class _Task:

@@ -5,7 +5,8 @@ decimal text ("2"), the name being unknown. A producer ahead of the sink (`SHIPP
 get rows holding "2" beside later rows holding "SHIPPED" for the same value, without a word. Enum value
 names are identifiers, so a value starting with a digit or '-' is such a number. A task that holds for
 unknown fields holds for these too (core.py): the registry refresh names them, and only a number still
-unknown after it is written as its text.
+unknown after it is written as its text. The same goes for the Kafka key when it is a message of its own
+(INPUT_SCHEMA_PROTO_KEY_CLASS): a key's number named later is another key in upsert/delete.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ NUMBER = "^-?[0-9]"  # no enum value name starts so
 
 
 class EnumNumbers:
-    """Finds the rows of one message type's decoded values that hold an enum number as text."""
+    """Finds the rows of one message type's decoded values that hold an enum number as text. `depth`: the
+    level its columns sit at, as decoded (make_value_decoder's: 1 the value's, 2 the Kafka key's)."""
 
-    def __init__(self, message: Descriptor, options: SchemaOptions) -> None:
-        self._message, self._options = message, options
+    def __init__(self, message: Descriptor, options: SchemaOptions, depth: int = 1) -> None:
+        self._message, self._options, self._depth = message, options, depth
         self._has_enums = _holds_enum(message)
 
     def has_enums(self) -> bool:
@@ -36,7 +38,7 @@ class EnumNumbers:
         if not self.has_enums():
             return []
         hits: list[np.ndarray] = []
-        self._walk(values, np.arange(len(values)), self._message, 1, hits)
+        self._walk(values, np.arange(len(values)), self._message, self._depth, hits)
         return sorted(set(np.concatenate(hits).tolist())) if hits else []
 
     def _walk(self, struct: pa.Array, rows: np.ndarray, message: Descriptor, depth: int,

@@ -222,7 +222,7 @@ class RowBuilder:
     def __init__(self, values: ValueDecoder, metadata: MetadataColumns, key: ValueDecoder | None = None,
                  changelog: bool = False, unknown: UnknownFieldsJson | None = None,
                  schema_ids: SchemaIds | None = None, key_precision: SubMicrosecondKeys | None = None,
-                 enum_numbers: EnumNumbers | None = None) -> None:
+                 enum_numbers: EnumNumbers | None = None, key_enum_numbers: EnumNumbers | None = None) -> None:
         if changelog and key is None:
             raise ValueError("a changelog needs the key's decoder")
         self._values = values
@@ -232,7 +232,8 @@ class RowBuilder:
         self._changelog = changelog
         self._unknown = unknown
         self._schema_ids = schema_ids
-        self._enum_numbers = enum_numbers if enum_numbers is not None and enum_numbers.has_enums() else None
+        # The value's and the key's (the Kafka key's own message): either's holds the task (core.py).
+        self._enum_numbers, self._key_enum_numbers = enum_numbers, key_enum_numbers
         # The allowed ids as the frame holds them, for one vectorized membership test per batch (an id a
         # registry answered outside 4 unsigned bytes is in no frame).
         self._id_bytes = (pa.array([i.to_bytes(4, "big") for i in sorted(schema_ids.ids) if 0 <= i < 2 ** 32],
@@ -259,10 +260,11 @@ class RowBuilder:
             for i in np.flatnonzero(null_values & ~failed):
                 failures.append(RowError(int(i), ErrorType.INVALID_MESSAGE_ERROR, TOMBSTONE))
             failed |= null_values
-        key = None
+        key = decoded_key = None
         key_unknown: list[int] = []
         if self._key is not None:
             keys = self._key.decode(source["key"])
+            decoded_key = keys.values
             null_keys = source["key"].is_null().to_numpy(zero_copy_only=False)
             for f in keys.failures:
                 if not failed[f.index]:
@@ -301,8 +303,10 @@ class RowBuilder:
         else:
             values = decoded.values
         unknown = sorted({*decoded.unknown_fields, *key_unknown}) if key_unknown else decoded.unknown_fields
-        enum_numbers = ([i for i in self._enum_numbers.rows(decoded.values) if not failed[i]]
-                        if self._enum_numbers is not None else [])
+        enum_numbers = sorted({i for finder, decoded_values in ((self._enum_numbers, decoded.values),
+                                                                (self._key_enum_numbers, decoded_key))
+                               if finder is not None and decoded_values is not None
+                               for i in finder.rows(decoded_values) if not failed[i]})
         return Rows(values, key, metadata, self._metadata.namespace, sources, load_time_us, failures,
                     unknown, key_unknown, unknown_ids, enum_numbers,
                     deletes=null_values[sources] if self._changelog else np.zeros(len(sources), dtype=bool),

@@ -127,7 +127,7 @@ def dlq_security_ignored(environ: Mapping[str, str], source: KafkaSecurityConfig
     given = (f"{DLQ_PROTOCOL_ENV} is {protocol}" if environ.get(DLQ_PROTOCOL_ENV, "").strip()
              else f"{DLQ_PROTOCOL_ENV} is unset and the source's is {protocol}")
     return [f"{env} is set but has no effect: {given}, which uses no {'SASL' if env in _DLQ_SASL_ONLY else 'TLS'} "
-            f"(the DLQ producer connects with the source's Kafka security settings); unset it"
+            f"(the DLQ producer and `replay-dlq` connect with the source's Kafka security settings); unset it"
             for env in _ignored_by_protocol(environ, source)]
 
 

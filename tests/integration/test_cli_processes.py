@@ -126,6 +126,26 @@ def test_lines_logged_in_spark_tasks_are_json_with_the_tasks_context(job_env: di
             topic, 1, job_config.bigquery.table_ref, "DESERIALIZATION_ERROR")
 
 
+def test_the_fork_servers_and_worker_daemons_lines_are_json_under_log_format_json_from_an_env_file(
+        job_env: dict[str, str], job_config, tmp_path: Path) -> None:
+    """The fork server and the workers' daemon write their lines without logging (their forks are Spark's
+    processes); with OPENBLAS_NUM_THREADS=2 numpy starts threads as they import, so both step aside and say
+    so. Under LOG_FORMAT=json, here only in an env file that Spark's processes never read, those lines are
+    the job's JSON records too: they were plain text."""
+    produce_bookings(job_config, 5)
+    env_file = tmp_path / "job.env"
+    env_file.write_text("LOG_FORMAT=json\n")
+    done = firehose("run", "--available-now", "--env-file", str(env_file), env={**job_env, "OPENBLAS_NUM_THREADS": "2"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert [line for line in lines if not line.startswith("{")] == ["WARNING: Using incubator modules: jdk.incubator.vector"]
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    server = [r["message"] for r in records if r["logger"] == "firehose_bq.fork_server"]
+    daemon = [r["message"] for r in records if r["logger"] == "firehose_bq.worker_daemon"]
+    assert server and all("not serving" in m and "threads run" in m for m in server), server
+    assert daemon and all("starting PySpark's own daemon instead" in m for m in daemon), daemon
+
+
 def test_a_run_stopped_by_bad_data_logs_only_json_lines(job_env: dict[str, str], job_config) -> None:
     """A log shipper meets a failing run's lines most: the stop for a message that cannot be decoded (the DLQ
     off) carries Spark's own ERROR with its Java trace, and every line of it must still parse as JSON."""

@@ -159,3 +159,19 @@ def test_replay_dlq_checks_the_dlq_security_variables_with_the_jobs_dlq_off() ->
     assert done.stderr.strip().startswith("config error: DLQ_KAFKA_SECURITY_PROTOCOL: differs from "
                                           "SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL"), done.stderr
     assert firehose("config", "check", env=env).returncode == 0  # the job's DLQ is off: not its concern
+
+
+def test_replay_dlq_warns_about_dlq_security_variables_its_protocol_ignores_with_the_jobs_dlq_off() -> None:
+    # The replay reads the DLQ topic with the source's security whether or not the job's own DLQ is on, and
+    # compares the DLQ_KAFKA_* security variables then: one its protocol ignores (SSL uses no SASL) was named
+    # only where the job's own DLQ was on Kafka. (The protocol differs from the source's: exit 2 at once.)
+    env = {**MINIMAL, "SOURCE_KAFKA_BROKERS": "127.0.0.1:1", "DLQ_KAFKA_SECURITY_PROTOCOL": "SSL",
+           "DLQ_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512"}
+    warning = ("DLQ_KAFKA_SASL_MECHANISM is set but has no effect: DLQ_KAFKA_SECURITY_PROTOCOL is SSL, which uses "
+               "no SASL")
+    for dlq in ({}, {"DLQ_SINK_ENABLE": "true", "DLQ_WRITER_TYPE": "LOG"}):
+        done = firehose("replay-dlq", "--available-now", env={**env, **dlq})
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count(warning) == 1, done.stderr
+        assert "config error: DLQ_KAFKA_SECURITY_PROTOCOL: differs from" in done.stderr
+        assert warning not in firehose("config", "check", env={**env, **dlq}).stderr  # the job's DLQ: not on Kafka

@@ -4,15 +4,19 @@ processes, Spark's real runner module, and this test standing in for the JVM end
 
 from __future__ import annotations
 
+import json
 import os
 import resource
+import select
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+from array import array
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -80,6 +84,17 @@ class FakeJvm:
         return subprocess.Popen([sys.executable, "-m", *(args or (fork_server.RUNNER_MODULE,))], env=env,
                                 stdin=subprocess.PIPE if args else subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, preexec_fn=ignore if ignored or preexec else None)
+
+    def run_refused(self, fork_socket: str, server_env: Mapping[str, str]) -> tuple[int, bytes]:
+        """Start a runner the server refuses (another hash seed than `server_env`'s): it starts as Spark
+        starts it, and fails at its first read; (its exit code, its stderr)."""
+        seed = "1" if server_env.get("PYTHONHASHSEED") == "0" else "0"
+        proxy = self.start_runner(fork_socket, extra_env={"PYTHONHASHSEED": seed})
+        conn, pid = self.accept()
+        assert pid == proxy.pid
+        conn.close()
+        _, err = proxy.communicate(timeout=30)
+        return proxy.returncode, err
 
     def accept(self) -> tuple[socket.socket, int]:
         conn, _ = self.listener.accept()
@@ -158,14 +173,20 @@ def test_without_a_listening_server_the_runner_starts_as_spark_starts_it(tmp_pat
 def test_a_runner_started_with_another_hash_seed_starts_as_spark_starts_it(server: fork_server.ForkServer,
                                                                            tmp_path: Path) -> None:
     """A fork's str hashes are its server's: one that should hash with another seed must not be forked."""
+    code, err = FakeJvm(tmp_path).run_refused(server.socket_path, os.environ)
+    assert code != 0, err  # the runner's first read failed, as in the test above
+
+
+def test_a_runner_started_tracing_its_memory_starts_as_spark_starts_it(server: fork_server.ForkServer,
+                                                                       tmp_path: Path) -> None:
+    """spark.executorEnv.PYTHONTRACEMALLOC (debugging the workers' memory): a fork would never trace, and
+    tracemalloc.take_snapshot() in it fails (the module must be tracing)."""
     jvm = FakeJvm(tmp_path)
-    seed = "1" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
-    proxy = jvm.start_runner(server.socket_path, extra_env={"PYTHONHASHSEED": seed})
+    proxy = jvm.start_runner(server.socket_path, extra_env={"PYTHONTRACEMALLOC": "5"})
     conn, pid = jvm.accept()
     assert pid == proxy.pid
     conn.close()
-    _, err = proxy.communicate(timeout=30)
-    assert proxy.returncode != 0, err  # the runner's first read failed, as in the test above
+    proxy.communicate(timeout=30)
 
 
 def test_the_server_starts_as_the_python_processes_spark_starts() -> None:
@@ -174,11 +195,86 @@ def test_the_server_starts_as_the_python_processes_spark_starts() -> None:
     from firehose_bq.spark import WORKER_MALLOC_ENV, fork_server_env
 
     env = fork_server_env({"PATH": "/bin", "PYTHONUNBUFFERED": "1"})
-    assert env == {**WORKER_MALLOC_ENV, "PATH": "/bin", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
+    assert env == {**WORKER_MALLOC_ENV, "PATH": "/bin", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES",
+                   "LOG_FORMAT": "text"}
     assert fork_server_env({"PYTHONHASHSEED": "7"})["PYTHONHASHSEED"] == "7"
     spark_env = {"PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
     assert fork_server.refusal({**REQUEST, "env": spark_env}, 3, PYTHON, "/x/pyspark/__init__.py",
                                fork_server.started_with(env)) is None
+
+
+@pytest.mark.parametrize("json_logs", [True, False])
+def test_the_servers_refusal_is_a_line_in_the_jobs_log_format(tmp_path: Path, json_logs: bool) -> None:
+    """Under LOG_FORMAT=json (here only in the driver's env file: the environment says text) the server's
+    lines are the job's JSON records, though it configures no logging (its forks must start without)."""
+    from firehose_bq.spark import fork_server_env
+
+    env = fork_server_env({**os.environ, "LOG_FORMAT": "text"}, json_logs)
+    with open(tmp_path / "stderr", "w+b") as err:
+        started = _server_writing_to(err.fileno(), env)
+        FakeJvm(tmp_path).run_refused(started.socket_path, env)
+        started.close()
+        assert started.process.wait(timeout=20) == 0
+        err.seek(0)
+        (line,) = err.read().decode().splitlines()
+    if json_logs:
+        record = json.loads(line)
+        assert (record["level"], record["logger"]) == ("WARNING", "firehose_bq.fork_server"), record
+        assert "not forking (Python started with other PYTHONHASHSEED" in record["message"]
+    else:
+        assert line.startswith("firehose-bq fork server: not forking (Python started with other PYTHONHASHSEED")
+
+
+def test_a_request_the_server_cannot_read_leaves_no_copy_of_the_processs_stdio_behind(
+        server: fork_server.ForkServer) -> None:
+    """A request past MAX_REQUEST (an environment of megabytes, JSON-escaped), cut short or timed out: the
+    process starts as usual, and the server must not keep the descriptors that came with it. A write end
+    of the process's stdout held by the server is an end of file the JVM never reads."""
+    read_end, write_end = os.pipe()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(server.socket_path)
+            conn.sendmsg([fork_server.LENGTH.pack(fork_server.MAX_REQUEST + 1)],
+                         [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array("i", [write_end] * 3).tobytes())])
+            os.close(write_end)
+            conn.settimeout(20)
+            assert conn.recv(8) == b""  # refused: the stand-in starts the process itself
+        readable, _, _ = select.select([read_end], [], [], 10)
+        assert readable and os.read(read_end, 1) == b"", "the server still holds the process's stdout"
+    finally:
+        os.close(read_end)
+
+
+def test_a_server_whose_stderr_is_gone_still_serves(tmp_path: Path) -> None:
+    """The driver's stderr may be a pipe whose reader went away (`firehose-bq run 2>&1 | tee log`, tee killed):
+    the driver's logging drops what it cannot write. The server's line about a refusal must not end the
+    server either: every process it forked (the source runner, the daemons) dies with it."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    started = _server_writing_to(write_end, os.environ)
+    os.close(write_end)
+    try:
+        jvm = FakeJvm(tmp_path)
+        jvm.run_refused(started.socket_path, os.environ)
+        assert started.process.poll() is None, "the server ended on its refusal's line"
+        forked = jvm.start_runner(started.socket_path)
+        conn, pid = jvm.accept()
+        assert pid != forked.pid and _parent(pid) == started.process.pid
+        conn.close()
+        forked.communicate(timeout=30)
+    finally:
+        started.close()
+        started.process.wait(timeout=20)
+
+
+def _server_writing_to(stderr: int, env: Mapping[str, str]) -> fork_server.ForkServer:
+    """A server started as fork_server.start starts it, but with its stderr on `stderr`; listening."""
+    directory = tempfile.mkdtemp(prefix="firehose-bq-fork-")
+    process = subprocess.Popen([sys.executable, "-m", fork_server.__name__, directory], stdin=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, stderr=stderr, env=dict(env))
+    started = fork_server.ForkServer(process, directory)
+    _wait(lambda: os.path.exists(started.socket_path))
+    return started
 
 
 def test_the_server_ends_with_its_driver_and_removes_its_socket() -> None:
@@ -338,6 +434,17 @@ REQUEST = {"argv": [PYTHON, "-m", fork_server.RUNNER_MODULE], "env": {}, "cwd": 
     ({"env": {"PYTHONUNBUFFERED": "YES"}}, 3, "other PYTHONUNBUFFERED"),
     ({"env": {"PYTHONUNBUFFERED": ""}}, 3, None),  # empty: not set, as Python reads it
     ({"env": {"PYSPARK_ENABLE_NAMEDTUPLE_PATCH": "1"}}, 3, "other PYSPARK_ENABLE_NAMEDTUPLE_PATCH"),
+    # Python reads these only as it starts too (python --help-env, -X's): a fork would keep the server's.
+    ({"env": {"PYTHONTRACEMALLOC": "5"}}, 3, "other PYTHONTRACEMALLOC"),
+    ({"env": {"PYTHONINTMAXSTRDIGITS": "0"}}, 3, "other PYTHONINTMAXSTRDIGITS"),
+    ({"env": {"PYTHONPYCACHEPREFIX": "/tmp/pyc"}}, 3, "other PYTHONPYCACHEPREFIX"),
+    ({"env": {"PYTHONHOME": "/opt/py"}}, 3, "other PYTHONHOME"),
+    ({"env": {"PYTHONVERBOSE": "2"}}, 3, "other PYTHONVERBOSE"),
+    ({"env": {"PYTHONDONTWRITEBYTECODE": "x"}}, 3, "other PYTHONDONTWRITEBYTECODE"),
+    ({"env": {"PYTHONPROFILEIMPORTTIME": "1"}}, 3, "other PYTHONPROFILEIMPORTTIME"),
+    ({"env": {"PYTHONNODEBUGRANGES": "1"}}, 3, "other PYTHONNODEBUGRANGES"),
+    ({"env": {"PYTHONWARNDEFAULTENCODING": "1"}}, 3, "other PYTHONWARNDEFAULTENCODING"),
+    ({"env": {"PYTHONCOERCECLOCALE": "0"}}, 3, "other PYTHONCOERCECLOCALE"),
 ])
 def test_only_known_commands_of_the_same_python_and_pyspark_are_forked(change: dict[str, object], descriptors: int,
                                                                   reason: str | None) -> None:

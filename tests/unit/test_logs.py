@@ -227,3 +227,28 @@ def test_a_spark_task_logs_like_the_driver_in_a_fresh_worker_process(test_descri
         assert (line["batch_id"], line["topic"], line["partition"], line["table"], line["error_type"]) == (
             7, "orders", 3, "p.d.t", "SINK_4XX_ERROR")
     assert HEADER_TOKEN not in done.stderr and PASSWORD not in done.stderr and "https://***@bq.test/x" in done.stderr
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_a_line_of_a_process_without_logging_is_in_the_jobs_format_and_leaves_logging_alone(
+        log_format: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The fork server and the workers' daemon: their forks are Spark's processes, which start with logging
+    untouched, so they write the job's records without a handler."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        raise ValueError(f"from https://user:{PASSWORD}@registry.example/x")
+    except ValueError:
+        logs.say_unconfigured("firehose_bq.fork_server", logging.ERROR, "a request failed", {"LOG_FORMAT": log_format},
+                              exc_info=True)
+    assert (root.handlers, root.level) == (handlers, level)
+    err = capsys.readouterr().err
+    assert PASSWORD not in err and "ValueError" in err
+    if log_format == "json":
+        (line,) = err.splitlines()
+        entry = json.loads(line)
+        assert set(entry) == {"time", "level", "logger", "message", "exception"}
+        assert (entry["level"], entry["logger"], entry["message"]) == ("ERROR", "firehose_bq.fork_server",
+                                                                       "a request failed")
+    else:
+        assert err.startswith("a request failed\nTraceback (most recent call last):")

@@ -4,6 +4,7 @@ installed libraries, and that it steps aside for PySpark's own daemon when it wo
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import struct
 import subprocess
@@ -144,3 +145,11 @@ def test_when_the_preload_is_unsafe_pysparks_own_daemon_takes_over() -> None:
     port, stderr = daemon_port({"OPENBLAS_NUM_THREADS": "2"})
     assert 0 < port < 65536
     assert "starting PySpark's own daemon instead" in stderr and "threads run" in stderr
+
+
+def test_the_daemons_line_is_a_json_record_under_the_jobs_json_logs() -> None:
+    _, stderr = daemon_port({"OPENBLAS_NUM_THREADS": "2", "LOG_FORMAT": "json"})
+    (line,) = [line for line in stderr.splitlines() if "instead" in line]
+    record = json.loads(line)
+    assert (record["level"], record["logger"]) == ("WARNING", "firehose_bq.worker_daemon"), record
+    assert "starting PySpark's own daemon instead" in record["message"] and "threads run" in record["message"]

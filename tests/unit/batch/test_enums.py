@@ -50,8 +50,9 @@ def test_a_message_without_open_enums_is_not_looked_at() -> None:
     assert not EnumNumbers(descriptor_pb2.FieldDescriptorProto.DESCRIPTOR, SchemaOptions()).has_enums()
 
 
+@pytest.mark.parametrize("in_key", [False, True])
 def test_an_enum_number_holds_the_task_for_a_refresh_and_is_written_as_text_without_the_hold(
-        canvas: type, tmp_path: Path) -> None:
+        canvas: type, tmp_path: Path, in_key: bool) -> None:
     from dataclasses import replace
 
     from firehose_bq.batch.core import process_batch
@@ -61,13 +62,32 @@ def test_an_enum_number_holds_the_task_for_a_refresh_and_is_written_as_text_with
     from tests.unit.batch.test_core import FakePlan, handling
 
     loaded = descriptors.load([str(compile_protos(tmp_path / "enums.desc", PROTOS))])
-    base = SinkSpec(loaded, "enumtest.Canvas", MetadataColumns(columns=("message_offset",)))
-    batch = source_batch([canvas(id="a", color=1).SerializeToString(), canvas(id="b", palette=[3]).SerializeToString()],
-                         offsets=[7, 8])
+    # In the key: a message of its own (INPUT_SCHEMA_PROTO_KEY_CLASS), its columns one level down (message_key).
+    base = SinkSpec(loaded, "enumtest.Canvas", MetadataColumns(columns=("message_offset",)),
+                    key_class="enumtest.Paint" if in_key else None)
+    if in_key:
+        paint, value = loaded.message_class("enumtest.Paint"), canvas(id="v", color=1).SerializeToString()
+        batch = source_batch([value, value], keys=[paint(color=1).SerializeToString(),
+                                                   paint(extra=[1, 5]).SerializeToString()], offsets=[7, 8])
+    else:
+        batch = source_batch([canvas(id="a", color=1).SerializeToString(),
+                              canvas(id="b", palette=[3]).SerializeToString()], offsets=[7, 8])
     plan = FakePlan()
     held = process_batch([batch], replace(base, hold_on_unknown_fields=True), plan, handling())
-    # Before, "b" was written at once with palette ["3"]: a producer's newer enum value, never refreshed for.
+    # Before, "b" was written at once with palette ["3"]: a producer's newer enum value, never refreshed for
+    # (and a key's extra ["RED", "5"], until this held for the key too).
     assert held.held == "enum number the descriptors do not name at t/0@8" and held.resume == [("t", 0, 7)]
     assert not plan.writer.written
     result = process_batch([batch], base, plan, handling())  # the second run, after a refresh named nothing
-    assert not result.held and [r["palette"] for r in plan.writer.written] == [[], ["3"]]
+    written = [r["message_key"]["extra"] if in_key else r["palette"] for r in plan.writer.written]
+    assert not result.held and written == ([[], ["RED", "5"]] if in_key else [[], ["3"]])
+
+
+def test_the_keys_numbers_are_found_at_the_keys_depth(canvas: type) -> None:
+    # The key's columns sit one level down (message_key): with max_depth 3 its `inner.inner` is cut to JSON
+    # text, where the value's would still be a RECORD, and its `paint.color` is still a column.
+    options = SchemaOptions(max_depth=3)
+    raw = pa.array([canvas(id="x", inner={"inner": {"color": 9}}).SerializeToString(),
+                    canvas(id="y", paint={"color": 4}).SerializeToString()], pa.binary())
+    decoded = make_value_decoder(canvas, 2, options).decode(raw)
+    assert EnumNumbers(canvas.DESCRIPTOR, options, 2).rows(decoded.values) == [1]
