@@ -316,3 +316,8 @@ def test_emulator_refuses_a_parquet_load_into_a_table_with_a_json_column(bq_clie
     bq_client.load_table_from_file(io.BytesIO(data), table, job_config=ndjson).result()
     docs = [r.doc for r in bq_client.query(f"SELECT r.doc AS doc FROM `{ref}` ORDER BY n").result()]
     assert docs == [{"a": [1, "x"]}, "text"]  # the client parses JSON values: an object, and a JSON string
+    # A number no JSON column holds fails the whole JSON load, as on BigQuery (json_column_numbers).
+    with pytest.raises(exceptions.BadRequest, match="out of FLOAT64 range"):
+        bq_client.load_table_from_file(io.BytesIO(b'{"n":3}\n{"n":4,"r":{"doc":[1e400]}}\n'), table,
+                                       job_config=ndjson).result()
+    assert next(iter(bq_client.query(f"SELECT COUNT(*) AS n FROM `{ref}`").result())).n == 2
