@@ -9,6 +9,7 @@ load all their files or none, and decode BYTES from base64, as BigQuery does.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import uuid
 from collections.abc import Iterator
@@ -321,3 +322,36 @@ def test_emulator_refuses_a_parquet_load_into_a_table_with_a_json_column(bq_clie
         bq_client.load_table_from_file(io.BytesIO(b'{"n":3}\n{"n":4,"r":{"doc":[1e400]}}\n'), table,
                                        job_config=ndjson).result()
     assert next(iter(bq_client.query(f"SELECT COUNT(*) AS n FROM `{ref}`").result())).n == 2
+
+
+def test_a_table_given_a_json_column_loads_its_next_batches_from_json_lines(
+        spark, gcs_staging, bq_client, cleanup) -> None:
+    # A user adds a JSON column to the live table (the proto has no such field): BigQuery would refuse the
+    # Parquet of every later batch; its rows (every type of the sample proto) now load as JSON lines.
+    from tests.integration.test_end_to_end import expected_row
+
+    cfg = Config.from_env(gcs_staging)
+    cleanup(cfg)
+    produce_bookings(cfg, 30)
+    assert Pipeline(cfg, spark).run(available_now=True).totals.rows_written == 30
+    table = bq_client.get_table(cfg.bigquery.table_ref)
+    table.schema = [*table.schema, bigquery.SchemaField("notes", "JSON")]
+    bq_client.update_table(table, ["schema"])
+    before = {j.job_id for j in load_jobs(bq_client, cfg)}
+
+    produce_bookings(cfg, 30, start=30)
+    summary = Pipeline(cfg, spark).run(available_now=True)
+
+    assert (summary.totals.rows_written, summary.totals.failed) == (30, 0)
+    later = [j for j in load_jobs(bq_client, cfg) if j.job_id not in before]
+    assert later and {j.source_format for j in later} == {"NEWLINE_DELIMITED_JSON"}
+    assert all(uri.endswith(".ndjson") for j in later for uri in j.source_uris), "read from gs:// by the job"
+    rows = {r["order_number"]: r for r in read_table(bq_client, cfg)}
+    assert len(rows) == 60
+    for i in range(60):
+        row = dict(rows[f"ORD-{i:08d}"])
+        row["context"] = json.loads(row["context"])
+        for name in ("message_topic", "message_partition", "message_offset", "message_timestamp", "load_time"):
+            del row[name]
+        assert row.pop("notes") is None and row == expected_row(i), f"booking {i}"
+    assert staged_leftovers(cfg) == []
