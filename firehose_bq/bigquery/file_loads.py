@@ -3,13 +3,13 @@
 BigQuery allows 1,500 load jobs per table per day, so a load job per Spark task is out of the question.
 Instead each task fits its rows to the live table (`conform.py`: the rows BigQuery would refuse fail
 here, each on its own, instead of failing the whole load job later) and appends them to a file of its
-own on its local disk: Parquet, or newline-delimited JSON for a table with a JSON column (below). When the task ends it puts the file into the staging area under the
-batch's prefix (`blobstore.py`: `gs://bucket/prefix`, or a directory every process of the job mounts;
-whole objects, visible only once complete) and reports the object (name, row count, Kafka offset ranges)
-in its result, with each object's format. The driver, once every task of the micro-batch succeeded, loads
-each table's objects in one job (WRITE_APPEND, columns matched by name, REPEATED columns read from Parquet
-LISTs), waits for it, and only when every table of the batch is loaded drops the batch's prefix and lets
-Spark commit.
+own on its local disk: Parquet, or newline-delimited JSON for a table with a JSON column (below). When
+the task ends it puts the file into the staging area under the batch's prefix (`blobstore.py`:
+`gs://bucket/prefix`, or a directory every process of the job mounts; whole objects, visible only once
+complete) and reports the object (name, format, row count) in its result. The driver, once every task
+of the micro-batch succeeded, loads each table's objects in one job (WRITE_APPEND, columns matched by
+name, REPEATED columns read from Parquet LISTs), waits for it, and only when every table of the batch is
+loaded drops the batch's prefix and lets Spark commit.
 
 How a load job gets its rows: from Cloud Storage, BigQuery reads the objects itself; the job's source
 URIs are exactly the reported objects (never a wildcard, which would also take a failed task attempt's
@@ -29,7 +29,7 @@ of columns: each line names its own).
 
 Replays are idempotent: the job id is derived from the table, the checkpoint, the batch id and the batch's
 plan, the Kafka ranges it was planned to read (bigquery/jobs.py `batch_job_id`: never from the file bytes,
-names or staged offsets, which differ between runs of one batch). A batch replayed after a crash between "load done" and "offsets committed" finds its job done
+names, formats or staged offsets, which differ between runs of one batch). A batch replayed after a crash between "load done" and "offsets committed" finds its job done
 and loads nothing. The same makes a failed load safe to retry: the driver's retry (the error policy's
 retry types, RETRY_* within SINK_BIGQUERY_RETRY_DEADLINE_MS) looks the job up again, waits for it if it
 runs, and starts the next one only when it failed; the client's own retries are off inside it.
