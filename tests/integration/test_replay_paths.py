@@ -153,6 +153,42 @@ def test_a_file_loads_replay_that_stopped_after_its_load_finishes_that_batch_onc
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
 
 
+def test_a_file_loads_replay_into_a_table_with_a_json_column_loads_json_lines_once(
+        spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
+        tmp_path: Path) -> None:
+    """`replay-dlq` through file loads into a table a user gave a JSON column: BigQuery refuses Parquet
+    loads into such a table, so every replay batch failed, and so did each rerun. The replay stages JSON
+    lines; one killed before a batch's commit finishes that batch (its pending record names the format)
+    without loading it again."""
+    fake, _server = registry
+    letters = 2 * DLQ_BATCH
+    job = file_loads_job_of_newer_messages(fake, job_env, tmp_path, letters)
+    cfg, dlq_topic = job.cfg, job.dlq_topic
+    cache = DescriptorCache.for_stencil(cfg.input_schema.stencil_urls, cfg.registry).start()
+    try:
+        summary = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now).run(available_now=True)
+        assert (summary.totals.dead_lettered, summary.totals.rows_written) == (letters, 0)
+        table = bq_client.get_table(cfg.bigquery.table_ref)
+        table.schema = [*table.schema, bigquery.SchemaField("notes", "JSON")]
+        bq_client.update_table(table, ["schema"])
+        fake.routes["/dlq.desc"] = job.paths["v2"].read_bytes()
+
+        StopsBeforeCommittingItsSecondBatch.run_killed(cfg, dlq_topic, "replay-json")
+        source = KafkaDlqSource(cfg.source.brokers, dlq_topic, "replay-json", None)
+        try:
+            again = replay(cfg, source)
+        finally:
+            source.close()
+        assert again.stats.failed == 0
+        assert table_ids(bq_client, cfg) == Counter(f"new{i}" for i in range(letters))  # every letter once
+        loads = [j for j in bq_client.list_jobs(max_results=1000) if j.job_type == "load"
+                 and j.destination is not None and j.destination.table_id == cfg.bigquery.table]
+        assert loads and {j.source_format for j in loads} == {"NEWLINE_DELIMITED_JSON"}
+    finally:
+        cache.stop()
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
 def test_letters_of_a_batch_the_stream_ran_twice_are_replayed_once(
         spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
         tmp_path: Path) -> None:
