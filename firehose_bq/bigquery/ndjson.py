@@ -9,9 +9,11 @@ integers beyond 2^53 as strings. Every other table keeps Parquet, which is faste
 
 A JSON column's value goes into the file as it is, so it is checked first, per row: text that is not
 JSON (possible from a protobuf string in a user's JSON column) would break the file's line and fail the
-whole load job; a number beyond FLOAT64's range, BigQuery refuses in a load job too; a JSON `null` as an
-element of a REPEATED JSON column is a NULL element, which BigQuery's arrays cannot hold. Those rows fail
-alone (RowErrors), as conform.py's do, and never reach the file.
+whole load job; BigQuery's JSON type refuses, and fails the load job on, a number beyond FLOAT64's range,
+nesting deeper than 500 levels and a lone UTF-16 surrogate; a JSON `null` as an element of a REPEATED
+JSON column is a NULL element, which BigQuery's arrays cannot hold. Those rows fail alone (RowErrors), as
+conform.py's do, and never reach the file. (JSON input's decoders refuse all of these already; a protobuf
+job writing a user's JSON column does not.)
 """
 
 from __future__ import annotations
@@ -28,11 +30,14 @@ from google.cloud.bigquery import SchemaField
 
 from firehose_bq.bigquery.conform import MISFIT, OUT_OF_RANGE
 from firehose_bq.bigquery.json_rows import JsonForm, row_texts
+from firehose_bq.decode.json_reference import SURROGATE_ESCAPE, nesting_depth
 from firehose_bq.errors import ErrorType
 
 PARQUET = "PARQUET"
 NDJSON = "NEWLINE_DELIMITED_JSON"
 SUFFIXES = {PARQUET: ".parquet", NDJSON: ".ndjson"}
+# "The JSON data type has a nesting limit of 500" (Working with JSON data, Limitations).
+JSON_NESTING_LIMIT = 500
 # Rows staged as Parquet and loaded in a JSON job (the table gained a JSON column during the batch) hold
 # no JSON column: a Parquet file was only begun while the table had none.
 CONVERTED = JsonForm(wide_integers_as_text=True)
@@ -78,10 +83,23 @@ def problem(text: str, element: bool) -> tuple[ErrorType, str] | None:
     except ValueError as exc:
         return MISFIT, f"the value is not JSON text ({exc})"
     except RecursionError:
-        return MISFIT, "the value is JSON nested too deep for BigQuery's JSON type"
+        return MISFIT, f"the value nests deeper than BigQuery's JSON type does ({JSON_NESTING_LIMIT} levels)"
+    if text.count("{") + text.count("[") > JSON_NESTING_LIMIT and nesting_depth(text) > JSON_NESTING_LIMIT:
+        return MISFIT, f"the value nests deeper than BigQuery's JSON type does ({JSON_NESTING_LIMIT} levels)"
+    if SURROGATE_ESCAPE.search(text) and _lone_surrogate(text):
+        return MISFIT, "the value is not JSON text BigQuery reads: a lone UTF-16 surrogate escape"
     if element and value is None:
         return MISFIT, "a JSON null element: BigQuery arrays cannot hold NULL"
     return None
+
+
+def _lone_surrogate(text: str) -> bool:
+    """The JSON text's strings (keys included) hold a surrogate escape that is not half of a pair."""
+    try:
+        json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def json_failures(rows: pa.RecordBatch, paths: frozenset[str]) -> dict[int, tuple[ErrorType, str]]:

@@ -81,5 +81,11 @@ def test_json_values_a_load_job_would_fail_on_are_found_per_row_at_any_depth() -
     assert failed[6][0] is ErrorType.INVALID_MESSAGE_ERROR
     assert failed[7] == (ErrorType.SINK_4XX_ERROR, "column rec.inner: a JSON null element: BigQuery arrays cannot "
                                                    "hold NULL")
+    deep = "[" * 501 + "]" * 501
+    assert [ndjson.problem(text, False) is None for text in (
+        "[" * 500 + "]" * 500, deep, '"[[[' + "[" * 600 + '"', '"\\ud83d\\ude00"', '{"\\ud800": 1}', '["\\udc00"]')] \
+        == [True, False, True, True, False, False]
+    assert ndjson.problem(deep, False) == (ErrorType.SINK_4XX_ERROR, "the value nests deeper than BigQuery's JSON "
+                                                                     "type does (500 levels)")
     # A JSON null as a whole (NULLABLE) column's value is NULL, which it may be.
     assert ndjson.json_failures(pa.RecordBatch.from_pydict({"doc": ["null"]}), frozenset({"doc"})) == {}
