@@ -304,7 +304,8 @@ class BigQueryConfig:
     )
     file_loads_staging_uri: str = setting(
         "SINK_BIGQUERY_FILE_LOADS_STAGING_URI",
-        "With `file_loads` or `mixed`: where tasks stage their rows as Parquet until the batch's load job ran. "
+        "With `file_loads` or `mixed`: where tasks stage their rows (Parquet; newline-delimited JSON for a table "
+        "with a JSON column) until the batch's load job ran. "
         "`gs://bucket/prefix` (on a cluster): the load job reads the objects from there; or a directory (a path "
         "or `file://`) that the driver and every executor share: the driver uploads each batch's files. Empty = "
         "`<SPARK_CHECKPOINT_LOCATION>/staging`, for a local checkpoint only.",

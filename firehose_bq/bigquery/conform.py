@@ -93,6 +93,12 @@ class LiveTable:
         self._call = {**call, "retry": None}
         self._schema: list[SchemaField] | None = None
 
+    @property
+    def schema(self) -> list[SchemaField]:
+        """The columns the last `fit` fitted rows to."""
+        assert self._schema is not None, "the schema is read by the first fit"
+        return self._schema
+
     def fit(self, rows: pa.RecordBatch) -> Fitted:
         fresh = self._schema is None
         if self._schema is None:

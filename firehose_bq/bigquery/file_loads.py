@@ -1,27 +1,35 @@
-"""The file-loads write path: tasks stage rows as Parquet, the driver runs one load job per table per micro-batch.
+"""The file-loads write path: tasks stage rows in files, the driver runs one load job per table per micro-batch.
 
 BigQuery allows 1,500 load jobs per table per day, so a load job per Spark task is out of the question.
 Instead each task fits its rows to the live table (`conform.py`: the rows BigQuery would refuse fail
-here, each on its own, instead of failing the whole load job later) and appends them to a Parquet file
-of its own on its local disk. When the task ends it puts the file into the staging area under the
-batch's prefix (`blobstore.py`: `gs://bucket/prefix`, or a directory every process of the job mounts;
-whole objects, visible only once complete) and reports the object (name, row count, Kafka offset ranges)
-in its result. The driver, once every task of the micro-batch succeeded, loads each table's objects in
-one job (WRITE_APPEND, columns matched by name, REPEATED columns read from Parquet LISTs), waits for it,
-and only when every table of the batch is loaded drops the batch's prefix and lets Spark commit.
+here, each on its own, instead of failing the whole load job later) and appends them to a file of its
+own on its local disk: Parquet, or newline-delimited JSON for a table with a JSON column (below). When
+the task ends it puts the file into the staging area under the batch's prefix (`blobstore.py`:
+`gs://bucket/prefix`, or a directory every process of the job mounts; whole objects, visible only once
+complete) and reports the object (name, format, row count) in its result. The driver, once every task
+of the micro-batch succeeded, loads each table's objects in one job (WRITE_APPEND, columns matched by
+name, REPEATED columns read from Parquet LISTs), waits for it, and only when every table of the batch is
+loaded drops the batch's prefix and lets Spark commit.
 
 How a load job gets its rows: from Cloud Storage, BigQuery reads the objects itself; the job's source
 URIs are exactly the reported objects (never a wildcard, which would also take a failed task attempt's
 leftovers). From a shared directory the driver uploads them with the job, combined into one file. So
-does it, from either, for a table whose objects differ in columns (the table grew while the batch ran):
-one file under the union of their columns, rather than leaving BigQuery to reconcile per-file schemas.
+does it, from either, for a table whose Parquet objects differ in columns (the table grew while the batch
+ran): one file under the union of their columns, rather than leaving BigQuery to reconcile per-file schemas.
 
-Parquet rather than newline-delimited JSON: it is written straight from the Arrow batches (no text per
-value), typed (TIMESTAMP, DATE, BYTES and NUMERIC need no text forms), and a fraction of the size.
+Parquet where it can be: it is written straight from the Arrow batches (no text per value), typed
+(TIMESTAMP, DATE, BYTES and NUMERIC need no text forms), and a fraction of the size. It cannot be for a
+table with a JSON column at any depth: BigQuery's load jobs fill JSON columns only from CSV, Avro or JSON
+files and refuse the Parquet, every batch. Such a table's tasks stage newline-delimited JSON (`ndjson.py`:
+the insertAll serializer's text in the form load jobs read, each JSON column value checked first), decided
+per task from the live table it fits its rows to. One load job has one source format, so when a table
+gained a JSON column while a batch ran and some of its objects are Parquet, the driver loads all of them
+as one uploaded JSON file, the Parquet rows turned into JSON lines (newline-delimited JSON needs no union
+of columns: each line names its own).
 
 Replays are idempotent: the job id is derived from the table, the checkpoint, the batch id and the batch's
 plan, the Kafka ranges it was planned to read (bigquery/jobs.py `batch_job_id`: never from the file bytes,
-names or staged offsets, which differ between runs of one batch). A batch replayed after a crash between "load done" and "offsets committed" finds its job done
+names, formats or staged offsets, which differ between runs of one batch). A batch replayed after a crash between "load done" and "offsets committed" finds its job done
 and loads nothing. The same makes a failed load safe to retry: the driver's retry (the error policy's
 retry types, RETRY_* within SINK_BIGQUERY_RETRY_DEADLINE_MS) looks the job up again, waits for it if it
 runs, and starts the next one only when it failed; the client's own retries are off inside it.
@@ -43,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
 from google.auth import exceptions as auth_exceptions
 from google.cloud import bigquery
@@ -51,6 +60,8 @@ from firehose_bq.bigquery.classify import classify_exception
 from firehose_bq.bigquery.client import REQUEST_ERRORS, attempt_options, call_options
 from firehose_bq.bigquery.conform import LiveTable
 from firehose_bq.bigquery.jobs import BatchJobs, BatchPlan, batch_job_id
+from firehose_bq.bigquery.ndjson import CONVERTED, NDJSON, PARQUET, SUFFIXES, NdjsonWriter, json_columns, \
+    json_failures, lines
 from firehose_bq.blobstore import GCS_SCHEME, BlobStore, GcsOptions, open_blob_store
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.errors import ErrorType, RowError, SinkError
@@ -62,7 +73,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STAGED_SUFFIX = ".parquet"
+STAGED_SUFFIX = SUFFIXES[PARQUET]
 DEFAULT_STAGING_DIR = "staging"
 # A load job takes at most 10,000 source URIs; a batch stages one object per task and table (more only
 # when the table changes during the task).
@@ -74,21 +85,28 @@ STORE_ERRORS = (*REQUEST_ERRORS, auth_exceptions.GoogleAuthError, OSError)
 class StagedFile:
     """What a task staged for one table; travels to the driver as JSON in the task's result.
 
-    Usually one Parquet object; another one is begun when the rows' columns change within the task (the
-    table gained a column meanwhile), as one Parquet file holds one schema. `objects` are names in the
-    staging area; `schemas` a digest of each object's columns, in the same order."""
+    Usually one object; another one is begun when the rows' columns change within the task (the table
+    gained a column meanwhile), as one Parquet file holds one schema, or when the table's format changes
+    (it gained a JSON column). `objects` are names in the staging area; `schemas` a digest of each
+    object's columns and `formats` its format (PARQUET or NEWLINE_DELIMITED_JSON), in the same order."""
 
     objects: list[str] = field(default_factory=list)
     rows: int = 0
     schemas: list[str] = field(default_factory=list)
+    formats: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.formats:  # staged by an older version (a replay's pending batch), which staged only Parquet
+            self.formats = [PARQUET] * len(self.objects)
 
     def to_json(self) -> str:
-        return json.dumps({"objects": self.objects, "rows": self.rows, "schemas": self.schemas})
+        return json.dumps({"objects": self.objects, "rows": self.rows, "schemas": self.schemas,
+                           "formats": self.formats})
 
     @classmethod
     def from_json(cls, text: str) -> StagedFile:
         data = json.loads(text)  # a replay's pending batch from an older version also has "ranges": unused now
-        return cls(data["objects"], data["rows"], data["schemas"])
+        return cls(data["objects"], data["rows"], data["schemas"], data.get("formats", []))
 
 
 @dataclass(frozen=True)
@@ -134,10 +152,11 @@ def _scratch_parent() -> str | None:
 
 
 class StagingWriter:
-    """A task's RowWriter for file loads: appends the rows that fit the table to Parquet on local disk and,
-    on close, puts the file(s) into the staging area under `prefix`. The client (borrowed: its maker
-    closes it) reads the live table. Rows the table cannot take fail here
-    (RowErrors), never in the driver's load job; a file that cannot be stored raises SinkError on close.
+    """A task's RowWriter for file loads: appends the rows that fit the table to a file on local disk
+    (Parquet, or newline-delimited JSON while the live table has a JSON column) and, on close, puts the
+    file(s) into the staging area under `prefix`. The client (borrowed: its maker closes it) reads the live
+    table. Rows the table cannot take fail here (RowErrors), never in the driver's load job; a file that
+    cannot be stored raises SinkError on close.
 
     `insert_ids` are required: they are the rows' Kafka coordinates (`topic_partition_offset`), from
     which the driver derives the batch's load job id."""
@@ -149,8 +168,8 @@ class StagingWriter:
         self._live = LiveTable(client, cfg.table_ref, call_options(cfg))
         self.staged = StagedFile()
         self._scratch: Path | None = None
-        self._files: list[tuple[Path, str]] = []  # local Parquet files, each with its schema digest
-        self._file: pq.ParquetWriter | None = None
+        self._files: list[tuple[Path, str, str]] = []  # local files, each with its schema digest and format
+        self._file: pq.ParquetWriter | NdjsonWriter | None = None
         self._closed = False
 
     def write(self, rows: pa.RecordBatch, insert_ids: pa.StringArray | None) -> list[RowError]:
@@ -158,25 +177,41 @@ class StagingWriter:
         plan, bigquery/jobs.py, and a load job has no insertIds)."""
         assert not self._closed, "write after close"
         fitted = self._live.fit(rows)
-        if fitted.rows.num_rows:
-            self._stage(fitted.rows)
-            self.staged.rows += fitted.rows.num_rows
-        return fitted.failures
+        staged, failures = fitted.rows, fitted.failures
+        paths = json_columns(self._live.schema)
+        if paths and staged.num_rows:
+            # A JSON column's values go into the file as they are: those that would break it fail here.
+            bad = json_failures(staged, paths)
+            if bad:
+                failures = sorted([*failures, *(RowError(int(fitted.positions[i]), kind, f"table "
+                                                         f"{self._live.table_ref}: {text}")
+                                                for i, (kind, text) in bad.items())], key=lambda f: f.index)
+                keep = np.ones(staged.num_rows, dtype=bool)
+                keep[list(bad)] = False
+                staged = staged.filter(pa.array(keep))
+        if staged.num_rows:
+            self._stage(staged, NDJSON if paths else PARQUET, paths)
+            self.staged.rows += staged.num_rows
+        return failures
 
-    def _stage(self, rows: pa.RecordBatch) -> None:
-        if self._file is not None and not self._file.schema.equals(rows.schema):
+    def _stage(self, rows: pa.RecordBatch, source_format: str, paths: frozenset[str]) -> None:
+        if self._file is not None and (not self._file.schema.equals(rows.schema)
+                                       or self._files[-1][2] != source_format):
             self._file.close()
             self._file = None
         if self._file is None:
-            # Imported here, not at the top: pyarrow.parquet and its filesystems (~4 MB per process) are of
-            # no use to the workers of the streaming modes, which import this module through modes.py.
-            import pyarrow.parquet as pq
-
             if self._scratch is None:
                 self._scratch = Path(tempfile.mkdtemp(prefix="firehose-staging-", dir=_scratch_parent()))
-            path = self._scratch / f"{len(self._files)}{STAGED_SUFFIX}"
-            self._file = pq.ParquetWriter(path, rows.schema)
-            self._files.append((path, _schema_digest(rows.schema)))
+            path = self._scratch / f"{len(self._files)}{SUFFIXES[source_format]}"
+            if source_format == NDJSON:
+                self._file = NdjsonWriter(path, rows.schema, paths)
+            else:
+                # Imported here, not at the top: pyarrow.parquet and its filesystems (~4 MB per process) are
+                # of no use to the workers of the streaming modes, which import this module through modes.py.
+                import pyarrow.parquet as pq
+
+                self._file = pq.ParquetWriter(path, rows.schema)
+            self._files.append((path, _schema_digest(rows.schema), source_format))
         self._file.write_batch(rows)
 
     def close(self) -> None:
@@ -193,9 +228,9 @@ class StagingWriter:
                 shutil.rmtree(self._scratch, ignore_errors=True)
 
     def _put_files(self) -> None:
-        for path, digest in self._files:
+        for path, digest, source_format in self._files:
             # A unique name per file and task attempt: a failed attempt's object is never among the reported ones.
-            name = f"{self._prefix}part-{uuid.uuid4().hex}{STAGED_SUFFIX}"
+            name = f"{self._prefix}part-{uuid.uuid4().hex}{SUFFIXES[source_format]}"
             try:
                 self._store.put_file(name, path)
             except STORE_ERRORS as exc:
@@ -203,6 +238,7 @@ class StagingWriter:
                                 f"{exc}") from exc
             self.staged.objects.append(name)
             self.staged.schemas.append(digest)
+            self.staged.formats.append(source_format)
 
 
 def staged_json(writer: object) -> str | None:
@@ -228,6 +264,25 @@ def combine(paths: Sequence[Path], target: Path) -> Path:
         for path in paths:
             for batch in pq.ParquetFile(path).iter_batches():
                 out.write_batch(_aligned(batch, schema))
+    return target
+
+
+def combine_json(paths: Sequence[Path], formats: Sequence[str], target: Path) -> Path:
+    """Staged files of which some are newline-delimited JSON as one such file (a load job has one source
+    format): JSON files as they are, Parquet ones (staged before the table gained its JSON column) turned
+    into JSON lines. A single JSON file is taken as it is."""
+    if len(paths) == 1 and formats[0] == NDJSON:
+        return paths[0]
+    import pyarrow.parquet as pq  # see StagingWriter._stage
+
+    with open(target, "wb") as out:
+        for path, source_format in zip(paths, formats, strict=True):
+            if source_format == NDJSON:
+                with open(path, "rb") as staged:
+                    shutil.copyfileobj(staged, out)
+            else:
+                for batch in pq.ParquetFile(path).iter_batches():
+                    out.write(lines(batch, CONVERTED))
     return target
 
 
@@ -271,18 +326,20 @@ def _aligned(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def load_job_config() -> bigquery.LoadJobConfig:
-    """Append the staged Parquet into the existing table. Its columns are matched by name (the files
-    carry the table's own spellings); list inference makes BigQuery read a Parquet LIST as a REPEATED
-    column instead of a RECORD holding `list.element`."""
-    parquet = bigquery.ParquetOptions()
-    parquet.enable_list_inference = True
-    return bigquery.LoadJobConfig(
-        source_format=bigquery.SourceFormat.PARQUET,
-        parquet_options=parquet,
+def load_job_config(source_format: str = PARQUET) -> bigquery.LoadJobConfig:
+    """Append the staged files into the existing table. Their columns are matched by name (the files carry
+    the table's own spellings; JSON lines name their members); for Parquet, list inference makes BigQuery
+    read a Parquet LIST as a REPEATED column instead of a RECORD holding `list.element`."""
+    config = bigquery.LoadJobConfig(
+        source_format=source_format,
         write_disposition=bigquery.WriteDisposition.WRITE_APPEND,
         create_disposition=bigquery.CreateDisposition.CREATE_NEVER,
     )
+    if source_format == PARQUET:
+        parquet = bigquery.ParquetOptions()
+        parquet.enable_list_inference = True
+        config.parquet_options = parquet
+    return config
 
 
 @dataclass(frozen=True)
@@ -345,14 +402,17 @@ class FileLoader:
                             f"({self._store.uri(unseen)}): SINK_BIGQUERY_FILE_LOADS_STAGING_URI must be "
                             f"gs://bucket/prefix or a directory that the driver and every executor share")
         uris = [self._store.uri(name) for name in names]
+        formats = [source_format for f in staged for source_format in f.formats]
         rows = sum(f.rows for f in staged)
-        if (uris[0].startswith(GCS_SCHEME) and len({d for f in staged for d in f.schemas}) == 1
-                and len(uris) <= MAX_SOURCE_URIS):
+        # JSON lines need no common schema (each names its members); Parquet objects do.
+        one_format = len(set(formats)) == 1
+        alike = one_format and (formats[0] == NDJSON or len({d for f in staged for d in f.schemas}) == 1)
+        if uris[0].startswith(GCS_SCHEME) and alike and len(uris) <= MAX_SOURCE_URIS:
             log.info("batch %d: load job %s: %d rows from %d staged object(s) under %s", batch_id, job_id, rows,
                      len(uris), self._store.uri())
             return self._client.load_table_from_uri(uris, self._cfg.table_ref, job_id=job_id,
-                                                    job_config=load_job_config(), **self._call)
-        return self._upload(batch_id, job_id, names, uris, rows)
+                                                    job_config=load_job_config(formats[0]), **self._call)
+        return self._upload(batch_id, job_id, names, uris, formats, rows)
 
     def _unseen(self, names: Sequence[str]) -> str | None:
         """The first staged object the store does not list (one listing per directory the names are in)."""
@@ -365,16 +425,19 @@ class FileLoader:
                                 f"{self._store.uri(directory)} failed: {exc}") from exc
         return next((name for name in names if name not in present), None)
 
-    def _upload(self, batch_id: int, job_id: str, names: Sequence[str], uris: Sequence[str],
+    def _upload(self, batch_id: int, job_id: str, names: Sequence[str], uris: Sequence[str], formats: Sequence[str],
                 rows: int) -> bigquery.LoadJob:
         """The staged objects combined into one file that the driver uploads with the load job: always from a
-        directory; from Cloud Storage when their columns differ (or they are too many for one job)."""
+        directory; from Cloud Storage when their columns or formats differ (or they are too many for one job).
+        One of them newline-delimited JSON (the table has a JSON column) makes the whole load JSON."""
         local = not uris[0].startswith(GCS_SCHEME)
+        source_format = NDJSON if NDJSON in formats else PARQUET
         # Beside the staged files when they are local (that disk holds the batch already), else the scratch space.
         with tempfile.TemporaryDirectory(prefix=".load-", dir=Path(uris[0]).parent if local else _scratch_parent()) \
                 as scratch:
-            paths = [Path(uri) for uri in uris] if local else self._download(names, Path(scratch))
-            source = combine(paths, Path(scratch) / f"load{STAGED_SUFFIX}")
+            paths = [Path(uri) for uri in uris] if local else self._download(names, formats, Path(scratch))
+            target = Path(scratch) / f"load{SUFFIXES[source_format]}"
+            source = combine_json(paths, formats, target) if source_format == NDJSON else combine(paths, target)
             log.info("batch %d: load job %s: %d rows, %d bytes from %d staged object(s), uploaded", batch_id, job_id,
                      rows, source.stat().st_size, len(uris))
             with open(source, "rb") as data:
@@ -382,13 +445,13 @@ class FileLoader:
                 # BigQuery both accept (a multipart upload under 5 MB fails on the emulator). No retries
                 # of the upload's own (num_retries=0): a failed upload is a failed attempt of the load.
                 return self._client.load_table_from_file(data, self._cfg.table_ref, job_id=job_id,
-                                                         job_config=load_job_config(), num_retries=0,
+                                                         job_config=load_job_config(source_format), num_retries=0,
                                                          timeout=self._call["timeout"])
 
-    def _download(self, names: Sequence[str], scratch: Path) -> list[Path]:
+    def _download(self, names: Sequence[str], formats: Sequence[str], scratch: Path) -> list[Path]:
         paths = []
-        for number, name in enumerate(names):
-            path = scratch / f"{number}{STAGED_SUFFIX}"
+        for number, (name, source_format) in enumerate(zip(names, formats, strict=True)):
+            path = scratch / f"{number}{SUFFIXES[source_format]}"
             try:
                 path.write_bytes(self._store.get(name))
             except STORE_ERRORS as exc:

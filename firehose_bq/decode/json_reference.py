@@ -45,7 +45,7 @@ _NUMBER = re.compile(r"(-?)(0|[1-9][0-9]*)(?:\.([0-9]+))?(?:[eE]([-+]?[0-9]+))?"
 _EXPONENT_CAP = 10 ** 15
 _STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
 _BRACKETS = re.compile(r"[\[\]{}]")
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 _INT64 = (-2 ** 63, 2 ** 63 - 1)
 # TIMESTAMP's range in microseconds since the epoch: 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59.999999Z.
@@ -79,7 +79,7 @@ def parse(raw: bytes) -> _Object:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise NotJson(f"not UTF-8: {exc.reason} at byte {exc.start}") from None
-    if text.count("{") + text.count("[") > MAX_DEPTH and _depth(text) > MAX_DEPTH:
+    if text.count("{") + text.count("[") > MAX_DEPTH and nesting_depth(text) > MAX_DEPTH:
         raise NotJson(f"not JSON this decoder reads: nested deeper than {MAX_DEPTH} levels")
     try:
         document = _PARSER.decode(text)
@@ -87,12 +87,13 @@ def parse(raw: bytes) -> _Object:
         raise NotJson(f"not JSON: {exc}") from None
     if type(document) is not _Object:
         raise NotJson(f"not a JSON object: the document is a JSON {_json_type(document).name}")
-    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(document):
+    if SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(document):
         raise NotJson("not JSON text: a lone UTF-16 surrogate escape")
     return document
 
 
-def _depth(text: str) -> int:
+def nesting_depth(text: str) -> int:
+    """How deep the JSON text's arrays and objects nest (brackets inside strings do not count)."""
     deepest = depth = 0
     for bracket in _BRACKETS.findall(_STRINGS.sub("", text)):
         depth += 1 if bracket in "[{" else -1

@@ -51,6 +51,7 @@ from bqemulator_patches import (
     nested_field_names,
     offline_extensions,
     parquet_load_by_name,
+    parquet_load_json_columns,
     schema_update_storage,
     schema_update_validation,
     storage_write_records,
@@ -105,6 +106,8 @@ def apply_patches(args: argparse.Namespace) -> None:
         ("extra Parquet load matches columns by name", parquet_load_by_name.apply),
         ("extra a JSON column refuses numbers beyond FLOAT64", json_column_numbers.apply),
         ("extra a load job with a taken job id answers 409", load_job_id_taken.apply),
+        # Before load_job_atomic: a refused file then rolls back the job's transaction like any other.
+        ("extra a Parquet load into a table with JSON columns fails", parquet_load_json_columns.apply),
         ("extra a load job loads all its files or none", load_job_atomic.apply),
     ]
     for label, apply in patches:

@@ -9,6 +9,7 @@ load all their files or none, and decode BYTES from base64, as BigQuery does.
 from __future__ import annotations
 
 import io
+import json
 import logging
 import uuid
 from collections.abc import Iterator
@@ -287,3 +288,70 @@ def test_emulator_keeps_an_uploaded_load_jobs_id_and_decodes_bytes(bq_client, bq
     rows = sorted((dict(r) for r in bq_client.query(f"SELECT * FROM `{table.full_table_id.replace(':', '.')}`")
                    .result()), key=lambda r: r["b"] is None)
     assert rows == [{"b": b"\x01\x02", "h": [{"v": b"\xff"}, {"v": b""}]}, {"b": None, "h": []}]
+
+
+def test_emulator_refuses_a_parquet_load_into_a_table_with_a_json_column(bq_client, bq_dataset, tmp_path) -> None:
+    """As BigQuery does ("Working with JSON data", Limitations): a load job fills JSON columns only from CSV,
+    Avro or JSON files. A Parquet load into a table with a JSON column, here only inside a RECORD, fails
+    `invalid`, naming the format, and loads nothing; the same rows as newline-delimited JSON load."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = [bigquery.SchemaField("n", "INTEGER"),
+              bigquery.SchemaField("r", "RECORD", fields=[bigquery.SchemaField("doc", "JSON")])]
+    table = bq_client.create_table(bigquery.Table(f"{bq_client.project}.{bq_dataset}.t", schema=schema))
+    ref = table.full_table_id.replace(":", ".")
+    pq.write_table(pa.table({"n": [1, 2]}), tmp_path / "rows.parquet")
+    parquet = bigquery.LoadJobConfig(source_format=bigquery.SourceFormat.PARQUET,
+                                     write_disposition=bigquery.WriteDisposition.WRITE_APPEND)
+    # (The emulator runs an uploaded load within the upload, so the upload itself answers the job's error.)
+    with pytest.raises(exceptions.BadRequest) as failed, open(tmp_path / "rows.parquet", "rb") as data:
+        bq_client.load_table_from_file(data, table, job_config=parquet).result()
+    assert [e.get("reason") for e in failed.value.errors] == ["invalid"]
+    assert "PARQUET" in str(failed.value) and "r.doc" in str(failed.value)
+    assert next(iter(bq_client.query(f"SELECT COUNT(*) AS n FROM `{ref}`").result())).n == 0
+
+    ndjson = bigquery.LoadJobConfig(source_format=bigquery.SourceFormat.NEWLINE_DELIMITED_JSON,
+                                    write_disposition=bigquery.WriteDisposition.WRITE_APPEND)
+    data = b'{"n":1,"r":{"doc":{"a":[1,"x"]}}}\n{"n":2,"r":{"doc":"text"}}\n'
+    bq_client.load_table_from_file(io.BytesIO(data), table, job_config=ndjson).result()
+    docs = [r.doc for r in bq_client.query(f"SELECT r.doc AS doc FROM `{ref}` ORDER BY n").result()]
+    assert docs == [{"a": [1, "x"]}, "text"]  # the client parses JSON values: an object, and a JSON string
+    # A number no JSON column holds fails the whole JSON load, as on BigQuery (json_column_numbers).
+    with pytest.raises(exceptions.BadRequest, match="out of FLOAT64 range"):
+        bq_client.load_table_from_file(io.BytesIO(b'{"n":3}\n{"n":4,"r":{"doc":[1e400]}}\n'), table,
+                                       job_config=ndjson).result()
+    assert next(iter(bq_client.query(f"SELECT COUNT(*) AS n FROM `{ref}`").result())).n == 2
+
+
+def test_a_table_given_a_json_column_loads_its_next_batches_from_json_lines(
+        spark, gcs_staging, bq_client, cleanup) -> None:
+    # A user adds a JSON column to the live table (the proto has no such field): BigQuery would refuse the
+    # Parquet of every later batch; its rows (every type of the sample proto) now load as JSON lines.
+    from tests.integration.test_end_to_end import expected_row
+
+    cfg = Config.from_env(gcs_staging)
+    cleanup(cfg)
+    produce_bookings(cfg, 30)
+    assert Pipeline(cfg, spark).run(available_now=True).totals.rows_written == 30
+    table = bq_client.get_table(cfg.bigquery.table_ref)
+    table.schema = [*table.schema, bigquery.SchemaField("notes", "JSON")]
+    bq_client.update_table(table, ["schema"])
+    before = {j.job_id for j in load_jobs(bq_client, cfg)}
+
+    produce_bookings(cfg, 30, start=30)
+    summary = Pipeline(cfg, spark).run(available_now=True)
+
+    assert (summary.totals.rows_written, summary.totals.failed) == (30, 0)
+    later = [j for j in load_jobs(bq_client, cfg) if j.job_id not in before]
+    assert later and {j.source_format for j in later} == {"NEWLINE_DELIMITED_JSON"}
+    assert all(uri.endswith(".ndjson") for j in later for uri in j.source_uris), "read from gs:// by the job"
+    rows = {r["order_number"]: r for r in read_table(bq_client, cfg)}
+    assert len(rows) == 60
+    for i in range(60):
+        row = dict(rows[f"ORD-{i:08d}"])
+        row["context"] = json.loads(row["context"])
+        for name in ("message_topic", "message_partition", "message_offset", "message_timestamp", "load_time"):
+            del row[name]
+        assert row.pop("notes") is None and row == expected_row(i), f"booking {i}"
+    assert staged_leftovers(cfg) == []

@@ -116,12 +116,16 @@ def test_replay_lands_dead_letters_once_through_each_write_path(
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
 
 
+@pytest.mark.parametrize("table", ["plain", "with_a_json_column"])
 def test_a_file_loads_replay_that_stopped_after_its_load_finishes_that_batch_once(
-        spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object], bq_client: bigquery.Client,
-        tmp_path: Path) -> None:
+        table: str, spark, job_env: dict[str, str], registry: tuple[FakeRegistry, object],
+        bq_client: bigquery.Client, tmp_path: Path) -> None:
     """A replay stopped between a batch's load job and the commit of its DLQ position (the commit fails,
     as a kill would leave it), on its second batch: the next replay reads from the first batch's commit,
-    where that batch is now its first. Its load must still be found done, not run again."""
+    where that batch is now its first. Its load must still be found done, not run again.
+
+    With a JSON column a user added to the table: BigQuery refuses Parquet loads into it, so every replay
+    batch failed, and so did each rerun. The replay stages JSON lines; its pending batch names the format."""
     fake, _server = registry
     letters = 3 * DLQ_BATCH  # a replay reads the DLQ in batches of at most DLQ_BATCH letters
     job = file_loads_job_of_newer_messages(fake, job_env, tmp_path, letters)
@@ -130,6 +134,10 @@ def test_a_file_loads_replay_that_stopped_after_its_load_finishes_that_batch_onc
     try:
         summary = Pipeline(cfg, spark, descriptor_source=cache.get, refresh=cache.refresh_now).run(available_now=True)
         assert (summary.totals.dead_lettered, summary.totals.rows_written) == (letters, 0)
+        if table == "with_a_json_column":
+            live = bq_client.get_table(cfg.bigquery.table_ref)
+            live.schema = [*live.schema, bigquery.SchemaField("notes", "JSON")]
+            bq_client.update_table(live, ["schema"])
         fake.routes["/dlq.desc"] = job.paths["v2"].read_bytes()
 
         StopsBeforeCommittingItsSecondBatch.run_killed(cfg, dlq_topic, "replay-crash")
@@ -148,6 +156,9 @@ def test_a_file_loads_replay_that_stopped_after_its_load_finishes_that_batch_onc
             assert source.total() == 0  # every position committed
         finally:
             source.close()
+        loads = {j.source_format for j in bq_client.list_jobs(max_results=1000) if j.job_type == "load"
+                 and j.destination is not None and j.destination.dataset_id == cfg.bigquery.dataset}
+        assert loads == {"NEWLINE_DELIMITED_JSON" if table == "with_a_json_column" else "PARQUET"}
     finally:
         cache.stop()
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)

@@ -4,6 +4,7 @@ with fake BigQuery and Cloud Storage clients."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ import pytest
 from google.api_core import exceptions
 from google.cloud.bigquery import SchemaField as F
 
-from firehose_bq.bigquery import file_loads
+from firehose_bq.bigquery import file_loads, ndjson
 from firehose_bq.bigquery.file_loads import FileLoader, StagedFile, StagingArea, StagingWriter
 from firehose_bq.blobstore import GcsOptions, LocalBlobStore
 from firehose_bq.config import FILE_LOADS_TRIGGER_MS, BigQueryConfig, Config
@@ -641,3 +642,118 @@ def test_a_streaming_run_with_file_loads_triggers_at_the_file_loads_interval() -
     assert Pipeline(loads, spark).mode.trigger_interval_ms() == 90_000  # type: ignore[arg-type]
     # Decoding only (benchmarks): nothing is loaded, so nothing paces the trigger but Spark's interval.
     assert Pipeline(loads, spark, write=False).mode.trigger_interval_ms() == 5000  # type: ignore[arg-type]
+
+
+# -- tables with a JSON column: newline-delimited JSON ----------------------------------------------------
+
+JSON_TABLE = [*TABLE, F("rec", "RECORD", fields=[F("doc", "JSON"), F("n", "INTEGER")])]
+
+
+def json_rows(values: list[int], docs: list[str | None]) -> pa.RecordBatch:
+    return rows(values, rec=[None if d is None else {"doc": d, "n": 2**60} for d in docs])
+
+
+def staged_lines(store: Store, staged: StagedFile) -> list[dict[str, Any]]:
+    return [json.loads(line) for name in staged.objects for line in store.get(name).decode().splitlines()]
+
+
+def test_a_table_with_a_json_column_anywhere_stages_newline_delimited_json(scratch: Path) -> None:
+    # A load job fills JSON columns only from CSV, Avro or JSON files: BigQuery refuses the Parquet.
+    store = FakeGcs()
+    writer = writer_in(store, client=FakeTableClient(JSON_TABLE))
+    assert writer.write(json_rows([0, 1], ['{"a": [1, "x"]}', None]), ids(0, [0, 1])) == []
+    writer.close()
+
+    [name] = writer.staged.objects
+    assert name.startswith("batch-3/part-") and name.endswith(".ndjson") and writer.staged.formats == [ndjson.NDJSON]
+    assert staged_lines(store, writer.staged) == [
+        {"I": 0, "s": "v0", "rec": {"doc": {"a": [1, "x"]}, "n": str(2**60)}},
+        {"I": 1, "s": "v1"}]
+    assert stage(FakeGcs(), (rows([0]), ids(0, [0]))).formats == [ndjson.PARQUET], "other tables keep Parquet"
+
+
+def test_json_values_that_would_break_the_load_job_fail_their_rows_alone(scratch: Path) -> None:
+    store = FakeGcs()
+    writer = writer_in(store, client=FakeTableClient(JSON_TABLE))
+    failures = writer.write(json_rows([0, 1, 2, 3], ["{}", "{}", "not json", '[1e999]']).append_column(
+        "nope", pa.array([None, "x", None, None])), ids(0, [0, 1, 2, 3]))
+    writer.close()
+
+    assert [(f.index, f.error_type) for f in failures] == [
+        (1, ErrorType.SINK_4XX_ERROR), (2, ErrorType.SINK_4XX_ERROR), (3, ErrorType.INVALID_MESSAGE_ERROR)]
+    assert failures[1].message.startswith("table p.ds.tbl: column rec.doc: the value is not JSON text")
+    assert [r["I"] for r in staged_lines(store, writer.staged)] == [0] and writer.staged.rows == 1
+
+
+def test_a_table_that_gains_a_json_column_during_the_task_starts_a_json_object(scratch: Path) -> None:
+    client, store = FakeTableClient(), FakeGcs()
+    writer = writer_in(store, client=client)
+    writer.write(rows([0]), ids(0, [0]))
+    client.schema = JSON_TABLE
+    writer.write(json_rows([1], ["[1]"]), ids(0, [1]))
+    writer.close()
+
+    assert writer.staged.formats == [ndjson.PARQUET, ndjson.NDJSON]
+    assert [Path(n).suffix for n in writer.staged.objects] == [".parquet", ".ndjson"]
+    assert StagedFile.from_json(writer.staged.to_json()) == writer.staged
+
+
+def test_a_pending_batch_staged_before_formats_were_recorded_is_parquet() -> None:
+    old = '{"objects": ["batch-0/a.parquet", "batch-0/b.parquet"], "rows": 2, "schemas": ["d", "e"]}'
+    assert StagedFile.from_json(old).formats == [ndjson.PARQUET, ndjson.PARQUET]
+
+
+def test_the_load_job_of_a_json_table_reads_newline_delimited_json() -> None:
+    config = file_loads.load_job_config(ndjson.NDJSON)
+    assert (config.source_format, config.write_disposition, config.create_disposition) == (
+        "NEWLINE_DELIMITED_JSON", "WRITE_APPEND", "CREATE_NEVER")
+    assert "parquetOptions" not in config.to_api_repr()["load"] and config.schema is None
+
+
+def json_tasks(store: Store, batch_id: int = 2) -> list[StagedFile]:
+    prefix = f"batch-{batch_id}/"
+    staged = []
+    for partition, values in enumerate(([0, 1], [2])):
+        writer = writer_in(store, prefix, FakeTableClient(JSON_TABLE))
+        writer.write(json_rows(values, [f'{{"v": {v}}}' for v in values]), ids(partition, values))
+        writer.close()
+        staged.append(writer.staged)
+    return staged
+
+
+def test_a_json_tables_batch_loads_in_one_newline_delimited_json_job(store: Store) -> None:
+    staged = json_tasks(store)
+    client = FakeClient()
+
+    outcome = loader(client, store).load(2, staged, PLAN)
+
+    [load] = client.loads
+    assert outcome is not None and outcome.rows == 3
+    assert load.job_id == file_loads.load_job_id(CFG.table_ref, "ck", 2, PLAN), "the job id ignores the format"
+    assert load.config.to_api_repr() == file_loads.load_job_config(ndjson.NDJSON).to_api_repr()
+    if isinstance(store, FakeGcs):  # BigQuery reads the JSON objects itself
+        assert load.data is None and load.uris == [store.uri(n) for f in staged for n in f.objects]
+    else:  # the driver uploads them as one file
+        assert [json.loads(line)["rec"]["doc"] for line in (load.data or b"").decode().splitlines()] == \
+            [{"v": 0}, {"v": 1}, {"v": 2}]
+
+
+def test_parquet_and_json_objects_of_one_table_load_in_one_json_job(store: Store) -> None:
+    # The table gained its JSON column while the batch ran: one task staged Parquet before, one JSON after.
+    # One job has one source format: the Parquet rows go in as JSON lines, in one uploaded file.
+    before = stage(store, (rows([7], tags=[["t"]]), ids(1, [0])))
+    staged = [before, *json_tasks(store)]
+    client = FakeClient()
+
+    loader(client, store).load(2, staged, PLAN)
+
+    [load] = client.loads
+    assert load.uris is None and load.config.source_format == ndjson.NDJSON
+    assert [json.loads(line) for line in (load.data or b"").decode().splitlines()] == [
+        {"I": 7, "s": "v7", "tags": ["t"]},
+        *({"I": v, "s": f"v{v}", "rec": {"doc": {"v": v}, "n": str(2**60)}} for v in (0, 1, 2))]
+    assert list(scratch_files(store)) == [], "no combined or downloaded copy is left"
+
+
+def scratch_files(store: Store) -> list[Path]:
+    return [] if isinstance(store, FakeGcs) else [p for p in Path(store.uri()).rglob(".load-*")]

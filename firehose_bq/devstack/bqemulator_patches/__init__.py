@@ -25,6 +25,7 @@ shows the gap; each exposes `apply(...) -> list[str]` (the dotted names it repla
 | - | `json_column_numbers` (+ `row_values`) | a JSON column refuses a number beyond FLOAT64's range; a Parquet load holding one fails |
 | - | `thread_connections` | concurrent requests (a query while rows are appended) each get a connection |
 | - | `load_job_id_taken` | a load job (`sourceUris`) whose job id is taken answers 409 and runs nothing |
+| - | `parquet_load_json_columns` | a Parquet load into a table with a JSON column (any depth) fails `invalid` |
 | - | `load_job_atomic` | a load job over several files loads all of them or none |
 
 A load job's `gs://bucket/name` source URIs need no patch: bqemulator reads them from
