@@ -125,8 +125,9 @@ def _json_values(array: pa.Array, path: str, paths: frozenset[str], owners: np.n
         return
     kind = array.type
     if pa.types.is_struct(kind):
+        # A RECORD element's fields are no elements: NULL in a NULLABLE one is as fine as anywhere else.
         for field, child in zip(kind, array.flatten(), strict=True):
-            yield from _json_values(child, f"{path}.{field.name}", paths, owners, element)
+            yield from _json_values(child, f"{path}.{field.name}", paths, owners, False)
     elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
         parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
         yield from _json_values(array.flatten(), path, paths, owners[parents], True)

@@ -89,3 +89,16 @@ def test_json_values_a_load_job_would_fail_on_are_found_per_row_at_any_depth() -
                                                                      "type does (500 levels)")
     # A JSON null as a whole (NULLABLE) column's value is NULL, which it may be.
     assert ndjson.json_failures(pa.RecordBatch.from_pydict({"doc": ["null"]}), frozenset({"doc"})) == {}
+
+
+
+def test_a_json_null_in_a_nullable_field_of_a_repeated_records_element_is_null_there_not_a_null_element() -> None:
+    # Only an array's own elements cannot be NULL; a field of a RECORD element may be, as anywhere else.
+    rows = pa.RecordBatch.from_pydict({
+        "recs": pa.array([[{"j": "null"}, {"j": "{}"}], [{"j": None}], [{"j": "[null]"}]]),
+        "deep": pa.array([[{"r": [{"j": "null"}]}], [{"r": [{"j": "1"}]}], [{"r": []}]]),
+        "js": pa.array([["1"], ["null"], []]),
+    })
+    failed = ndjson.json_failures(rows, frozenset({"recs.j", "deep.r.j", "js"}))
+
+    assert failed == {1: (ErrorType.SINK_4XX_ERROR, "column js: a JSON null element: BigQuery arrays cannot hold NULL")}
