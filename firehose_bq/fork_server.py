@@ -81,6 +81,13 @@ START_ENV = ("PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8", "PYTHONMALLOC",
 START_FLAGS = ("PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDEVMODE", "PYTHONDONTWRITEBYTECODE", "PYTHONINSPECT",
                "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONWARNDEFAULTENCODING", "PYTHONNODEBUGRANGES",
                "PYTHONPROFILEIMPORTTIME", "PYTHONMALLOCSTATS")
+# What the C library and its dynamic loader read only as a process starts: a fork keeps the server's
+# malloc settings and loaded libraries, so a process Spark starts with other ones (spark.executorEnv.*:
+# MALLOC_ARENA_MAX, LD_PRELOAD=libjemalloc.so, a native library's LD_LIBRARY_PATH) is not forked. The
+# server starts with the workers' own WORKER_MALLOC_ENV (spark.py), which a value the user set wins over.
+LIBC_START_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "GLIBC_TUNABLES", "MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST",
+                  "MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
+                  "MALLOC_PERTURB_", "MALLOC_CHECK_")
 # Read by preloaded modules as they import (pyspark.serializers, pyspark.worker_util): a fork has the
 # server's view of them, so they must be the same too.
 IMPORT_ENV = ("PYSPARK_ENABLE_NAMEDTUPLE_PATCH", "SPARK_TESTING")
@@ -360,9 +367,9 @@ def _name_process(name: str) -> None:
 
 
 def started_with(environ: Mapping[str, str]) -> dict[str, str | bool | None]:
-    """What of `environ` Python reads only as it starts, or preloaded modules as they import (START_ENV,
-    START_FLAGS, IMPORT_ENV)."""
-    return {**{name: environ.get(name) for name in (*START_ENV, *IMPORT_ENV)},
+    """What of `environ` Python or its C library reads only as it starts, or preloaded modules as they import
+    (START_ENV, LIBC_START_ENV, START_FLAGS, IMPORT_ENV)."""
+    return {**{name: environ.get(name) for name in (*START_ENV, *LIBC_START_ENV, *IMPORT_ENV)},
             **{name: bool(environ.get(name)) for name in START_FLAGS}}
 
 

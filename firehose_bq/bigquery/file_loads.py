@@ -61,7 +61,7 @@ from firehose_bq.bigquery.client import REQUEST_ERRORS, attempt_options, call_op
 from firehose_bq.bigquery.conform import LiveTable
 from firehose_bq.bigquery.jobs import BatchJobs, BatchPlan, batch_job_id
 from firehose_bq.bigquery.ndjson import CONVERTED, NDJSON, PARQUET, SUFFIXES, NdjsonWriter, json_columns, \
-    json_failures, lines
+    json_failures, lines, required_json_columns
 from firehose_bq.blobstore import GCS_SCHEME, BlobStore, GcsOptions, open_blob_store
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.errors import ErrorType, RowError, SinkError
@@ -181,7 +181,7 @@ class StagingWriter:
         paths = json_columns(self._live.schema)
         if paths and staged.num_rows:
             # A JSON column's values go into the file as they are: those that would break it fail here.
-            bad = json_failures(staged, paths)
+            bad = json_failures(staged, paths, required_json_columns(self._live.schema))
             if bad:
                 failures = sorted([*failures, *(RowError(int(fitted.positions[i]), kind, f"table "
                                                          f"{self._live.table_ref}: {text}")

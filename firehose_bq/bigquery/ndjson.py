@@ -11,7 +11,8 @@ A JSON column's value goes into the file as it is, so it is checked first, per r
 JSON (possible from a protobuf string in a user's JSON column) would break the file's line and fail the
 whole load job; BigQuery's JSON type refuses, and fails the load job on, a number beyond FLOAT64's range,
 nesting deeper than 500 levels and a lone UTF-16 surrogate; a JSON `null` as an element of a REPEATED
-JSON column is a NULL element, which BigQuery's arrays cannot hold. Those rows fail alone (RowErrors), as
+JSON column is a NULL element, which BigQuery's arrays cannot hold, and as the value of a REQUIRED one
+(or a REQUIRED field of a RECORD that is there) a NULL the column cannot hold. Those rows fail alone (RowErrors), as
 conform.py's do, and never reach the file. (JSON input's decoders refuse all of these already; a protobuf
 job writing a user's JSON column does not.)
 """
@@ -43,16 +44,23 @@ JSON_NESTING_LIMIT = 500
 CONVERTED = JsonForm(wide_integers_as_text=True)
 
 
-def json_columns(columns: Sequence[SchemaField], prefix: str = "") -> frozenset[str]:
+def json_columns(columns: Sequence[SchemaField]) -> frozenset[str]:
     """The dotted paths of the JSON columns among `columns`, at any depth (empty: the table loads Parquet)."""
-    found: set[str] = set()
+    return frozenset(path for path, _ in _json_fields(columns, ""))
+
+
+def required_json_columns(columns: Sequence[SchemaField]) -> frozenset[str]:
+    """The dotted paths of the REQUIRED JSON columns (or RECORD fields) among `columns`."""
+    return frozenset(path for path, column in _json_fields(columns, "") if column.mode == "REQUIRED")
+
+
+def _json_fields(columns: Sequence[SchemaField], prefix: str) -> Iterator[tuple[str, SchemaField]]:
     for column in columns:
         path = f"{prefix}{column.name}"
         if column.field_type.upper() == "JSON":
-            found.add(path)
+            yield path, column
         elif column.fields:
-            found |= json_columns(column.fields, f"{path}.")
-    return frozenset(found)
+            yield from _json_fields(column.fields, f"{path}.")
 
 
 def load_form(paths: frozenset[str]) -> JsonForm:
@@ -73,8 +81,9 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")  # Python's json module would take NaN and Infinity
 
 
-def problem(text: str, element: bool) -> tuple[ErrorType, str] | None:
-    """Why this JSON column value cannot go into a load job's file, or None; `element`: of a REPEATED column."""
+def problem(text: str, element: bool, required: bool = False) -> tuple[ErrorType, str] | None:
+    """Why this JSON column value cannot go into a load job's file, or None; `element`: of a REPEATED column,
+    `required`: of a REQUIRED one."""
     try:
         value = json.loads(text, parse_int=_finite, parse_float=_finite, parse_constant=_no_constant)
     except _NotStorable as exc:
@@ -90,6 +99,8 @@ def problem(text: str, element: bool) -> tuple[ErrorType, str] | None:
         return MISFIT, "the value is not JSON text BigQuery reads: a lone UTF-16 surrogate escape"
     if element and value is None:
         return MISFIT, "a JSON null element: BigQuery arrays cannot hold NULL"
+    if required and value is None:
+        return MISFIT, "a JSON null, which a load job reads as NULL: the REQUIRED column cannot hold it"
     return None
 
 
@@ -102,9 +113,10 @@ def _lone_surrogate(text: str) -> bool:
     return False
 
 
-def json_failures(rows: pa.RecordBatch, paths: frozenset[str]) -> dict[int, tuple[ErrorType, str]]:
+def json_failures(rows: pa.RecordBatch, paths: frozenset[str],
+                  required: frozenset[str] = frozenset()) -> dict[int, tuple[ErrorType, str]]:
     """The rows of `rows` (by index) whose JSON column values cannot go into a load job's file, each with
-    its first problem."""
+    its first problem; `required`: those of `paths` that are REQUIRED."""
     failed: dict[int, tuple[ErrorType, str]] = {}
     everyone = np.arange(rows.num_rows)
     for name, column in zip(rows.schema.names, rows.columns, strict=True):
@@ -112,7 +124,7 @@ def json_failures(rows: pa.RecordBatch, paths: frozenset[str]) -> dict[int, tupl
             for text, row in zip(values.to_pylist(), owners.tolist(), strict=True):
                 if text is None or row in failed:
                     continue
-                found = problem(text, element)
+                found = problem(text, element, path in required)
                 if found is not None:
                     failed[row] = (found[0], f"column {path}: {found[1]}")
     return failed
@@ -125,8 +137,9 @@ def _json_values(array: pa.Array, path: str, paths: frozenset[str], owners: np.n
         return
     kind = array.type
     if pa.types.is_struct(kind):
+        # A RECORD element's fields are no elements: NULL in a NULLABLE one is as fine as anywhere else.
         for field, child in zip(kind, array.flatten(), strict=True):
-            yield from _json_values(child, f"{path}.{field.name}", paths, owners, element)
+            yield from _json_values(child, f"{path}.{field.name}", paths, owners, False)
     elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
         parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
         yield from _json_values(array.flatten(), path, paths, owners[parents], True)

@@ -685,6 +685,19 @@ def test_json_values_that_would_break_the_load_job_fail_their_rows_alone(scratch
     assert [r["I"] for r in staged_lines(store, writer.staged)] == [0] and writer.staged.rows == 1
 
 
+def test_a_json_null_in_a_required_json_column_fails_its_row_not_the_load_job(scratch: Path) -> None:
+    # The load job reads the line's `null` as NULL, which a REQUIRED column refuses for the whole job.
+    store = FakeGcs()
+    writer = writer_in(store, client=FakeTableClient([*TABLE, F("Doc", "JSON", mode="REQUIRED")]))
+    failures = writer.write(rows([0, 1, 2], doc=["null", "{}", "[null]"]), ids(0, [0, 1, 2]))
+    writer.close()
+
+    assert [(f.index, f.error_type) for f in failures] == [(0, ErrorType.SINK_4XX_ERROR)]
+    assert failures[0].message == ("table p.ds.tbl: column Doc: a JSON null, which a load job reads as NULL: the "
+                                   "REQUIRED column cannot hold it")
+    assert staged_lines(store, writer.staged) == [{"I": 1, "s": "v1", "Doc": {}}, {"I": 2, "s": "v2", "Doc": [None]}]
+
+
 def test_a_table_that_gains_a_json_column_during_the_task_starts_a_json_object(scratch: Path) -> None:
     client, store = FakeTableClient(), FakeGcs()
     writer = writer_in(store, client=client)

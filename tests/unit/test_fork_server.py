@@ -89,7 +89,9 @@ class FakeJvm:
         """Start a runner the server refuses (another hash seed than `server_env`'s): it starts as Spark
         starts it, and fails at its first read; (its exit code, its stderr)."""
         seed = "1" if server_env.get("PYTHONHASHSEED") == "0" else "0"
-        proxy = self.start_runner(fork_socket, extra_env={"PYTHONHASHSEED": seed})
+        # The C library's settings as the server's: Spark gives its processes the same (spark.add_worker_env).
+        libc = {k: server_env[k] for k in fork_server.LIBC_START_ENV if k in server_env}
+        proxy = self.start_runner(fork_socket, extra_env={**libc, "PYTHONHASHSEED": seed})
         conn, pid = self.accept()
         assert pid == proxy.pid
         conn.close()
@@ -198,7 +200,8 @@ def test_the_server_starts_as_the_python_processes_spark_starts() -> None:
     assert env == {**WORKER_MALLOC_ENV, "PATH": "/bin", "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES",
                    "LOG_FORMAT": "text"}
     assert fork_server_env({"PYTHONHASHSEED": "7"})["PYTHONHASHSEED"] == "7"
-    spark_env = {"PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
+    # (And WORKER_MALLOC_ENV, which spark.add_worker_env gives the workers as fork_server_env the server.)
+    spark_env = {**WORKER_MALLOC_ENV, "PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "YES"}
     assert fork_server.refusal({**REQUEST, "env": spark_env}, 3, PYTHON, "/x/pyspark/__init__.py",
                                fork_server.started_with(env)) is None
 
@@ -445,6 +448,13 @@ REQUEST = {"argv": [PYTHON, "-m", fork_server.RUNNER_MODULE], "env": {}, "cwd": 
     ({"env": {"PYTHONNODEBUGRANGES": "1"}}, 3, "other PYTHONNODEBUGRANGES"),
     ({"env": {"PYTHONWARNDEFAULTENCODING": "1"}}, 3, "other PYTHONWARNDEFAULTENCODING"),
     ({"env": {"PYTHONCOERCECLOCALE": "0"}}, 3, "other PYTHONCOERCECLOCALE"),
+    # Read by the C library and the dynamic loader as the process starts: spark.executorEnv.MALLOC_ARENA_MAX
+    # or LD_PRELOAD=libjemalloc.so would not reach a fork, which keeps the server's.
+    ({"env": {"MALLOC_ARENA_MAX": "2"}}, 3, "other MALLOC_ARENA_MAX"),
+    ({"env": {"MALLOC_MMAP_THRESHOLD_": "65536"}}, 3, "other MALLOC_MMAP_THRESHOLD_"),
+    ({"env": {"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"}}, 3, "other LD_PRELOAD"),
+    ({"env": {"LD_LIBRARY_PATH": "/opt/native/lib"}}, 3, "other LD_LIBRARY_PATH"),
+    ({"env": {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}}, 3, "other GLIBC_TUNABLES"),
 ])
 def test_only_known_commands_of_the_same_python_and_pyspark_are_forked(change: dict[str, object], descriptors: int,
                                                                   reason: str | None) -> None:

@@ -89,3 +89,39 @@ def test_json_values_a_load_job_would_fail_on_are_found_per_row_at_any_depth() -
                                                                      "type does (500 levels)")
     # A JSON null as a whole (NULLABLE) column's value is NULL, which it may be.
     assert ndjson.json_failures(pa.RecordBatch.from_pydict({"doc": ["null"]}), frozenset({"doc"})) == {}
+
+
+
+def test_a_json_null_in_a_nullable_field_of_a_repeated_records_element_is_null_there_not_a_null_element() -> None:
+    # Only an array's own elements cannot be NULL; a field of a RECORD element may be, as anywhere else.
+    rows = pa.RecordBatch.from_pydict({
+        "recs": pa.array([[{"j": "null"}, {"j": "{}"}], [{"j": None}], [{"j": "[null]"}]]),
+        "deep": pa.array([[{"r": [{"j": "null"}]}], [{"r": [{"j": "1"}]}], [{"r": []}]]),
+        "js": pa.array([["1"], ["null"], []]),
+    })
+    failed = ndjson.json_failures(rows, frozenset({"recs.j", "deep.r.j", "js"}))
+
+    assert failed == {1: (ErrorType.SINK_4XX_ERROR, "column js: a JSON null element: BigQuery arrays cannot hold NULL")}
+
+
+def test_a_json_null_in_a_required_json_column_fails_its_row_at_any_depth() -> None:
+    # A load job reads a JSON line's `null` as NULL (as it does an element's): in a REQUIRED column the whole
+    # job would fail, batch after batch. Where the RECORD holding the column is NULL, the column is too.
+    table = [F("doc", "JSON", mode="REQUIRED"), F("opt", "JSON"),
+             F("rec", "RECORD", fields=[F("j", "JSON", mode="REQUIRED")]),
+             F("recs", "RECORD", mode="REPEATED", fields=[F("j", "JSON", mode="REQUIRED")])]
+    assert ndjson.required_json_columns(table) == {"doc", "rec.j", "recs.j"}
+    rows = pa.RecordBatch.from_pydict({
+        "doc": ["null", " null ", "{}", "{}", "{}", "0"],
+        "opt": ["null", "{}", "null", "{}", "{}", "null"],
+        "rec": pa.array([{"j": "1"}, {"j": "1"}, {"j": "null"}, None, {"j": "1"}, {"j": "[null]"}]),
+        "recs": pa.array([[], [], [], [{"j": "{}"}, {"j": "null"}], [{"j": "{}"}], [{"j": '"null"'}]]),
+    })
+    failed = ndjson.json_failures(rows, ndjson.json_columns(table), ndjson.required_json_columns(table))
+
+    assert sorted(failed) == [0, 1, 2, 3]
+    assert failed[0] == (ErrorType.SINK_4XX_ERROR, "column doc: a JSON null, which a load job reads as NULL: "
+                                                   "the REQUIRED column cannot hold it")
+    assert failed[2][1].startswith("column rec.j: a JSON null") and failed[3][1].startswith("column recs.j: a JSON null")
+    # NULLABLE columns take it, as before; so does a caller that names no REQUIRED column.
+    assert ndjson.json_failures(rows, ndjson.json_columns(table)) == {}
