@@ -313,3 +313,17 @@ def test_an_end_written_before_starts_were_recorded_still_plans(caplog) -> None:
     kafka = GrowingKafka(low={0: 0, 1: 2}, high={0: 10, 1: 8})
     assert ranges(planner(kafka), {"t": {"0": 5}}, {"t": {"0": 10, "1": 8}}) == [("t", 0, 5, 10), ("t", 1, 2, 8)]
     assert "t/1: a partition new to this job starts at offset 2" in caplog.text
+
+
+def test_once_the_driver_is_stopping_no_further_batch_is_planned(tmp_path) -> None:  # noqa: ANN001
+    """With a backlog Spark's trigger runs batch after batch and the driver, stopping after "the current
+    batch", would never see it idle: once the stop file exists the latest offset is where the last batch
+    ended, so the query idles after the batch it runs."""
+    kafka = GrowingKafka(low={0: 0}, high={0: 1000})
+    stop_file = tmp_path / "stop"
+    reader = planner(kafka, stop_file=str(stop_file), max_offsets_per_trigger="100")
+    start = {"t": {"0": 200}}
+    assert _from_json(reader.latestOffset(start, ReadMaxRows(100))) == {"t": {0: 300}}
+    stop_file.touch()
+    assert reader.latestOffset(start, ReadMaxRows(100)) == start
+    assert planner(kafka).latestOffset(start, ReadMaxRows(100)) != start, "no stop file: reads on"

@@ -1,0 +1,78 @@
+"""An operator's failure drills, on a proto of their own (protos/drill) and the real local stack: the job
+stopped or broken the ways production stops and breaks it, then restarted; every produced Kafka offset
+must then be in the table, once (see drills.py for the job, its processes and the counting)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from google.cloud import bigquery
+
+from tests.conftest import compile_protos
+from tests.integration import drills
+
+pytestmark = pytest.mark.integration
+
+COUNT = 24_000
+PER_BATCH = 2_000
+
+
+@pytest.fixture
+def drill(stack_env: dict[str, str], bq_client: bigquery.Client, tmp_path: Path):  # noqa: ANN201
+    desc = compile_protos(tmp_path / "fleet.desc", drills.PROTOS)
+    env = drills.drill_env(stack_env, desc, tmp_path, "storage_write", SPARK_MAX_OFFSETS_PER_TRIGGER=str(PER_BATCH))
+    drills.produce(env, desc, COUNT)
+    yield env
+    bq_client.delete_dataset(env["SINK_BIGQUERY_DATASET_NAME"], delete_contents=True, not_found_ok=True)
+
+
+def table_of(env: dict[str, str]) -> str:
+    return f"{env['SINK_BIGQUERY_GOOGLE_CLOUD_PROJECT_ID']}.{env['SINK_BIGQUERY_DATASET_NAME']}.readings"
+
+
+def restart_lands_every_offset_once(env: dict[str, str], bq_client: bigquery.Client, tmp_path: Path) -> None:
+    produced = drills.end_offsets(env)
+    log_path = tmp_path / "restart.log"
+    job = drills.start_job(env, log_path, "--available-now")
+    try:
+        assert job.wait(timeout=240) == 0, log_path.read_text(errors="replace")[-4000:]
+    finally:
+        drills.kill_group(job)
+    landed = drills.landed_offsets(bq_client, table_of(env), produced)
+    assert (landed.distinct, landed.missing[:5], landed.duplicates) == (COUNT, [], 0)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "ctrl-c"])
+def test_a_stop_with_a_backlog_ends_after_the_running_batch(drill: dict[str, str], bq_client: bigquery.Client,
+                                                            tmp_path: Path, signum: int) -> None:
+    """SIGTERM (a deploy, a node drain) or Ctrl-C (SIGINT to the process group) while a backlog is being read:
+    the job stops after the batch it runs, not once the backlog is gone (Kubernetes kills it after its grace
+    period, and Storage Write re-appends the batch it was writing). Every batch it ran is committed."""
+    log_path = tmp_path / "run.log"
+    job = drills.start_job(drill, log_path)
+    try:
+        drills.wait_log(job, log_path, drills.BATCH_DONE, 1)
+        signalled = time.monotonic()
+        if signum == signal.SIGINT:
+            os.killpg(job.pid, signal.SIGINT)
+        else:
+            job.send_signal(signal.SIGTERM)
+        code = job.wait(timeout=60)
+        took = time.monotonic() - signalled
+    finally:
+        drills.kill_group(job)
+    text = log_path.read_text(errors="replace")
+    assert code == 0, text[-4000:]
+    batches = [int(n) for _, n in drills.BATCH_DONE.findall(text)]
+    # The batch running at the signal, those that ended before the driver looked (every 0.5 s) and the one
+    # Spark had planned already; not the backlog.
+    assert sum(batches) <= (len(drills.BATCH_DONE.findall(text[:text.index("received: stopping")])) + 4) * PER_BATCH
+    assert sum(batches) < COUNT, f"ran the whole backlog before stopping ({took:.1f} s): {batches}"
+    landed = drills.landed_offsets(bq_client, table_of(drill), drills.end_offsets(drill))
+    assert (landed.distinct, landed.duplicates) == (sum(batches), 0)
+    restart_lands_every_offset_once(drill, bq_client, tmp_path)
+
