@@ -29,7 +29,7 @@ from firehose_bq import logs
 from firehose_bq.batch.core import UNKNOWN_ENUM_NUMBER_AT, UNKNOWN_FIELDS_AT, UNKNOWN_SCHEMA_ID, TaskResult
 from firehose_bq.batch.task import RESULT_SCHEMA, Resume, run_task
 from firehose_bq.config import Config
-from firehose_bq.errors import FirehoseError, worker_error
+from firehose_bq.errors import FirehoseError, query_error, worker_error
 from firehose_bq.metrics import BatchStats, RunSummary
 from firehose_bq.telemetry import Telemetry
 from firehose_bq.modes import WriteMode, batch_stats, handling_of, planned_ranges, settle, write_mode
@@ -140,7 +140,7 @@ class Pipeline:
                     query.stop()
                     break
         except StreamingQueryException as exc:
-            failure = self._failure or FirehoseError(worker_error(exc))
+            failure = self._failure or FirehoseError(query_error(exc))
             self.summary.failure = str(failure).splitlines()[0]
             raise failure from None
         finally:

@@ -5,6 +5,7 @@ must then be in the table, once (see drills.py for the job, its processes and th
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -76,3 +77,38 @@ def test_a_stop_with_a_backlog_ends_after_the_running_batch(drill: dict[str, str
     assert (landed.distinct, landed.duplicates) == (sum(batches), 0)
     restart_lands_every_offset_once(drill, bq_client, tmp_path)
 
+
+def fork_server_and_runner(job_pid: int) -> dict[str, int]:
+    """The job's fork server (a child of the driver running firehose_bq.fork_server) and the source runner it
+    forked (named by its module, fork_server.process_name)."""
+    procs = drills.job_processes(job_pid)
+    server = next(p.pid for p in procs if p.ppid == job_pid and "firehose_bq.fork_server" in drills.cmdline(p.pid))
+    runner = next(p.pid for p in procs if p.name == "python_streamin" and p.ppid == server)
+    return {"fork server": server, "source runner": runner}
+
+
+@pytest.mark.parametrize("victim", ["source runner", "fork server"])
+def test_a_killed_source_runner_or_fork_server_stops_the_job_saying_so(
+        drill: dict[str, str], bq_client: bigquery.Client, tmp_path: Path, victim: str) -> None:
+    """`kill -9` of the fork server (its forks' stand-ins then kill them) or of the source runner alone: Spark
+    fails the query with a bare EOFException, whose "terminated with exception: " names nothing. The job must
+    stop within seconds saying which process went away, leave no process behind, and resume on restart."""
+    log_path = tmp_path / "run.log"
+    job = drills.start_job(drill, log_path)
+    try:
+        drills.wait_log(job, log_path, drills.BATCH_DONE, 1)
+        before = [p.pid for p in drills.job_processes(job.pid)]
+        os.kill(fork_server_and_runner(job.pid)[victim], signal.SIGKILL)
+        code = job.wait(timeout=60)
+        left = drills.wait_gone(before, timeout=15)
+    finally:
+        drills.kill_group(job)
+    text = log_path.read_text(errors="replace")
+    assert code == 1, text[-4000:]
+    assert left == [], f"left running after the job ended: {drills.describe(left)}"
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("error: [STREAM_FAILED]"), last
+    # Where Spark met the EOF (latestOffset, partitions, ...) depends on the moment of the kill.
+    assert re.search(r"\(cause: java\.io\.EOFException in PythonStreamingSourceRunner\.\w+: Spark's Python process "
+                     r"for the Kafka source", last), last
+    restart_lands_every_offset_once(drill, bq_client, tmp_path)
