@@ -134,7 +134,10 @@ class Pipeline:
                 if stop.is_set():
                     # Let the running micro-batch finish so its offsets are committed, then stop: with the stop
                     # file the source plans nothing more, so the trigger goes idle even with a backlog.
-                    open(self._stop_file, "w").close()
+                    try:
+                        open(self._stop_file, "w").close()
+                    except OSError as exc:  # a full or read-only /tmp: stop once the backlog is read, as before
+                        log.warning("cannot tell the source to plan no further batch (%s): stopping once idle", exc)
                     while query.isActive and query.status.get("isTriggerActive"):
                         time.sleep(0.1)
                     query.stop()

@@ -165,7 +165,8 @@ def running_stack(work: Path) -> Iterator[tuple[dict[str, str], object]]:
     from firehose_bq.devstack.stack import Stack, isolated_env
     from firehose_bq.devstack.stack_config import StackConfig
 
-    cfg = StackConfig.from_env({**os.environ, **isolated_env(work / "stack")})
+    # A persistent emulator: an outage drill stops and starts it, and its tables must survive that.
+    cfg = StackConfig.from_env({**os.environ, **isolated_env(work / "stack"), "FIREHOSE_STACK_BIGQUERY_PERSISTENT": "true"})
     stack = Stack(cfg)
     stack.up(report=lambda line: None)
     try:
