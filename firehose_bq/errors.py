@@ -105,6 +105,11 @@ class SourceError(FirehoseError):
     """Kafka cannot be read as planned (topic missing, partition stalled, offsets gone)."""
 
 
+class SourceUnavailableError(SourceError):
+    """Kafka did not answer (broker down or unreachable, a request timed out): the planner tries again, for as
+    long as a task waits for records (SOURCE_KAFKA_POLL_STALL_TIMEOUT_MS), before the job stops on it."""
+
+
 class SinkError(FirehoseError):
     """A BigQuery call failed as a whole (not per row), after the client's own retries; classified.
 

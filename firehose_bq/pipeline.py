@@ -99,6 +99,7 @@ class Pipeline:
             .option("max_offsets_per_trigger", str(self.mode.max_offsets_per_trigger()))
             .option("isolation_level", src.isolation_level)  # the planner's, as self._reader's
             .option("stop_file", self._stop_file)
+            .option("stall_timeout_ms", str(src.stall_timeout_ms))  # how long its planner waits for the broker
             .options(**self.config.kafka_security.to_options())  # likewise
             .load()
         )

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,11 +48,18 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from firehose_bq.errors import SourceError
+from firehose_bq.errors import SourceError, SourceUnavailableError
+from firehose_bq.retrying import Backoff, retry_call
 from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED, KafkaMetadataClient, Offsets
 from firehose_bq.source.kafka_security import KafkaSecurityConfig
 
 log = logging.getLogger(__name__)
+
+# How the planner waits for a broker that does not answer: soon at first, then every 10 s, for as long as a
+# task waits for records (the `stall_timeout_ms` option, SOURCE_KAFKA_POLL_STALL_TIMEOUT_MS).
+UNAVAILABLE_FIRST_WAIT_S = 0.5
+UNAVAILABLE_MAX_WAIT_S = 10.0
+DEFAULT_STALL_TIMEOUT_MS = 120_000
 
 FORMAT_NAME = "firehose-kafka"
 
@@ -108,6 +116,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                               f"got {self.isolation_level!r}")
         self.security = KafkaSecurityConfig.from_options(options)  # the job's, as its tasks' RangeReader has it
         self.stop_file = options.get("stop_file") or None
+        self.unavailable_s = int(options.get("stall_timeout_ms", DEFAULT_STALL_TIMEOUT_MS)) / 1000
         self._target: Offsets | None = None  # end offsets frozen by Trigger.AvailableNow
         self._client: KafkaMetadataClient | None = None
 
@@ -151,7 +160,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _to_json(start)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._kafka().end_offsets(self.topics)
+        self._target = self._end_offsets()
         log.info("available-now: reading up to %s", self._target)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -162,7 +171,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # The driver is stopping: nothing new, so the query idles once its running batch is committed. A
             # backlog keeps Spark's trigger busy batch after batch, and the driver would never see it idle.
             return start
-        latest = self._target if self._target is not None else self._kafka().end_offsets(self.topics)
+        latest = self._target if self._target is not None else self._end_offsets()
         known = _from_json(start)
         begin = {t: dict(parts) for t, parts in known.items()}
         new = self._begin_new_partitions(begin, latest)
@@ -188,6 +197,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 starts.setdefault(t, {})[p] = begin[t][p]
         return _to_json(latest, starts)
 
+    def _end_offsets(self) -> Offsets:
+        """The topics' end offsets, waiting out a broker that does not answer: a broker restarting between two
+        batches (or while the job is idle) must not stop a job that a restart during a batch would not
+        (its tasks wait for records as long, `stall_timeout_ms`). Past that the job stops, saying so."""
+        backoff = Backoff(attempts=sys.maxsize, first_s=UNAVAILABLE_FIRST_WAIT_S, max_s=UNAVAILABLE_MAX_WAIT_S,
+                          budget_s=self.unavailable_s)
+        return retry_call(lambda: self._kafka().end_offsets(self.topics), backoff,
+                          retry_on=lambda exc: isinstance(exc, SourceUnavailableError),
+                          what="the Kafka source's end offsets")
+
     def _begin_new_partitions(self, begin: Offsets, end: Offsets) -> list[tuple[str, int]]:
         """Add the partitions of `end` that `begin` lacks to `begin`, at their first offset still on the
         broker (as Spark's Kafka source does), and return them. One not at 0 lost records to retention
@@ -207,7 +226,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return new
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
-        return _to_json(self._kafka().end_offsets(self.topics))
+        try:
+            return _to_json(self._kafka().end_offsets(self.topics))
+        except SourceUnavailableError as exc:  # progress reports only (the lag): planning waits for the broker
+            log.warning("the broker's end offsets for the progress report: %s", exc)
+            return None
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         finish = _from_json(end)

@@ -112,3 +112,38 @@ def test_a_killed_source_runner_or_fork_server_stops_the_job_saying_so(
     assert re.search(r"\(cause: java\.io\.EOFException in PythonStreamingSourceRunner\.\w+: Spark's Python process "
                      r"for the Kafka source", last), last
     restart_lands_every_offset_once(drill, bq_client, tmp_path)
+
+
+def test_a_broker_restart_while_the_job_is_idle_is_waited_out(stack, stack_env: dict[str, str],  # noqa: ANN001
+                                                             bq_client: bigquery.Client, tmp_path: Path) -> None:
+    """The broker down for 45 s while the job has caught up: the source's planner asks it for end offsets on
+    every trigger, and its first failed request (30 s) used to stop the job, where a batch's tasks wait for
+    records for SOURCE_KAFKA_POLL_STALL_TIMEOUT_MS (120 s). Now the planner waits as long; the job reads on
+    once the broker is back, every offset once."""
+    desc = compile_protos(tmp_path / "fleet.desc", drills.PROTOS)
+    env = drills.drill_env(stack_env, desc, tmp_path, "storage_write")
+    drills.produce(env, desc, 1_000)
+    log_path = tmp_path / "run.log"
+    job = drills.start_job(env, log_path)
+    try:
+        drills.wait_log(job, log_path, drills.BATCH_DONE, 1)
+        stack.stop_service("kafka")
+        time.sleep(45)
+        assert job.poll() is None, log_path.read_text(errors="replace")[-4000:]
+        stack.up(report=lambda line: None)
+        drills.produce(env, desc, 1_000, start=1_000)
+        deadline = time.monotonic() + 120
+        while sum(int(n) for _, n in drills.BATCH_DONE.findall(log_path.read_text(errors="replace"))) < 2_000:
+            assert job.poll() is None, log_path.read_text(errors="replace")[-4000:]
+            assert time.monotonic() < deadline, log_path.read_text(errors="replace")[-4000:]
+            time.sleep(0.5)
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=60) == 0, log_path.read_text(errors="replace")[-4000:]
+    finally:
+        drills.kill_group(job)
+        stack.up(report=lambda line: None)  # whatever happened, the session's other tests need the broker
+    try:
+        landed = drills.landed_offsets(bq_client, table_of(env), drills.end_offsets(env))
+        assert (landed.distinct, landed.missing[:5], landed.duplicates) == (2_000, [], 0)
+    finally:
+        bq_client.delete_dataset(env["SINK_BIGQUERY_DATASET_NAME"], delete_contents=True, not_found_ok=True)
