@@ -204,6 +204,8 @@ def query_error(exc: BaseException) -> str:
         return reason
     if message is None or message.strip():
         return reason
+    # pyspark keeps the JVM's stack trace there (CapturedException); str(exc) shows it only when
+    # spark.sql.pyspark.jvmStacktrace.enabled is set.
     cause = jvm_cause(str(getattr(exc, "_stackTrace", "") or ""))
     return reason if cause is None else f"{reason} (cause: {cause})"
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,6 +58,7 @@ log = logging.getLogger(__name__)
 # task waits for records (the `stall_timeout_ms` option, SOURCE_KAFKA_POLL_STALL_TIMEOUT_MS).
 UNAVAILABLE_FIRST_WAIT_S = 0.5
 UNAVAILABLE_MAX_WAIT_S = 10.0
+UNAVAILABLE_ATTEMPTS = 1_000  # never the limit: the time budget ends the retries first
 DEFAULT_STALL_TIMEOUT_MS = 120_000
 
 FORMAT_NAME = "firehose-kafka"
@@ -201,7 +201,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The topics' end offsets, waiting out a broker that does not answer: a broker restarting between two
         batches (or while the job is idle) must not stop a job that a restart during a batch would not
         (its tasks wait for records as long, `stall_timeout_ms`). Past that the job stops, saying so."""
-        backoff = Backoff(attempts=sys.maxsize, first_s=UNAVAILABLE_FIRST_WAIT_S, max_s=UNAVAILABLE_MAX_WAIT_S,
+        backoff = Backoff(attempts=UNAVAILABLE_ATTEMPTS, first_s=UNAVAILABLE_FIRST_WAIT_S, max_s=UNAVAILABLE_MAX_WAIT_S,
                           budget_s=self.unavailable_s)
         return retry_call(lambda: self._kafka().end_offsets(self.topics), backoff,
                           retry_on=lambda exc: isinstance(exc, SourceUnavailableError),
