@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -91,18 +92,15 @@ def fork_server_and_runner(job_pid: int) -> dict[str, int]:
     return {"fork server": server, "source runner": runner}
 
 
-@pytest.mark.parametrize("victim", ["source runner", "fork server"])
-def test_a_killed_source_runner_or_fork_server_stops_the_job_saying_so(
-        drill: dict[str, str], bq_client: bigquery.Client, tmp_path: Path, victim: str) -> None:
-    """`kill -9` of the fork server (its forks' stand-ins then kill them) or of the source runner alone: Spark
-    fails the query with a bare EOFException, whose "terminated with exception: " names nothing. The job must
-    stop within seconds saying which process went away, leave no process behind, and resume on restart."""
+def kill_one_and_fail(env: dict[str, str], tmp_path: Path, victim: Callable[[int], int]) -> str:
+    """Run the job until a batch is done, `kill -9` the process `victim(job's pid)` names, and check that the
+    job then fails (code 1) leaving no process of its behind; its last line, the reason it gave."""
     log_path = tmp_path / "run.log"
-    job = drills.start_job(drill, log_path)
+    job = drills.start_job(env, log_path)
     try:
         drills.wait_log(job, log_path, drills.BATCH_DONE, 1)
         before = [p.pid for p in drills.job_processes(job.pid)]
-        os.kill(fork_server_and_runner(job.pid)[victim], signal.SIGKILL)
+        os.kill(victim(job.pid), signal.SIGKILL)
         code = job.wait(timeout=60)
         left = drills.wait_gone(before, timeout=15)
     finally:
@@ -110,7 +108,16 @@ def test_a_killed_source_runner_or_fork_server_stops_the_job_saying_so(
     text = log_path.read_text(errors="replace")
     assert code == 1, text[-4000:]
     assert left == [], f"left running after the job ended: {drills.describe(left)}"
-    last = text.strip().splitlines()[-1]
+    return text.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("victim", ["source runner", "fork server"])
+def test_a_killed_source_runner_or_fork_server_stops_the_job_saying_so(
+        drill: dict[str, str], bq_client: bigquery.Client, tmp_path: Path, victim: str) -> None:
+    """`kill -9` of the fork server (its forks' stand-ins then kill them) or of the source runner alone: Spark
+    fails the query with a bare EOFException, whose "terminated with exception: " names nothing. The job must
+    stop within seconds saying which process went away, leave no process behind, and resume on restart."""
+    last = kill_one_and_fail(drill, tmp_path, lambda job_pid: fork_server_and_runner(job_pid)[victim])
     assert last.startswith("error: [STREAM_FAILED]"), last
     # Where Spark met the EOF (latestOffset, partitions, ...) depends on the moment of the kill.
     assert re.search(r"\(cause: java\.io\.EOFException in PythonStreamingSourceRunner\.\w+: Spark's Python process "
@@ -158,20 +165,7 @@ def test_a_killed_jvm_stops_the_job_saying_so(drill: dict[str, str], bq_client: 
     """`kill -9` of the driver's JVM alone (the OOM killer's favourite): the job stopped with "error:
     ConnectionRefusedError: [Errno 111] Connection refused", py4j's word for it, from stopping a session
     whose JVM was gone. It must say the JVM ended, leave no process behind, and resume on restart."""
-    log_path = tmp_path / "run.log"
-    job = drills.start_job(drill, log_path)
-    try:
-        drills.wait_log(job, log_path, drills.BATCH_DONE, 1)
-        before = drills.job_processes(job.pid)
-        jvm = next(p.pid for p in before if p.ppid == job.pid and p.name == "java")
-        os.kill(jvm, signal.SIGKILL)
-        code = job.wait(timeout=60)
-        left = drills.wait_gone([p.pid for p in before], timeout=15)
-    finally:
-        drills.kill_group(job)
-    text = log_path.read_text(errors="replace")
-    assert code == 1, text[-4000:]
-    assert left == [], f"left running after the job ended: {drills.describe(left)}"
-    last = text.strip().splitlines()[-1]
+    last = kill_one_and_fail(drill, tmp_path, lambda job_pid: next(
+        p.pid for p in drills.job_processes(job_pid) if p.ppid == job_pid and p.name == "java"))
     assert last.startswith("error: Spark's JVM (the driver's java process) ended unexpectedly with status -9"), last
     restart_lands_every_offset_once(drill, bq_client, tmp_path, appended_before_crash=True)
