@@ -1,7 +1,7 @@
 """An operator's failure drills against the real local stack: the job (`firehose-bq run`) on a proto of its
 own (protos/drill/fleet/telemetry.proto), its processes, and what landed, counted by Kafka offset (or, for
-upsert, by key). Shared by test_drills.py; `python -m tests.integration.drills MODE ACTION` runs one drill
-by hand, printing what it saw (under `flock /tmp/firehose-heavy.lock`: it starts a stack and Spark)."""
+upsert, by key). Used by test_drills.py, and by hand for drills not worth a test (`running_stack`,
+`drill_env`, `produce`, `start_job`, then `landed_offsets`; under `flock /tmp/firehose-heavy.lock`)."""
 
 from __future__ import annotations
 
@@ -92,19 +92,21 @@ def wait_log(job: subprocess.Popen[str], log_path: Path, pattern: re.Pattern[str
 
 
 def role(proc: Proc) -> str:
-    """What a process of the job is, from its command line and name."""
+    """What a process of the job is: the driver, its JVM, the fork server, a fork of it (named by its module:
+    fork_server.process_name) or a process Spark started as usual (or a fork's stand-in: `python`)."""
     line = cmdline(proc.pid)
     if "firehose_bq.cli" in line:
         return "driver"
-    if "firehose_bq.fork_server" in line:
-        return f"fork-server:{proc.name}" if proc.name != "python" and not proc.name.startswith("python") \
-            else "fork-server"
-    if "java" in proc.name or "SparkSubmit" in line:
+    if proc.name == "java":
         return "jvm"
-    return f"{proc.name}"
+    if "firehose_bq.fork_server" in line:  # the server, and its forks (whose command line stays the server's)
+        return "fork-server" if proc.name.startswith("python") and proc.name != "python_streamin" \
+            else f"fork:{proc.name}"
+    return proc.name
 
 
 def job_processes(root: int) -> list[Proc]:
+    """The job's processes: its driver `root` and everything it started, followed by parent PID."""
     return tree(root)
 
 
