@@ -32,6 +32,10 @@ EXIT_CODES = ("Exit codes: 0 done, 1 the job or a command failed (the reason is 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
+# How long a failed run waits for Spark's JVM to be seen ended before it reports the failure as it met it.
+JVM_EXIT_WAIT_S = 2.0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -209,7 +213,7 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
     from firehose_bq.pipeline import Pipeline
     from firehose_bq.sink_schema import descriptor_cache
-    from firehose_bq.spark import refuse_speculation, spark_session, start_workers, stop_session
+    from firehose_bq.spark import jvm_ended, refuse_speculation, spark_session, start_workers, stop_session
     from firehose_bq.telemetry import Telemetry
 
     # The descriptors and the source before Spark: an unreachable registry or broker fails in seconds,
@@ -245,12 +249,32 @@ def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             raise
         print(logs.masked(summary.render()))
         return 0
+    except Exception as exc:
+        ended = jvm_ended(spark, wait_s=JVM_EXIT_WAIT_S if _lost_connection(exc) else 0) if spark is not None else None
+        if ended is None:
+            raise
+        # Whatever the driver met next (a refused py4j connection) says nothing of why: the JVM is gone.
+        raise FirehoseError(f"Spark's JVM (the driver's java process) ended unexpectedly with status {ended} "
+                            "(killed? out of memory?); the running batch's offsets were not committed, a restart "
+                            "reads it again") from exc
     finally:
         if cache is not None:
             cache.stop()
-        if spark is not None:
+        if spark is not None and jvm_ended(spark) is None:  # a dead JVM cannot be stopped, only waited for
             stop_session(spark, workers)
         telemetry.close()
+
+
+def _lost_connection(exc: BaseException) -> bool:
+    """Whether `exc` or what it was raised from is a lost connection (py4j's to the JVM among them)."""
+    seen: BaseException | None = exc
+    visited: set[int] = set()
+    while seen is not None and id(seen) not in visited:
+        if isinstance(seen, (ConnectionError, EOFError)) or type(seen).__name__ == "Py4JNetworkError":
+            return True
+        visited.add(id(seen))
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _check_source(cfg: Config) -> None:

@@ -88,7 +88,8 @@ class SourceConfig:
     stall_timeout_ms: int = setting(
         "SOURCE_KAFKA_POLL_STALL_TIMEOUT_MS",
         "A task that gets no record for this long while its planned range is unread fails with an "
-        "error naming the partition (a broker that lost data must not hang the job).",
+        "error naming the partition (a broker that lost data must not hang the job); the source's planner "
+        "waits as long for a broker that does not answer before the job stops.",
         120_000,
         minimum=1000,
     )

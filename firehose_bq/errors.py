@@ -105,6 +105,11 @@ class SourceError(FirehoseError):
     """Kafka cannot be read as planned (topic missing, partition stalled, offsets gone)."""
 
 
+class SourceUnavailableError(SourceError):
+    """Kafka did not answer (broker down or unreachable, a request timed out): the planner tries again, for as
+    long as a task waits for records (SOURCE_KAFKA_POLL_STALL_TIMEOUT_MS), before the job stops on it."""
+
+
 class SinkError(FirehoseError):
     """A BigQuery call failed as a whole (not per row), after the client's own retries; classified.
 
@@ -176,6 +181,55 @@ def worker_error(exc: BaseException) -> str:
     exception inside a Py4JJavaError): the reason, without pages of frames."""
     matches = [m for m in map(_PYTHON_ERROR_LINE.match, str(exc).splitlines()) if m]
     return f"{matches[-1].group(1)}: {matches[-1].group(2)}" if matches else _first_line(exc)
+
+
+# The JVM's stack trace text (Utils.exceptionString): "Caused by: Class[: message]" starts each cause.
+_CAUSED_BY = "Caused by: "
+_JVM_FRAME = re.compile(r"^\s+at (?:[\w.$-]+/)?([\w.$]+)\.([\w$<>]+)\(")
+# Where Spark throws a bare JVM exception because a Python process it talks to went away, and what that means.
+_JVM_THROWERS = {
+    "PythonStreamingSourceRunner": "Spark's Python process for the Kafka source (python_streaming_source_runner, "
+                                   "a fork of the job's fork server) ended unexpectedly",
+}
+
+
+def query_error(exc: BaseException) -> str:
+    """`worker_error` of a failed streaming query; where the query's error carries no message of its own (a
+    JVM exception such as an EOFException, thrown when a Python process Spark talks to dies), the innermost
+    JVM cause and where Spark threw it: "terminated with exception:" followed by nothing tells nobody why."""
+    reason = worker_error(exc)
+    try:
+        message = (exc.getMessageParameters() or {}).get("message")  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - not a Spark error, or the JVM is gone: the reason as it is
+        return reason
+    if message is None or message.strip():
+        return reason
+    # pyspark keeps the JVM's stack trace there (CapturedException); str(exc) shows it only when
+    # spark.sql.pyspark.jvmStacktrace.enabled is set.
+    cause = jvm_cause(str(getattr(exc, "_stackTrace", "") or ""))
+    return reason if cause is None else f"{reason} (cause: {cause})"
+
+
+def jvm_cause(stack_trace: str) -> str | None:
+    """The innermost cause of a JVM stack trace as `Class: message`, or `Class in Thrower.method` (what that
+    means, where it is known) when it has no message; None for an empty trace."""
+    lines = stack_trace.splitlines()
+    causes = [i for i, line in enumerate(lines) if line.startswith(_CAUSED_BY)]
+    start = causes[-1] if causes else 0
+    if start >= len(lines) or not lines[start].strip():
+        return None
+    header = lines[start].removeprefix(_CAUSED_BY).strip()
+    name, _, message = header.partition(": ")
+    if message.strip():
+        return header
+    frames = [m for m in map(_JVM_FRAME.match, lines[start + 1:]) if m]
+    # The first frame outside the JDK: where Spark (or a library) met the failure.
+    thrower = next((m for m in frames if not m.group(1).startswith(("java.", "javax.", "jdk.", "sun."))), None)
+    if thrower is None:
+        return name
+    where = f"{thrower.group(1).rpartition('.')[2]}.{thrower.group(2)}"
+    meaning = _JVM_THROWERS.get(where.partition(".")[0])
+    return f"{name} in {where}" + (f": {meaning}" if meaning else "")
 
 
 def _first_line(exc: BaseException) -> str:

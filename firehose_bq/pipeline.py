@@ -14,6 +14,9 @@ import dataclasses
 import functools
 import json
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +29,7 @@ from firehose_bq import logs
 from firehose_bq.batch.core import UNKNOWN_ENUM_NUMBER_AT, UNKNOWN_FIELDS_AT, UNKNOWN_SCHEMA_ID, TaskResult
 from firehose_bq.batch.task import RESULT_SCHEMA, Resume, run_task
 from firehose_bq.config import Config
-from firehose_bq.errors import FirehoseError, worker_error
+from firehose_bq.errors import FirehoseError, query_error, worker_error
 from firehose_bq.metrics import BatchStats, RunSummary
 from firehose_bq.telemetry import Telemetry
 from firehose_bq.modes import WriteMode, batch_stats, handling_of, planned_ranges, settle, write_mode
@@ -71,6 +74,9 @@ class Pipeline:
         # until this moment: a producer ahead of its registry must not cost a re-run per batch.
         self._accept_unknown_until = 0.0
         self._failure: Exception | None = None
+        # Created when a run is asked to stop: the source then plans no further batch (kafka_source.py). Its
+        # planner runs on the driver's machine (Spark's source runner), so a local file reaches it.
+        self._stop_file = ""
         self._handling = handling_of(config)
         src = config.source
         self._reader = RangeReader(src.brokers, resolve_client(src.client), src.stall_timeout_ms,
@@ -92,15 +98,20 @@ class Pipeline:
             .option("starting_offsets", src.auto_offset_reset)
             .option("max_offsets_per_trigger", str(self.mode.max_offsets_per_trigger()))
             .option("isolation_level", src.isolation_level)  # the planner's, as self._reader's
+            .option("stop_file", self._stop_file)
+            .option("stall_timeout_ms", str(src.stall_timeout_ms))  # how long its planner waits for the broker
             .options(**self.config.kafka_security.to_options())  # likewise
             .load()
         )
 
     def run(self, *, available_now: bool, stop: threading.Event | None = None) -> RunSummary:
         """Stream until the topic is drained (available_now) or `stop` is set; raise on failure."""
+        stop_dir = tempfile.mkdtemp(prefix="firehose-bq-stop-")
+        self._stop_file = os.path.join(stop_dir, "stop")
         try:
             return self._run(available_now=available_now, stop=stop)
         finally:
+            shutil.rmtree(stop_dir, ignore_errors=True)
             self.mode.close()  # e.g. drops an upsert run's intermediate table
 
     def _run(self, *, available_now: bool, stop: threading.Event | None) -> RunSummary:
@@ -122,13 +133,18 @@ class Pipeline:
             while not query.awaitTermination(POLL_SECONDS):
                 logged = self._log_progress(query.recentProgress, logged)
                 if stop.is_set():
-                    # Let the running micro-batch finish so its offsets are committed, then stop.
+                    # Let the running micro-batch finish so its offsets are committed, then stop: with the stop
+                    # file the source plans nothing more, so the trigger goes idle even with a backlog.
+                    try:
+                        open(self._stop_file, "w").close()
+                    except OSError as exc:  # a full or read-only /tmp: stop once the backlog is read, as before
+                        log.warning("cannot tell the source to plan no further batch (%s): stopping once idle", exc)
                     while query.isActive and query.status.get("isTriggerActive"):
                         time.sleep(0.1)
                     query.stop()
                     break
         except StreamingQueryException as exc:
-            failure = self._failure or FirehoseError(worker_error(exc))
+            failure = self._failure or FirehoseError(query_error(exc))
             self.summary.failure = str(failure).splitlines()[0]
             raise failure from None
         finally:

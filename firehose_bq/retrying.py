@@ -12,6 +12,8 @@ product of nested retry loops:
 - a dead-letter write: dlq/writers.dead_letter, DLQ_RETRY_* within DLQ_RETRY_DEADLINE_MS;
 - a schema registry fetch: registry/cache.DescriptorCache, patiently in the background, once and soon
   when someone waits.
+- the Kafka source's planner asking a broker that does not answer for end offsets: source/kafka_source.
+  `_end_offsets`, within SOURCE_KAFKA_POLL_STALL_TIMEOUT_MS, as long as a task's reads wait for records.
 
 Inside a layer nothing retries again (the BigQuery client gets `retry=None`, bigquery/client.
 attempt_options; GCS calls `retry=None`; the Kafka producer's retries end with its delivery timeout),

@@ -318,6 +318,19 @@ def start_workers(spark: SparkSession) -> threading.Thread:
     return thread
 
 
+def jvm_ended(spark: SparkSession, wait_s: float = 0.0) -> int | None:
+    """The exit status of the session's JVM once it has ended (killed, out of memory), else None, waiting up
+    to `wait_s` for it: its connections close a moment before it can be reaped. PySpark started it
+    (spark-submit, which execs java) and keeps its process as the gateway's `proc`."""
+    proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
+    if proc is None:
+        return None
+    try:
+        return int(proc.wait(timeout=wait_s))
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def stop_session(spark: SparkSession, workers: threading.Thread | None = None, wait_s: float = STOP_WAIT_S) -> None:
     """Stop the session once the job that starts the workers (`workers`) is over. A job that stops early
     (a table it cannot create) gets there while that job still runs, and stopping under it has Spark log

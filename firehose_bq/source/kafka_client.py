@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from firehose_bq.errors import SourceError
+from firehose_bq.errors import SourceError, SourceUnavailableError
 from firehose_bq.source import batches
 from firehose_bq.source.kafka_security import KafkaSecurityConfig
 
@@ -68,6 +68,12 @@ class KafkaMetadataClient:
         self._ck = ck
         self._brokers = brokers
         self._timeout_s = REQUEST_TIMEOUT_MS / 1000
+        # librdkafka's codes for a broker that did not answer (down, unreachable, restarting, slow), as
+        # opposed to one that answered no (a missing topic, no authorization).
+        errors = ck.KafkaError
+        self._unavailable = frozenset((errors._TRANSPORT, errors._ALL_BROKERS_DOWN, errors._TIMED_OUT,
+                                       errors._RESOLVE, errors.REQUEST_TIMED_OUT, errors.LEADER_NOT_AVAILABLE,
+                                       errors.NOT_LEADER_FOR_PARTITION, errors.BROKER_NOT_AVAILABLE))
         self._consumer = ck.Consumer({
             "bootstrap.servers": brokers,
             "group.id": group_id,
@@ -84,7 +90,10 @@ class KafkaMetadataClient:
         try:
             return call(*args, **kwargs)
         except self._ck.KafkaException as exc:
-            raise SourceError(f"Kafka at {self._brokers}: {what} failed: {exc.args[0].str()}") from exc
+            error = exc.args[0]
+            unavailable = error.code() in self._unavailable or error.retriable()
+            raise (SourceUnavailableError if unavailable else SourceError)(
+                f"Kafka at {self._brokers}: {what} failed: {error.str()}") from exc
         finally:
             # This client never consumes: hand librdkafka's queued log lines on now (the cause of a
             # failure among them, before the error that reports it).

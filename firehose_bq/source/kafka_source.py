@@ -16,6 +16,8 @@ Spark's built-in Kafka source needs jars this deployment cannot fetch, so this i
   under read_committed the last stable offset, so a batch never ends inside a transaction still open,
   whose records a later batch reads once it has committed;
 - a fresh checkpoint starts at the consumer group's committed offsets, else at `startingOffsets`;
+- once the file named by the `stop_file` option exists (the driver is stopping: SIGTERM, Ctrl-C), no
+  further batch is planned: the query goes idle after the batch it runs, and the driver stops it there;
 - after Spark commits a batch, its end offsets are committed to the consumer group, only so that lag
   monitoring works: the checkpoint, not the group, is what a restart resumes from.
 
@@ -32,6 +34,7 @@ messages itself.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,11 +47,19 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from firehose_bq.errors import SourceError
+from firehose_bq.errors import SourceError, SourceUnavailableError
+from firehose_bq.retrying import Backoff, retry_call
 from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED, KafkaMetadataClient, Offsets
 from firehose_bq.source.kafka_security import KafkaSecurityConfig
 
 log = logging.getLogger(__name__)
+
+# How the planner waits for a broker that does not answer: soon at first, then every 10 s, for as long as a
+# task waits for records (the `stall_timeout_ms` option, SOURCE_KAFKA_POLL_STALL_TIMEOUT_MS).
+UNAVAILABLE_FIRST_WAIT_S = 0.5
+UNAVAILABLE_MAX_WAIT_S = 10.0
+UNAVAILABLE_ATTEMPTS = 1_000  # never the limit: the time budget ends the retries first
+DEFAULT_STALL_TIMEOUT_MS = 120_000
 
 FORMAT_NAME = "firehose-kafka"
 
@@ -104,6 +115,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise SourceError(f"isolation_level must be one of {', '.join(ISOLATION_LEVELS)}, "
                               f"got {self.isolation_level!r}")
         self.security = KafkaSecurityConfig.from_options(options)  # the job's, as its tasks' RangeReader has it
+        self.stop_file = options.get("stop_file") or None
+        self.unavailable_s = int(options.get("stall_timeout_ms", DEFAULT_STALL_TIMEOUT_MS)) / 1000
         self._target: Offsets | None = None  # end offsets frozen by Trigger.AvailableNow
         self._client: KafkaMetadataClient | None = None
 
@@ -147,14 +160,18 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _to_json(start)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._kafka().end_offsets(self.topics)
+        self._target = self._end_offsets()
         log.info("available-now: reading up to %s", self._target)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_offsets) if self.max_offsets > 0 else ReadAllAvailable()
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        latest = self._target if self._target is not None else self._kafka().end_offsets(self.topics)
+        if self.stop_file is not None and os.path.exists(self.stop_file):
+            # The driver is stopping: nothing new, so the query idles once its running batch is committed. A
+            # backlog keeps Spark's trigger busy batch after batch, and the driver would never see it idle.
+            return start
+        latest = self._target if self._target is not None else self._end_offsets()
         known = _from_json(start)
         begin = {t: dict(parts) for t, parts in known.items()}
         new = self._begin_new_partitions(begin, latest)
@@ -180,6 +197,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 starts.setdefault(t, {})[p] = begin[t][p]
         return _to_json(latest, starts)
 
+    def _end_offsets(self) -> Offsets:
+        """The topics' end offsets, waiting out a broker that does not answer: a broker restarting between two
+        batches (or while the job is idle) must not stop a job that a restart during a batch would not
+        (its tasks wait for records as long, `stall_timeout_ms`). Past that the job stops, saying so."""
+        backoff = Backoff(attempts=UNAVAILABLE_ATTEMPTS, first_s=UNAVAILABLE_FIRST_WAIT_S, max_s=UNAVAILABLE_MAX_WAIT_S,
+                          budget_s=self.unavailable_s)
+        return retry_call(lambda: self._kafka().end_offsets(self.topics), backoff,
+                          retry_on=lambda exc: isinstance(exc, SourceUnavailableError),
+                          what="the Kafka source's end offsets")
+
     def _begin_new_partitions(self, begin: Offsets, end: Offsets) -> list[tuple[str, int]]:
         """Add the partitions of `end` that `begin` lacks to `begin`, at their first offset still on the
         broker (as Spark's Kafka source does), and return them. One not at 0 lost records to retention
@@ -199,7 +226,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return new
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
-        return _to_json(self._kafka().end_offsets(self.topics))
+        try:
+            return _to_json(self._kafka().end_offsets(self.topics))
+        except SourceUnavailableError as exc:  # progress reports only (the lag): planning waits for the broker
+            log.warning("the broker's end offsets for the progress report: %s", exc)
+            return None
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         finish = _from_json(end)

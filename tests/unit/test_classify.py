@@ -93,6 +93,49 @@ def test_worker_error_finds_the_python_reason_inside_a_spark_error() -> None:
     assert worker_error(RuntimeError("plain failure\nmore")) == "plain failure"
 
 
+# What Spark's StreamingQueryException holds when the source's Python process (a fork of the job's fork
+# server) is killed: an EOFException, which has no message, so its text ends in "terminated with exception: ".
+QUERY_TRACE = (
+    "org.apache.spark.sql.streaming.StreamingQueryException:  === Streaming Query ===\n"
+    "Identifier: firehose-bq-readings [id = 4359, runId = eefd]\n"
+    "\tat org.apache.spark.sql.execution.streaming.runtime.StreamExecution.runStream(StreamExecution.scala:390)\n"
+    "Caused by: java.io.EOFException\n"
+    "\tat java.base/java.io.DataInputStream.readInt(DataInputStream.java:386)\n"
+    "\tat org.apache.spark.sql.execution.python.streaming.PythonStreamingSourceRunner.latestOffset("
+    "PythonStreamingSourceRunner.scala:235)\n"
+    "\t... 20 more\n"
+)
+
+
+class _QueryFailed(Exception):
+    """Stands in for pyspark's StreamingQueryException: its text, message parameters and JVM trace."""
+
+    def __init__(self, message: str, trace: str) -> None:
+        super().__init__(f"[STREAM_FAILED] Query [id = 4359, runId = eefd] terminated with exception: {message} "
+                         "SQLSTATE: XXKST")
+        self.message, self._stackTrace = message, trace
+
+    def getMessageParameters(self) -> dict[str, str]:  # noqa: N802 - pyspark's name
+        return {"id": "4359", "runId": "eefd", "message": self.message}
+
+
+def test_a_query_error_without_a_message_names_its_jvm_cause_and_what_it_means() -> None:
+    from firehose_bq.errors import jvm_cause, query_error
+
+    reason = query_error(_QueryFailed("", QUERY_TRACE))
+    assert reason.startswith("[STREAM_FAILED] Query [id = 4359, runId = eefd] terminated with exception: ")
+    assert reason.endswith("(cause: java.io.EOFException in PythonStreamingSourceRunner.latestOffset: Spark's "
+                           "Python process for the Kafka source (python_streaming_source_runner, a fork of the "
+                           "job's fork server) ended unexpectedly)")
+    # A query error with a message of its own stays as it is.
+    assert query_error(_QueryFailed("boom", QUERY_TRACE)) == str(_QueryFailed("boom", QUERY_TRACE))
+    assert jvm_cause("java.io.IOException: No space left on device\n\tat a.B.c(B.java:1)") == (
+        "java.io.IOException: No space left on device")
+    assert jvm_cause("java.lang.IllegalStateException\n\tat org.example.Thing.run(Thing.java:1)") == (
+        "java.lang.IllegalStateException in Thing.run")
+    assert jvm_cause("") is None
+
+
 @pytest.mark.parametrize(
     ("status", "errors", "expected"),
     [

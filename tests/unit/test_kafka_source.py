@@ -313,3 +313,79 @@ def test_an_end_written_before_starts_were_recorded_still_plans(caplog) -> None:
     kafka = GrowingKafka(low={0: 0, 1: 2}, high={0: 10, 1: 8})
     assert ranges(planner(kafka), {"t": {"0": 5}}, {"t": {"0": 10, "1": 8}}) == [("t", 0, 5, 10), ("t", 1, 2, 8)]
     assert "t/1: a partition new to this job starts at offset 2" in caplog.text
+
+
+def test_once_the_driver_is_stopping_no_further_batch_is_planned(tmp_path) -> None:  # noqa: ANN001
+    """With a backlog Spark's trigger runs batch after batch and the driver, stopping after "the current
+    batch", would never see it idle: once the stop file exists the latest offset is where the last batch
+    ended, so the query idles after the batch it runs."""
+    kafka = GrowingKafka(low={0: 0}, high={0: 1000})
+    stop_file = tmp_path / "stop"
+    reader = planner(kafka, stop_file=str(stop_file), max_offsets_per_trigger="100")
+    start = {"t": {"0": 200}}
+    assert _from_json(reader.latestOffset(start, ReadMaxRows(100))) == {"t": {0: 300}}
+    stop_file.touch()
+    assert reader.latestOffset(start, ReadMaxRows(100)) == start
+    assert planner(kafka).latestOffset(start, ReadMaxRows(100)) != start, "no stop file: reads on"
+
+
+class RestartingKafka(GrowingKafka):
+    """A broker that does not answer the first `down` requests for end offsets (`error`), then does."""
+
+    def __init__(self, down: int, error: Exception) -> None:
+        super().__init__(low={0: 0}, high={0: 50})
+        self.down, self.error, self.asked = down, error, 0
+
+    def end_offsets(self, topics):  # noqa: ANN001, ANN201
+        self.asked += 1
+        if self.asked <= self.down:
+            raise self.error
+        return super().end_offsets(topics)
+
+
+def test_the_planner_waits_out_a_broker_that_does_not_answer_then_gives_up_saying_so() -> None:
+    """A broker restarting while the job is idle (or between batches) failed the planner's first request and
+    stopped the job within 30 s, where a task waits for records for SOURCE_KAFKA_POLL_STALL_TIMEOUT_MS."""
+    import pytest
+
+    from firehose_bq.errors import SourceError, SourceUnavailableError
+
+    down = SourceUnavailableError("Kafka at b:1: offsets of t/0 failed: Local: Broker transport failure")
+    kafka = RestartingKafka(down=2, error=down)
+    assert _from_json(planner(kafka).latestOffset({"t": {"0": 0}}, ReadAllAvailable())) == {"t": {0: 50}}
+    assert kafka.asked == 3
+
+    gone = RestartingKafka(down=10**6, error=down)
+    with pytest.raises(SourceUnavailableError, match="Broker transport failure"):
+        planner(gone, stall_timeout_ms="1200").latestOffset({"t": {"0": 0}}, ReadAllAvailable())
+    assert 2 <= gone.asked <= 4, "tried again within the stall timeout, then stopped"
+
+    refused = RestartingKafka(down=1, error=SourceError("topic 't' does not exist on b:1"))
+    with pytest.raises(SourceError, match="does not exist"):
+        planner(refused).latestOffset({"t": {"0": 0}}, ReadAllAvailable())
+    assert refused.asked == 1, "an answer (no such topic) is not waited out"
+    assert planner(RestartingKafka(down=1, error=down)).reportLatestOffset() is None, "progress reports only"
+
+
+def test_kafka_errors_of_a_broker_that_does_not_answer_are_told_apart_from_refusals() -> None:
+    import confluent_kafka as ck
+    import pytest
+
+    from firehose_bq.errors import SourceError, SourceUnavailableError
+    from firehose_bq.source.kafka_client import KafkaMetadataClient
+
+    client = KafkaMetadataClient("127.0.0.1:1", "g")
+    try:
+        def failing(code: int):  # noqa: ANN202
+            def call() -> None:
+                raise ck.KafkaException(ck.KafkaError(code))
+            return call
+
+        for code in (ck.KafkaError._TRANSPORT, ck.KafkaError._TIMED_OUT, ck.KafkaError._ALL_BROKERS_DOWN):
+            with pytest.raises(SourceUnavailableError):
+                client._call("metadata", failing(code))
+        with pytest.raises(SourceError) as refused:
+            client._call("metadata", failing(ck.KafkaError.TOPIC_AUTHORIZATION_FAILED))
+        assert not isinstance(refused.value, SourceUnavailableError)
+    finally:
+        client.close()
