@@ -96,7 +96,7 @@ def test_archives_on_the_path_are_read_once_before_forking(tmp_path: Path, monke
     entries = [str(archive), str(directory), relative, str(missing)]
     try:
         worker_daemon.cache_import_paths(entries)
-        assert isinstance(sys.path_importer_cache[str(archive)], zipimport.zipimporter)
+        assert isinstance(sys.path_importer_cache[str(archive)], worker_daemon.UnchangedArchiveImporter)
         assert str(directory) in sys.path_importer_cache
         assert relative not in sys.path_importer_cache  # it means the importing process's own directory
         assert str(missing) not in sys.path_importer_cache  # it may exist by the time a fork imports
@@ -111,6 +111,44 @@ def test_archives_on_the_path_are_read_once_before_forking(tmp_path: Path, monke
         sys.modules.pop("firehose_bq_zipped_probe", None)
         for entry in entries:
             sys.path_importer_cache.pop(entry, None)
+
+
+def test_an_unchanged_archive_is_not_read_again_when_caches_are_invalidated(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # PySpark invalidates the import caches in every process it starts (setup_spark_files); the stock
+    # importer then re-reads each archive on the path: 30-90 ms per process for Spark's own.
+    archive = tmp_path / "lib.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("firehose_bq_zipped_first.py", "VALUE = 1\n")
+    reads: list[object] = []
+    read_directory = zipimport._read_directory  # type: ignore[attr-defined]
+
+    def counted(path: object) -> object:
+        reads.append(path)
+        return read_directory(path)
+
+    monkeypatch.setattr(zipimport, "_read_directory", counted)
+    monkeypatch.setattr(sys, "path", [str(archive), *sys.path])
+    try:
+        worker_daemon.cache_import_paths([str(archive)])
+        assert len(reads) == 1
+        importlib.invalidate_caches()
+        assert importlib.import_module("firehose_bq_zipped_first").VALUE == 1
+        assert len(reads) == 1
+
+        # A changed archive is read again, as the stock importer would, and its new modules import.
+        with zipfile.ZipFile(archive, "a") as zf:
+            zf.writestr("firehose_bq_zipped_second.py", "VALUE = 2\n")
+        os.utime(archive, ns=(os.stat(archive).st_atime_ns, os.stat(archive).st_mtime_ns + 1_000_000_000))
+        importlib.invalidate_caches()
+        assert len(reads) == 2
+        assert importlib.import_module("firehose_bq_zipped_second").VALUE == 2
+        importlib.invalidate_caches()
+        assert len(reads) == 2
+    finally:
+        for name in ("firehose_bq_zipped_first", "firehose_bq_zipped_second"):
+            sys.modules.pop(name, None)
+        sys.path_importer_cache.pop(str(archive), None)
 
 
 def test_a_failing_import_is_reported_not_raised() -> None:
