@@ -39,6 +39,10 @@ TOPIC = "p2a"
 # source-runner process, planning: ≈ 0.5 s, more than the plain process needs for 100k) no longer
 # decides the ratio. The broker stalls past ~500k messages per partition.
 LARGE = 400_000
+# Also measured once: the same 100k messages spread over as many partitions as topics in production often
+# have, read in at most as many tasks as cores (the default, SPARK_MAX_TASKS_PER_BATCH=0) and one task per
+# partition (-1), side by side.
+WIDE_PARTITIONS = 64
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,12 @@ def run(rounds: int = ROUNDS, messages: int = MESSAGES) -> dict[str, float]:
         produce_fast(Config.from_env(large_env), f"{TOPIC}-large", LARGE, PARTITIONS)
         large_plain = plain_run(cfg.source.brokers, f"{TOPIC}-large", CONFLUENT_KAFKA, parse)
         large = spark_run(spark, large_env, Levers(), "large", state, LARGE)
+        wide_env = {**env, "SOURCE_KAFKA_TOPIC": f"{TOPIC}-wide"}
+        produce_fast(Config.from_env(wide_env), f"{TOPIC}-wide", messages, WIDE_PARTITIONS)
+        wide_plain = plain_run(cfg.source.brokers, f"{TOPIC}-wide", CONFLUENT_KAFKA, parse)
+        wide = {tasks: spark_run(spark, {**wide_env, "SPARK_MAX_TASKS_PER_BATCH": tasks}, Levers(), f"wide{tasks}",
+                                 state, messages)
+                for tasks in ("0", "-1")}
         spark.stop()
     ratios = {chosen: [s.rate / p.rate for s, p in zip(done, plain, strict=True)] for chosen, done in runs.items()}
     print(f"P2a pipeline without a sink ({messages} example bookings, {PARTITIONS} partitions, local[2]); "
@@ -195,9 +205,14 @@ def run(rounds: int = ROUNDS, messages: int = MESSAGES) -> dict[str, float]:
     print(f"  {LARGE} messages, default levers, one round: Spark {large.rate:,.0f} msg/s vs plain "
           f"{large_plain.rate:,.0f} msg/s = {large.rate / large_plain.rate:.2f}x  "
           f"(CPU {large.cpu_seconds:.2f} vs {large_plain.cpu_seconds:.2f} s)")
+    print(f"  {messages} messages over {WIDE_PARTITIONS} partitions, default levers, one round: plain "
+          f"{wide_plain.rate:,.0f} msg/s; Spark, tasks at most the cores (the default) {wide['0'].rate:,.0f} msg/s "
+          f"= {wide['0'].rate / wide_plain.rate:.2f}x, one task per partition {wide['-1'].rate:,.0f} msg/s "
+          f"= {wide['-1'].rate / wide_plain.rate:.2f}x")
     return {**{f"p2a_{chosen.client}_{chosen.decoder}": statistics.median(ratios[chosen])
                for chosen in CONFIGURATIONS},
-            "p2a_large": large.rate / large_plain.rate}
+            "p2a_large": large.rate / large_plain.rate,
+            "p2a_wide": wide["0"].rate / wide_plain.rate, "p2a_wide_task_per_partition": wide["-1"].rate / wide_plain.rate}
 
 
 if __name__ == "__main__":

@@ -429,6 +429,16 @@ class SparkConfig:
         100_000,
         minimum=-1,
     )
+    max_tasks_per_batch: int = setting(
+        "SPARK_MAX_TASKS_PER_BATCH",
+        "Most Spark tasks a micro-batch runs; a task then reads several Kafka partitions, in turn, of about as "
+        "many records each. Each task has a fixed cost (≈ 30 ms here), so a topic of many partitions read one "
+        "task per partition spends its time starting tasks (README: Performance). 0 = the Spark session's "
+        "default parallelism as the job starts (its cores); raise it where executors join later (dynamic "
+        "allocation); -1 = one task per partition.",
+        0,
+        minimum=-1,
+    )
     driver_java_options: str = setting(
         "SPARK_DRIVER_JAVA_OPTIONS",
         "JVM options of the Spark driver the job starts (in local mode it runs the tasks too), as "

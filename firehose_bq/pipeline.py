@@ -1,8 +1,8 @@
 """The streaming job: Kafka offset ranges → the batch core in each Spark task → the write mode's driver step.
 
 Each micro-batch runs `process_batch` (batch/core.py) in the Python workers, one task per Kafka
-partition: the task reads its partition's range of records itself (the source plans the ranges, see
-source/kafka_source.py), the rows are written from there, and only a small TaskResult per task comes
+partition or per group of them (SPARK_MAX_TASKS_PER_BATCH): the task reads its partitions' ranges of
+records itself, in turn (the source plans the ranges, see source/kafka_source.py), the rows are written from there, and only a small TaskResult per task comes
 back to the driver. The driver's `foreachBatch` handler returns normally only when every message of the
 batch is in BigQuery or the DLQ (`modes.settle`); otherwise it raises, Spark does not commit the batch,
 and a restart replays it (at-least-once).
@@ -97,12 +97,20 @@ class Pipeline:
             .option("group_id", src.consumer_group_id)
             .option("starting_offsets", src.auto_offset_reset)
             .option("max_offsets_per_trigger", str(self.mode.max_offsets_per_trigger()))
+            .option("max_tasks", str(self._max_tasks()))
             .option("isolation_level", src.isolation_level)  # the planner's, as self._reader's
             .option("stop_file", self._stop_file)
             .option("stall_timeout_ms", str(src.stall_timeout_ms))  # how long its planner waits for the broker
             .options(**self.config.kafka_security.to_options())  # likewise
             .load()
         )
+
+    def _max_tasks(self) -> int:
+        """Spark tasks per micro-batch at most (SPARK_MAX_TASKS_PER_BATCH), as the source's option (0: no limit)."""
+        chosen = self.config.spark.max_tasks_per_batch
+        if chosen == 0:
+            return max(1, self.spark.sparkContext.defaultParallelism)
+        return max(chosen, 0)
 
     def run(self, *, available_now: bool, stop: threading.Event | None = None) -> RunSummary:
         """Stream until the topic is drained (available_now) or `stop` is set; raise on failure."""

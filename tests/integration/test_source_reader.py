@@ -154,7 +154,8 @@ def plan_and_read(brokers: str, topic: str, client: str, start: dict[str, dict[s
         source.stop()
     reader = RangeReader(brokers, client, stall_timeout_ms, 7, isolation_level)
     started = time.monotonic()
-    batches = [b for r in ranges for b in reader.read(r.topic, r.partition, r.start, r.end)]
+    batches = [b for part in ranges for topic, partition, first, end_ in source.read(part)
+               for b in reader.read(topic, partition, first, end_)]
     return end, pa.Table.from_batches(batches, schema=ARROW_SCHEMA), time.monotonic() - started
 
 

@@ -237,7 +237,7 @@ def planner(kafka: GrowingKafka, **options: str) -> KafkaStreamReader:
 
 
 def ranges(reader: KafkaStreamReader, start: dict, end: dict) -> list[tuple[str, int, int, int]]:  # type: ignore[type-arg]
-    return [(r.topic, r.partition, r.start, r.end) for r in reader.partitions(start, end)]
+    return [r for part in reader.partitions(start, end) for r in part.ranges]
 
 
 def test_a_new_partition_is_read_from_the_start_planned_with_the_batch_whatever_retention_did_since() -> None:
@@ -389,3 +389,37 @@ def test_kafka_errors_of_a_broker_that_does_not_answer_are_told_apart_from_refus
         assert not isinstance(refused.value, SourceUnavailableError)
     finally:
         client.close()
+
+
+def test_many_partitions_are_read_by_at_most_max_tasks_tasks_of_about_as_many_records() -> None:
+    from firehose_bq.source.kafka_source import group_ranges
+
+    # Every task costs Spark a fixed ≈ 30 ms: 64 partitions as 64 tasks on two cores took 4x as long.
+    sizes = [100, 5, 60, 40, 30, 30, 20, 10, 1]
+    planned = [("t", p, 1000, 1000 + n) for p, n in enumerate(sizes)]
+    groups = group_ranges(planned, 3)
+    assert len(groups) == 3
+    assert sorted(r for g in groups for r in g) == planned  # every range once, none cut
+    totals = sorted(sum(e - s for _, _, s, e in g) for g in groups)
+    assert totals[-1] == 100 and totals[-1] - totals[0] <= max(sizes[1:])  # the largest range alone bounds it
+    assert all(g == sorted(g) for g in groups)  # a task reads its partitions in order
+    assert group_ranges(list(reversed(planned)), 3) == groups  # the same ranges, the same tasks
+
+
+def test_fewer_ranges_than_tasks_or_no_limit_is_one_task_per_partition() -> None:
+    from firehose_bq.source.kafka_source import group_ranges
+
+    planned = [("a", 0, 0, 5), ("b", 3, 2, 4)]
+    assert group_ranges(planned, 2) == group_ranges(planned, 8) == group_ranges(planned, 0) == [[r] for r in planned]
+    assert group_ranges(planned, 1) == [planned]
+
+
+def test_the_source_hands_each_task_its_group_of_ranges() -> None:
+    reader = KafkaStreamReader({"brokers": "b:1", "topics": "t,u", "group_id": "g", "max_tasks": "2"})
+    parts = reader.partitions({"t": {"0": 0, "1": 0, "2": 0}, "u": {"0": 0}},
+                              {"t": {"0": 10, "1": 20, "2": 30}, "u": {"0": 5}})
+    assert len(parts) == 2
+    read = [list(reader.read(part)) for part in parts]
+    assert sorted(r for rows in read for r in rows) == [("t", 0, 0, 10), ("t", 1, 0, 20), ("t", 2, 0, 30),
+                                                          ("u", 0, 0, 5)]
+    assert sorted(sum(e - s for _, _, s, e in rows) for rows in read) == [30, 35]
