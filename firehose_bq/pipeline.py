@@ -2,10 +2,10 @@
 
 Each micro-batch runs `process_batch` (batch/core.py) in the Python workers, one task per Kafka
 partition or per group of them (SPARK_MAX_TASKS_PER_BATCH): the task reads its partitions' ranges of
-records itself, in turn (the source plans the ranges, see source/kafka_source.py), the rows are written from there, and only a small TaskResult per task comes
-back to the driver. The driver's `foreachBatch` handler returns normally only when every message of the
-batch is in BigQuery or the DLQ (`modes.settle`); otherwise it raises, Spark does not commit the batch,
-and a restart replays it (at-least-once).
+records itself, in turn (the source plans the ranges, see source/kafka_source.py), the rows are written
+from there, and only a small TaskResult per task comes back to the driver. The driver's `foreachBatch`
+handler returns normally only when every message of the batch is in BigQuery or the DLQ (`modes.settle`);
+otherwise it raises, Spark does not commit the batch, and a restart replays it (at-least-once).
 """
 
 from __future__ import annotations

@@ -103,9 +103,9 @@ def group_ranges(ranges: Sequence[tuple[str, int, int, int]], most: int) -> list
 
 class KafkaDataSource(DataSource):
     """Options: brokers, topics (comma-separated), group_id, starting_offsets [earliest|latest],
-    max_offsets_per_trigger (-1 = no limit), max_tasks (Spark tasks per micro-batch; 0 = one per Kafka
-    partition), isolation_level [read_committed|read_uncommitted] (the
-    tasks' RangeReader must use the same). Spark lower-cases option names."""
+    max_offsets_per_trigger (-1 = no limit), max_tasks (Spark tasks per micro-batch at most; 0 = one per
+    Kafka partition), isolation_level [read_committed|read_uncommitted] (the tasks' RangeReader must use
+    the same). Spark lower-cases option names."""
 
     @classmethod
     def name(cls) -> str:
