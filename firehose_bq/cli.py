@@ -282,7 +282,8 @@ def _check_source(cfg: Config) -> None:
     the query's source process, after the JVM's start, and Spark reports it under pages of its own traces."""
     from firehose_bq.source.kafka_client import KafkaMetadataClient
 
-    client = KafkaMetadataClient(cfg.source.brokers, cfg.source.consumer_group_id, security=cfg.kafka_security)
+    client = KafkaMetadataClient(cfg.source.brokers, cfg.source.consumer_group_id, security=cfg.kafka_security,
+                                 request_timeout_ms=cfg.source.request_timeout_ms)
     try:
         client.partitions(cfg.source.topics)
     finally:
@@ -300,7 +301,7 @@ def _check_outputs(cfg: Config) -> None:
         if static and env == "SINK_BIGQUERY_ROUTE_FALLBACK_KAFKA_TOPIC":
             continue  # one table for every record: none lacks a route, so nothing is ever written there
         client = KafkaMetadataClient(brokers, cfg.source.consumer_group_id, security=cfg.kafka_security,
-                                     auto_create=True)
+                                     auto_create=True, request_timeout_ms=cfg.source.request_timeout_ms)
         try:
             client.require_writable(env, topic)
         finally:

@@ -30,7 +30,7 @@ from firehose_bq.schema import UINT64_COLUMN_TYPES, parse_metadata_columns
 from firehose_bq.settings import SettingDoc, load_section, read_env_file, setting
 from firehose_bq.settings import reference as _reference
 from firehose_bq.settings import reference_markdown as _reference_markdown
-from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED
+from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED, REQUEST_TIMEOUT_MS
 from firehose_bq.source.kafka_security import DLQ_SECURITY_ENVS, KafkaSecurityConfig, dlq_security_ignored, \
     dlq_security_problems
 from firehose_bq.source.kafka_security import FIREHOSE_UNREAD as SOURCE_UNREAD
@@ -91,6 +91,16 @@ class SourceConfig:
         "error naming the partition (a broker that lost data must not hang the job); the source's planner "
         "waits as long for a broker that does not answer before the job stops.",
         120_000,
+        minimum=1000,
+    )
+    request_timeout_ms: int = setting(
+        "SOURCE_KAFKA_REQUEST_TIMEOUT_MS",
+        "How long one request to the brokers waits for an answer: the start's check of the topics, the "
+        "source planner's offset look-ups (each, while it waits out SOURCE_KAFKA_POLL_STALL_TIMEOUT_MS for a "
+        "broker that does not answer) and the reader tasks' requests (with kafka-python, their first "
+        "connection too). A broker that does not answer, or that this job cannot talk to (another "
+        "protocol), stops the start after it.",
+        REQUEST_TIMEOUT_MS,
         minimum=1000,
     )
     isolation_level: str = setting(

@@ -204,10 +204,33 @@ def query_error(exc: BaseException) -> str:
         return reason
     if message is None or message.strip():
         return reason
-    # pyspark keeps the JVM's stack trace there (CapturedException); str(exc) shows it only when
-    # spark.sql.pyspark.jvmStacktrace.enabled is set.
-    cause = jvm_cause(str(getattr(exc, "_stackTrace", "") or ""))
+    cause = jvm_cause(_jvm_trace(exc))
     return reason if cause is None else f"{reason} (cause: {cause})"
+
+
+# How many causes deep a JVM exception is followed (Throwable.getCause ends a cycle only at itself).
+_MAX_CAUSES = 32
+
+
+def _jvm_trace(exc: BaseException) -> str:
+    """The JVM stack trace of a pyspark error, as far as jvm_cause reads it. pyspark has no public accessor
+    for it (str(exc) shows it only with spark.sql.pyspark.jvmStacktrace.enabled), but the error it raised
+    from a failed JVM call has that call's py4j Py4JJavaError as its context, whose `java_exception` is the
+    JVM's Throwable: its innermost cause, read through Java's public API. An error without it (one
+    StreamingQuery.exception() built, or a JVM already gone) falls back to pyspark's own private copy."""
+    throwable = getattr(exc.__context__, "java_exception", None)
+    if throwable is not None:
+        try:
+            for _ in range(_MAX_CAUSES):
+                cause = throwable.getCause()
+                if cause is None:
+                    break
+                throwable = cause
+            frames = "".join(f"\n\tat {frame.toString()}" for frame in throwable.getStackTrace())
+            return f"{throwable.toString()}{frames}"
+        except Exception:  # noqa: BLE001 - py4j's errors, the gateway gone: pyspark's copy below
+            pass
+    return str(getattr(exc, "_stackTrace", "") or "")  # CapturedException's (a private attribute)
 
 
 def jvm_cause(stack_trace: str) -> str | None:

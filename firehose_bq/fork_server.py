@@ -43,6 +43,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from array import array
 from collections.abc import Mapping, Sequence
@@ -270,6 +271,12 @@ class _Server:
                     os.close(fd)
             os.environ.clear()
             os.environ.update(request["env"])
+            # Python's local time (time.localtime, datetime's, through localtime_r) is in the zone the C library
+            # read from TZ at tzset(), which Python calls once, as it imports `time` (whose timezone and tzname
+            # keep what it read): read TZ again, as the process would have at its start. Unlike the start-up
+            # settings above, this can be redone, so a TZ other than the server's (spark.executorEnv.TZ) keeps
+            # the fork; no preloaded module keeps a local zone of its own (module-level tzinfos are UTC ones).
+            time.tzset()
             sys.path[:] = request["path"]  # where the process would import from (the preloads stay as they are)
             os.chdir(request["cwd"])
             import runpy

@@ -80,7 +80,8 @@ class Pipeline:
         self._handling = handling_of(config)
         src = config.source
         self._reader = RangeReader(src.brokers, resolve_client(src.client), src.stall_timeout_ms,
-                                   isolation_level=src.isolation_level, security=config.kafka_security)
+                                   isolation_level=src.isolation_level, security=config.kafka_security,
+                                   request_timeout_ms=src.request_timeout_ms)
         # Now rather than when the query starts: Spark looks the session's Python data sources up on the
         # first registration (a process of its own), which then overlaps the table's preparation.
         spark.dataSource.register(KafkaDataSource)
@@ -101,6 +102,7 @@ class Pipeline:
             .option("isolation_level", src.isolation_level)  # the planner's, as self._reader's
             .option("stop_file", self._stop_file)
             .option("stall_timeout_ms", str(src.stall_timeout_ms))  # how long its planner waits for the broker
+            .option("request_timeout_ms", str(src.request_timeout_ms))  # and for each of its requests
             .options(**self.config.kafka_security.to_options())  # likewise
             .load()
         )

@@ -433,11 +433,21 @@ class FileLoader:
         local = not uris[0].startswith(GCS_SCHEME)
         source_format = NDJSON if NDJSON in formats else PARQUET
         # Beside the staged files when they are local (that disk holds the batch already), else the scratch space.
-        with tempfile.TemporaryDirectory(prefix=".load-", dir=Path(uris[0]).parent if local else _scratch_parent()) \
-                as scratch:
+        parent = Path(uris[0]).parent if local else Path(_scratch_parent() or tempfile.gettempdir())
+        try:
+            # A directory that cannot be removed (its disk turned read-only) must not hide why the load failed.
+            directory = tempfile.TemporaryDirectory(prefix=".load-", dir=parent, ignore_cleanup_errors=True)
+        except OSError as exc:
+            raise SinkError(classify_exception(exc), f"the driver cannot combine the staged files for the load "
+                            f"in {parent}: {exc}") from exc
+        with directory as scratch:
             paths = [Path(uri) for uri in uris] if local else self._download(names, formats, Path(scratch))
             target = Path(scratch) / f"load{SUFFIXES[source_format]}"
-            source = combine_json(paths, formats, target) if source_format == NDJSON else combine(paths, target)
+            try:
+                source = combine_json(paths, formats, target) if source_format == NDJSON else combine(paths, target)
+            except OSError as exc:  # pyarrow's too: ArrowIOError is an OSError
+                raise SinkError(classify_exception(exc), f"combining the staged files into {target} failed: "
+                                f"{exc}") from exc
             log.info("batch %d: load job %s: %d rows, %d bytes from %d staged object(s), uploaded", batch_id, job_id,
                      rows, source.stat().st_size, len(uris))
             with open(source, "rb") as data:

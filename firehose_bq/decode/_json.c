@@ -825,7 +825,7 @@ static int put_timestamp_text(St *st, int ni, const uint8_t *s, size_t n) {
     int64_t offset = 0;
     int spaced = s[10] == ' ';
     if (zl == 0) {
-        if (!spaced) return invalid(st, P_BAD_TIMESTAMP, ni, J_STRING);
+        /* No zone: UTC, after a T as after a space (BigQuery's canonical format reads both so). */
     } else if (zl == 1 && (z[0] == 'Z' || z[0] == 'z')) {
     } else if (zl == 4 && spaced && memcmp(z, " UTC", 4) == 0) {
     } else if ((zl == 6 && z[3] == ':') || zl == 5) {

@@ -375,7 +375,7 @@ def _timestamp(column: Column, text: str, path: str) -> int:
     days = _day(year, month, day)
     offset = _offset_seconds(zone)
     if (days is None or int(hour) > 23 or int(minute) > 59 or int(second) > 59 or offset is None
-            or (zone is None and separator != " ") or (zone == " UTC" and separator != " ")):
+            or (zone == " UTC" and separator != " ")):
         raise _Invalid(Problem.BAD_TIMESTAMP, path, JsonType.string, column)
     seconds = days * 86_400 + int(hour) * 3_600 + int(minute) * 60 + int(second) - offset
     micros = seconds * 1_000_000 + int((fraction or "")[:6].ljust(6, "0"))

@@ -32,11 +32,13 @@ REQUIRED column, null or a missing key fails the row):
                                                                  1.5 and fits; never rounded)
     BIGNUMERIC      number, or string holding a JSON number      decimal256(76, 38) exactly (38 / 38 digits)
     BOOLEAN         true / false; "true" / "false" (any case)    bool
-    TIMESTAMP       string: YYYY-MM-DD(T|t)HH:MM:SS[.f](Z|z|±HH:MM|±HHMM)        microseconds since the
+    TIMESTAMP       string: YYYY-MM-DD(T|t)HH:MM:SS[.f][Z|z|±HH:MM|±HHMM]        microseconds since the
                     string: YYYY-MM-DD HH:MM:SS[.f][Z|z|±HH:MM|±HHMM| UTC]       epoch, UTC; fraction
                     number: seconds since the epoch (BigQuery's reading)         past microseconds:
                     0001-01-01 00:00:00 .. 9999-12-31 23:59:59.999999 UTC        truncated towards the
-                                                                                 past; outside → error
+                                                                                 past; outside → error;
+                                                                                 no zone: UTC, as BigQuery
+                                                                                 reads its canonical format
     DATE            string YYYY-MM-DD                            days since the epoch
     DATETIME        string YYYY-MM-DD[(T| )HH:MM:SS[.f]]         the string (fraction cut to 6 digits)
     TIME            string HH:MM:SS[.f]                          the string (fraction cut to 6 digits)
@@ -284,8 +286,8 @@ _PROBLEMS: dict[Problem, str] = {
     Problem.OUT_OF_RANGE: "the number is out of {type} range",
     Problem.TOO_PRECISE: "the number has more than {places} decimal places, which {type} would round",
     Problem.NOT_BOOLEAN: "the JSON string is neither true nor false",
-    Problem.BAD_TIMESTAMP: "the JSON string is not a timestamp (YYYY-MM-DDTHH:MM:SS[.ffffff] with Z or ±HH:MM, or "
-                           "YYYY-MM-DD HH:MM:SS[.ffffff][ UTC])",
+    Problem.BAD_TIMESTAMP: "the JSON string is not a timestamp (YYYY-MM-DD(T| )HH:MM:SS[.ffffff][Z|±HH:MM], no zone "
+                           "meaning UTC, or YYYY-MM-DD HH:MM:SS[.ffffff] UTC)",
     Problem.TIMESTAMP_RANGE: "the timestamp is outside 0001-01-01 00:00:00 .. 9999-12-31 23:59:59.999999 UTC",
     Problem.BAD_DATE: "the JSON string is not a date YYYY-MM-DD (0001-01-01 .. 9999-12-31)",
     Problem.BAD_DATETIME: "the JSON string is not a datetime YYYY-MM-DD[(T| )HH:MM:SS[.ffffff]]",

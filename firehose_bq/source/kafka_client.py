@@ -36,7 +36,7 @@ T = TypeVar("T")
 Offsets = dict[str, dict[int, int]]
 
 # Metadata and offset look-ups on the driver: long enough for a busy broker, short enough that a dead
-# one is reported while the user is still watching.
+# one is reported while the user is still watching (SOURCE_KAFKA_REQUEST_TIMEOUT_MS's default).
 REQUEST_TIMEOUT_MS = 30_000
 # Largest fetch per partition (kafka-python's default is 1 MiB; bigger fetches cut round trips).
 MAX_PARTITION_FETCH_BYTES = 8 * 1024 * 1024
@@ -60,14 +60,16 @@ class KafkaMetadataClient:
     go to the group without joining it."""
 
     def __init__(self, brokers: str, group_id: str, isolation_level: str = READ_COMMITTED,
-                 security: KafkaSecurityConfig = KafkaSecurityConfig(), *, auto_create: bool = False) -> None:
+                 security: KafkaSecurityConfig = KafkaSecurityConfig(), *, auto_create: bool = False,
+                 request_timeout_ms: int = REQUEST_TIMEOUT_MS) -> None:
         """`auto_create`: its metadata requests let the brokers create a missing topic, as a producer's do
-        (`require_writable`); off, a missing source topic is reported, never created."""
+        (`require_writable`); off, a missing source topic is reported, never created. `request_timeout_ms`:
+        how long each request waits for the brokers."""
         import confluent_kafka as ck
 
         self._ck = ck
         self._brokers = brokers
-        self._timeout_s = REQUEST_TIMEOUT_MS / 1000
+        self._timeout_s = request_timeout_ms / 1000
         # librdkafka's codes for a broker that did not answer (down, unreachable, restarting, slow), as
         # opposed to one that answered no (a missing topic, no authorization).
         errors = ck.KafkaError
@@ -80,7 +82,7 @@ class KafkaMetadataClient:
             "client.id": f"firehose-bq-{group_id}",
             "enable.auto.commit": False,
             "isolation.level": isolation_level,
-            "socket.timeout.ms": REQUEST_TIMEOUT_MS,
+            "socket.timeout.ms": request_timeout_ms,
             "allow.auto.create.topics": auto_create,
             "logger": librdkafka_logger(),
             **security.librdkafka(),
@@ -209,6 +211,7 @@ class RangeReader:
     batch_rows: int = READ_BATCH_ROWS
     isolation_level: str = READ_COMMITTED  # the one the ranges were planned with (KafkaMetadataClient)
     security: KafkaSecurityConfig = KafkaSecurityConfig()  # the source's: pickled with the reader to the tasks
+    request_timeout_ms: int = REQUEST_TIMEOUT_MS  # SOURCE_KAFKA_REQUEST_TIMEOUT_MS
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[pa.RecordBatch]:
         """Records of one partition in [start, end), as Arrow batches (batches.ARROW_SCHEMA) of at most
@@ -222,7 +225,7 @@ class RangeReader:
         confluent = self.client == CONFLUENT_KAFKA
         polls = (_polls_confluent if confluent else _polls_kafka_python)(
             self.brokers, topic, partition, start, end, self.stall_timeout_ms, self.batch_rows, self.isolation_level,
-            self.security)
+            self.security, self.request_timeout_ms)
         build = batches.from_confluent if confluent else batches.from_kafka_python
         for messages in _rebatch(polls, self.batch_rows):
             yield _uncollected(build, messages, topic, partition)
@@ -310,7 +313,8 @@ class _Progress:
 
 
 def _polls_kafka_python(brokers: str, topic: str, partition: int, start: int, end: int, stall_timeout_ms: int,
-                        batch_rows: int, isolation_level: str, security: KafkaSecurityConfig) -> Iterator[list[Any]]:
+                        batch_rows: int, isolation_level: str, security: KafkaSecurityConfig,
+                        request_timeout_ms: int = REQUEST_TIMEOUT_MS) -> Iterator[list[Any]]:
     """kafka-python's ConsumerRecords below `end`, one list per poll."""
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import OffsetOutOfRangeError
@@ -323,7 +327,8 @@ def _polls_kafka_python(brokers: str, topic: str, partition: int, start: int, en
         isolation_level=isolation_level,
         max_partition_fetch_bytes=MAX_PARTITION_FETCH_BYTES,
         fetch_max_bytes=4 * MAX_PARTITION_FETCH_BYTES,
-        request_timeout_ms=REQUEST_TIMEOUT_MS,
+        request_timeout_ms=request_timeout_ms,
+        bootstrap_timeout_ms=request_timeout_ms,  # its first connection, in __init__ (kafka-python's default: 30 s)
         **security.kafka_python(),
     )
     tp = TopicPartition(topic, partition)
@@ -373,7 +378,8 @@ def librdkafka_logger() -> logging.Logger:
 
 
 def confluent_config(brokers: str, batch_rows: int, isolation_level: str = READ_COMMITTED,
-                     security: KafkaSecurityConfig = KafkaSecurityConfig()) -> dict[str, Any]:
+                     security: KafkaSecurityConfig = KafkaSecurityConfig(),
+                     request_timeout_ms: int = REQUEST_TIMEOUT_MS) -> dict[str, Any]:
     """librdkafka settings of a range reader."""
     return {
         **security.librdkafka(),
@@ -388,7 +394,7 @@ def confluent_config(brokers: str, batch_rows: int, isolation_level: str = READ_
         "enable.partition.eof": True,
         "max.partition.fetch.bytes": MAX_PARTITION_FETCH_BYTES,
         "fetch.max.bytes": MAX_PARTITION_FETCH_BYTES,  # one partition per reader: its cap is the fetch's
-        "socket.timeout.ms": REQUEST_TIMEOUT_MS,
+        "socket.timeout.ms": request_timeout_ms,
         # A task reads a bounded range already on the broker: waiting for a fuller fetch only adds latency.
         "fetch.wait.max.ms": 50,
         # Fetch about one batch ahead, not librdkafka's default of 100,000 messages: more is never used
@@ -401,12 +407,13 @@ def confluent_config(brokers: str, batch_rows: int, isolation_level: str = READ_
 
 
 def _polls_confluent(brokers: str, topic: str, partition: int, start: int, end: int, stall_timeout_ms: int,
-                     batch_rows: int, isolation_level: str, security: KafkaSecurityConfig) -> Iterator[list[Any]]:
+                     batch_rows: int, isolation_level: str, security: KafkaSecurityConfig,
+                     request_timeout_ms: int = REQUEST_TIMEOUT_MS) -> Iterator[list[Any]]:
     """The same over librdkafka, which fetches and decodes in C, tens of times faster here: its
     Messages below `end`, error events taken out, one list per poll."""
     import confluent_kafka as ck
 
-    consumer = ck.Consumer(confluent_config(brokers, batch_rows, isolation_level, security))
+    consumer = ck.Consumer(confluent_config(brokers, batch_rows, isolation_level, security, request_timeout_ms))
     offset = ck.Message.offset
     tp = ck.TopicPartition(topic, partition)
     progress = _Progress(topic, partition, start, end, stall_timeout_ms, isolation_level,

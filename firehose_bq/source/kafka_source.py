@@ -50,7 +50,8 @@ from pyspark.sql.types import StructType
 
 from firehose_bq.errors import SourceError, SourceUnavailableError
 from firehose_bq.retrying import Backoff, retry_call
-from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED, KafkaMetadataClient, Offsets
+from firehose_bq.source.kafka_client import (ISOLATION_LEVELS, READ_COMMITTED, REQUEST_TIMEOUT_MS, KafkaMetadataClient,
+                                            Offsets)
 from firehose_bq.source.kafka_security import KafkaSecurityConfig
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.security = KafkaSecurityConfig.from_options(options)  # the job's, as its tasks' RangeReader has it
         self.stop_file = options.get("stop_file") or None
         self.unavailable_s = int(options.get("stall_timeout_ms", DEFAULT_STALL_TIMEOUT_MS)) / 1000
+        self.request_timeout_ms = int(options.get("request_timeout_ms", REQUEST_TIMEOUT_MS))
         self._target: Offsets | None = None  # end offsets frozen by Trigger.AvailableNow
         self._client: KafkaMetadataClient | None = None
 
@@ -149,7 +151,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _kafka(self) -> KafkaMetadataClient:
         if self._client is None:
-            self._client = KafkaMetadataClient(self.brokers, self.group_id, self.isolation_level, self.security)
+            self._client = KafkaMetadataClient(self.brokers, self.group_id, self.isolation_level, self.security,
+                                               request_timeout_ms=self.request_timeout_ms)
         return self._client
 
     # --- driver side -----------------------------------------------------------------------------------

@@ -23,6 +23,9 @@ from tests.unit.test_kafka_security import KEY_PASSWORD, pem_keystore
 pytestmark = pytest.mark.integration
 
 SSL = {"SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL": "SSL"}
+# The plaintext broker never answers a TLS (or broken SCRAM) client: each request that waits for it fails after
+# this, not the default 30 s (what is checked is the error, not how long a broker gets to answer).
+REQUEST_TIMEOUT_MS = 3000
 
 
 SCRAM = {"SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
@@ -37,7 +40,8 @@ SCRAM = {"SOURCE_KAFKA_CONSUMER_CONFIG_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
                                            (SCRAM, "sasl_plaintext://{brokers}/bootstrap: SASL authentication error")])
 def test_a_protocol_the_broker_refuses_stops_the_start_naming_the_broker(job_env: dict[str, str], env: dict[str, str],
                                                                           says: str) -> None:
-    done = firehose("run", "--available-now", env={**job_env, **env}, timeout=120)
+    done = firehose("run", "--available-now", timeout=120,
+                    env={**job_env, **env, "SOURCE_KAFKA_REQUEST_TIMEOUT_MS": str(REQUEST_TIMEOUT_MS)})
     output = done.stdout + done.stderr
     assert done.returncode == 1, output
     brokers = job_env["SOURCE_KAFKA_BROKERS"]
@@ -60,7 +64,8 @@ def test_the_readers_and_the_dlq_producer_use_the_protocol(job_env: dict[str, st
     ssl = KafkaSecurityConfig(protocol="SSL")
     for client in (CONFLUENT_KAFKA, KAFKA_PYTHON):
         with pytest.raises(Exception) as failed:  # noqa: PT011 - each library fails in its own words
-            list(RangeReader(brokers, client, 3000, security=ssl).read(topic, 0, 0, 3))
+            list(RangeReader(brokers, client, 3000, security=ssl, request_timeout_ms=REQUEST_TIMEOUT_MS)
+                 .read(topic, 0, 0, 3))
         assert isinstance(failed.value, SourceError) or brokers in str(failed.value), failed.value
     dlq = handling_of(Config.from_env({**job_env, **SSL, "DLQ_SINK_ENABLE": "true"})).dlq
     assert dlq.kafka_security.protocol == "SSL"
@@ -79,6 +84,7 @@ def test_the_spark_source_plans_with_the_settings_and_never_shows_the_password(
                                # The plaintext broker never answers a TLS client, which the planner takes for a
                                # broker that is down and waits out for this long (kafka_source._end_offsets).
                                "SOURCE_KAFKA_POLL_STALL_TIMEOUT_MS": "1000",
+                               "SOURCE_KAFKA_REQUEST_TIMEOUT_MS": str(REQUEST_TIMEOUT_MS),
                                "SOURCE_KAFKA_CONSUMER_CONFIG_SASL_MECHANISM": "PLAIN",
                                "SOURCE_KAFKA_SASL_USERNAME": "svc", "SOURCE_KAFKA_SASL_PASSWORD": password,
                                "SOURCE_KAFKA_CONSUMER_CONFIG_SSL_KEYSTORE_LOCATION": pem_keystore(tmp_path),

@@ -136,6 +136,78 @@ def test_a_query_error_without_a_message_names_its_jvm_cause_and_what_it_means()
     assert jvm_cause("") is None
 
 
+class _Frame:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def toString(self) -> str:  # noqa: N802 - Java's name
+        return self.text
+
+
+class _Throwable:
+    """A JVM Throwable as py4j hands it over: what pyspark's error does not show publicly."""
+
+    def __init__(self, text: str, frames: list[str], cause: _Throwable | None = None, gone: bool = False) -> None:
+        self.text, self.frames, self.cause, self.gone = text, frames, cause, gone
+
+    def getCause(self) -> _Throwable | None:  # noqa: N802
+        if self.gone:
+            raise ConnectionError("py4j: the gateway is gone")
+        return self.cause
+
+    def toString(self) -> str:  # noqa: N802
+        return self.text
+
+    def getStackTrace(self) -> list[_Frame]:  # noqa: N802
+        return [_Frame(f) for f in self.frames]
+
+
+class _Py4JJavaError(Exception):
+    def __init__(self, java_exception: _Throwable) -> None:
+        super().__init__("An error occurred while calling o88.awaitTermination.")
+        self.java_exception = java_exception
+
+
+def _raised_from_jvm(error: _QueryFailed, throwable: _Throwable) -> _QueryFailed:
+    """`error` as pyspark's capture_sql_exception raises it: `from None`, in the except of the py4j error."""
+    try:
+        try:
+            raise _Py4JJavaError(throwable)
+        except _Py4JJavaError:
+            raise error from None
+    except _QueryFailed as raised:
+        return raised
+
+
+EOF_CAUSE = _Throwable("java.io.EOFException", [
+    "java.base/java.io.DataInputStream.readInt(DataInputStream.java:386)",
+    "org.apache.spark.sql.execution.python.streaming.PythonStreamingSourceRunner.latestOffset("
+    "PythonStreamingSourceRunner.scala:235)"])
+QUERY_EXCEPTION = _Throwable("org.apache.spark.sql.streaming.StreamingQueryException:  === Streaming Query ===", [
+    "org.apache.spark.sql.execution.streaming.runtime.StreamExecution.runStream(StreamExecution.scala:390)"],
+    cause=_Throwable("org.apache.spark.SparkException: wrapped", ["org.example.Wrap.it(Wrap.java:1)"], EOF_CAUSE))
+
+
+def test_a_query_errors_jvm_cause_is_read_from_the_jvms_exception_without_pyspark_private_trace() -> None:
+    from firehose_bq.errors import query_error
+
+    public = query_error(_raised_from_jvm(_QueryFailed("", ""), QUERY_EXCEPTION))
+    # The same reason as from the trace text pyspark keeps privately.
+    assert public == query_error(_QueryFailed("", QUERY_TRACE)), public
+    assert public.endswith("(cause: java.io.EOFException in PythonStreamingSourceRunner.latestOffset: Spark's "
+                           "Python process for the Kafka source (python_streaming_source_runner, a fork of the "
+                           "job's fork server) ended unexpectedly)")
+
+
+def test_a_query_error_whose_jvm_is_gone_falls_back_to_pyspark_copy_of_the_trace() -> None:
+    from firehose_bq.errors import query_error
+
+    gone = _Throwable("org.apache.spark.sql.streaming.StreamingQueryException", [], gone=True)
+    assert query_error(_raised_from_jvm(_QueryFailed("", QUERY_TRACE), gone)) == query_error(
+        _QueryFailed("", QUERY_TRACE))
+    assert query_error(_raised_from_jvm(_QueryFailed("", ""), gone)) == str(_QueryFailed("", ""))  # no trace at all
+
+
 @pytest.mark.parametrize(
     ("status", "errors", "expected"),
     [

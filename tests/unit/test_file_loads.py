@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -770,3 +773,64 @@ def test_parquet_and_json_objects_of_one_table_load_in_one_json_job(store: Store
 
 def scratch_files(store: Store) -> list[Path]:
     return [] if isinstance(store, FakeGcs) else [p for p in Path(store.uri()).rglob(".load-*")]
+
+
+# -- a staging directory that is, or turns, read-only -------------------------------------------------------
+
+class Mount:
+    """A directory bind-mounted onto itself, which the test turns read-only as a disk that fails does
+    (ext4's errors=remount-ro) or as a read-only volume would be: only root can."""
+
+    def __init__(self, path: Path) -> None:
+        path.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        if os.geteuid() != 0 or subprocess.run(["mount", "--bind", str(path), str(path)],
+                                               capture_output=True).returncode != 0:
+            pytest.skip("needs to mount a directory read-only (root)")
+
+    def read_only(self) -> None:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(self.path)], check=True)
+
+    def close(self) -> None:
+        subprocess.run(["umount", str(self.path)], check=True)
+
+
+@pytest.fixture
+def mounted(tmp_path: Path) -> Iterator[Mount]:
+    mount = Mount(tmp_path / "staging")
+    try:
+        yield mount
+    finally:
+        mount.close()
+
+
+def test_a_staging_directory_read_only_to_the_driver_fails_the_batch_naming_the_directory(
+        mounted: Mount, scratch: Path) -> None:
+    store = LocalBlobStore(mounted.path)
+    staged = two_tasks(store)
+    mounted.read_only()
+    client = FakeClient()
+
+    with pytest.raises(SinkError) as failed:
+        loader(client, store).load(2, staged, PLAN)
+
+    assert f"{mounted.path / 'batch-2'}" in failed.value.message and "Read-only file system" in failed.value.message
+    assert client.loads == []
+
+
+def test_a_failed_upload_is_the_error_even_when_its_scratch_directory_cannot_be_removed(
+        mounted: Mount, scratch: Path) -> None:
+    """The disk turns read-only while the load uploads: the upload's failure is what the job reports, not
+    the cleanup's `Read-only file system: 'load.parquet'` that named neither the cause nor the directory."""
+    store = LocalBlobStore(mounted.path)
+    staged = two_tasks(store)
+
+    class Failing(FakeClient):
+        def load_table_from_file(self, source: Any, table: Any, **_: Any) -> FakeJob:
+            mounted.read_only()
+            raise exceptions.BadRequest("the upload was refused")
+
+    with pytest.raises(SinkError) as failed:
+        loader(Failing(), store).load(2, staged, PLAN)
+
+    assert "the upload was refused" in failed.value.message, failed.value.message

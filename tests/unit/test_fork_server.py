@@ -469,3 +469,44 @@ def test_the_server_reads_the_archives_spark_puts_on_its_processes_path_before_t
     assert any(n.startswith("spark-core_") and n.endswith(".jar") for n in names), names
     assert any(n.startswith("py4j-") and n.endswith(".zip") for n in names), names
     assert all(os.path.isabs(path) for path in fork_server.spark_archives())
+
+
+def _worker_answer(port: int, secret: str) -> str:
+    """Connect to a pyspark.daemon at `port` as Spark's PythonWorkerFactory does; the worker's one answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        infile, outfile = sock.makefile("rb"), sock.makefile("wb")
+        assert infile.read(4)  # the worker's pid: the daemon forked it
+        outfile.write(struct.pack("!i", len(secret)) + secret.encode())
+        outfile.flush()
+        assert infile.read(struct.unpack("!i", infile.read(4))[0]) == b"ok"
+        return infile.read(struct.unpack("!i", infile.read(4))[0]).decode()
+
+
+def test_a_forked_daemons_workers_see_local_time_in_the_time_zone_of_their_process(
+        server: fork_server.ForkServer, tmp_path: Path) -> None:
+    """spark.executorEnv.TZ, or a driver whose TZ changed after the server started: a Python process Spark
+    starts reads TZ as it imports `time`; a fork's C library kept the server's, so its local time (a UDF's
+    datetime.fromtimestamp, a naive datetime's conversion by PySpark) was the server's."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    # The daemon imports its worker module from the process's path when its name starts with "pyspark".
+    (probe / "pyspark_tz_probe.py").write_text(
+        "import time\n"
+        "from pyspark.serializers import write_with_length\n"
+        "def main(infile, outfile):\n"
+        "    write_with_length(time.strftime('%z %Z', time.localtime(0)).encode(), outfile)\n"
+        "    outfile.flush()\n")
+    zone = "FHB-5:45" if time.strftime("%z", time.localtime(0)) != "+0545" else "FHB+3"  # not the server's
+    env = {"PYTHONPATH": f"{WORKER_STARTUP}{os.pathsep}{probe}", "TZ": zone, "PYTHON_WORKER_FACTORY_SECRET": "s"}
+    jvm = FakeJvm(tmp_path)
+    seen = []
+    for fork_socket in (server.socket_path, None):
+        before = _children(server.process.pid)
+        proxy = jvm.start_runner(fork_socket, fork_server.PYSPARK_DAEMON, "pyspark_tz_probe", extra_env=env)
+        port = struct.unpack("!i", proxy.stdout.read(4))[0]  # type: ignore[union-attr]
+        assert len(_children(server.process.pid) - before) == (1 if fork_socket else 0)
+        seen.append(_worker_answer(port, "s"))
+        proxy.stdin.close()  # type: ignore[union-attr]
+        proxy.wait(timeout=30)
+    assert seen[0] == seen[1], seen
+    assert seen[1] == ("+0545 FHB" if zone == "FHB-5:45" else "-0300 FHB"), seen

@@ -423,3 +423,48 @@ def test_the_source_hands_each_task_its_group_of_ranges() -> None:
     assert sorted(r for rows in read for r in rows) == [("t", 0, 0, 10), ("t", 1, 0, 20), ("t", 2, 0, 30),
                                                           ("u", 0, 0, 5)]
     assert sorted(sum(e - s for _, _, s, e in rows) for rows in read) == [30, 35]
+
+
+def test_a_broker_that_never_answers_is_reported_after_the_request_timeout_setting(monkeypatch) -> None:  # noqa: ANN001
+    """SOURCE_KAFKA_REQUEST_TIMEOUT_MS reaches the start's check and the planner (its option) and the
+    readers: a listener that accepts and never answers (a broker of another protocol) costs that, not 30 s."""
+    import socket
+    import time
+
+    import pytest
+
+    from firehose_bq.config import Config
+    from firehose_bq.errors import SourceError
+    from firehose_bq.source.kafka_client import (CONFLUENT_KAFKA, KAFKA_PYTHON, REQUEST_TIMEOUT_MS, RangeReader,
+                                                 confluent_config)
+    from tests.unit.test_config import MINIMAL
+
+    assert Config.from_env(MINIMAL).source.request_timeout_ms == REQUEST_TIMEOUT_MS == 30_000
+    assert Config.from_env({**MINIMAL, "SOURCE_KAFKA_REQUEST_TIMEOUT_MS": "1500"}).source.request_timeout_ms == 1500
+    assert confluent_config("b:1", 10, request_timeout_ms=1500)["socket.timeout.ms"] == 1500
+    assert RangeReader("b:1", CONFLUENT_KAFKA, 1000, request_timeout_ms=1500).request_timeout_ms == 1500
+    import kafka
+
+    class Made(Exception):
+        pass
+
+    def consumer(**kwargs: object) -> None:
+        raise Made(kwargs["request_timeout_ms"], kwargs["bootstrap_timeout_ms"])
+
+    monkeypatch.setattr(kafka, "KafkaConsumer", consumer)
+    with pytest.raises(Made) as made:  # kafka-python's first connection waits bootstrap_timeout_ms (30 s)
+        list(RangeReader("b:1", KAFKA_PYTHON, 1000, request_timeout_ms=1500).read("t", 0, 0, 1))
+    assert made.value.args == (1500, 1500)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        brokers = f"127.0.0.1:{silent.getsockname()[1]}"
+        reader = KafkaStreamReader({"brokers": brokers, "topics": "t", "group_id": "g", "request_timeout_ms": "1500"})
+        client = reader._kafka()
+        started = time.monotonic()
+        try:
+            with pytest.raises(SourceError, match=f"Kafka at {brokers}"):
+                client.partitions(("t",))
+        finally:
+            client.close()
+        assert time.monotonic() - started < 5
