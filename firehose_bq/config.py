@@ -443,9 +443,11 @@ class SparkConfig:
         "SPARK_MAX_TASKS_PER_BATCH",
         "Most Spark tasks a micro-batch runs; a task then reads several Kafka partitions, in turn, of about as "
         "many records each. Each task has a fixed cost (≈ 30 ms here), so a topic of many partitions read one "
-        "task per partition spends its time starting tasks (README: Performance). 0 = the Spark session's "
-        "default parallelism as the job starts (its cores); raise it where executors join later (dynamic "
-        "allocation); -1 = one task per partition.",
+        "task per partition spends its time starting tasks (README: Performance). 0 = as many as the job has "
+        "cores: local mode's threads; on a cluster spark.default.parallelism if set, else the cores its "
+        "configuration asks for (spark.executor.instances or spark.dynamicAllocation.maxExecutors times "
+        "spark.executor.cores, spark.cores.max) or that have registered as the query starts, and one task per "
+        "partition when none of these is known; -1 = one task per partition.",
         0,
         minimum=-1,
     )

@@ -37,7 +37,7 @@ from firehose_bq.registry.cache import CacheStats
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
 from firehose_bq.source.kafka_client import RangeReader, resolve_client
 from firehose_bq.source.kafka_source import FORMAT_NAME, KafkaDataSource
-from firehose_bq.spark import checkpoint_query_id, choose_checkpoint_manager, clear_unfinished_writes
+from firehose_bq.spark import checkpoint_query_id, choose_checkpoint_manager, clear_unfinished_writes, task_slots
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,8 @@ class Pipeline:
         """Spark tasks per micro-batch at most (SPARK_MAX_TASKS_PER_BATCH), as the source's option (0: no limit)."""
         chosen = self.config.spark.max_tasks_per_batch
         if chosen == 0:
-            return max(1, self.spark.sparkContext.defaultParallelism)
+            context = self.spark.sparkContext
+            return task_slots(context.master, dict(context.getConf().getAll()), context.defaultParallelism)
         return max(chosen, 0)
 
     def run(self, *, available_now: bool, stop: threading.Event | None = None) -> RunSummary:

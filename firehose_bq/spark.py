@@ -297,6 +297,33 @@ def _spark_home() -> str:
     return _find_spark_home()
 
 
+def task_slots(master: str, conf: Mapping[str, str], default_parallelism: int) -> int:
+    """How many tasks the job's executors run at once, as the driver can know it as the query starts (executors
+    of a cluster may not have registered yet); 0 when it cannot. Local mode: its threads. A cluster: Spark's
+    default parallelism where the user set it, else the cores the configuration asks for (executors ×
+    spark.executor.cores, the dynamic allocation's maximum, spark.cores.max) or that have registered; with
+    none of those beyond Spark's floor of 2, unknown: rather one task per Kafka partition than a cluster
+    held to two tasks for as long as the query runs."""
+    if master.startswith("local") or "spark.default.parallelism" in conf:
+        return default_parallelism
+    known = [default_parallelism] if default_parallelism > 2 else []
+    cores = _positive(conf.get("spark.executor.cores"))
+    dynamic = conf.get("spark.dynamicAllocation.enabled", "false").strip().lower() == "true"
+    executors = _positive(conf.get("spark.dynamicAllocation.maxExecutors" if dynamic else "spark.executor.instances"))
+    if cores and executors:
+        known.append(cores * executors)
+    if _positive(conf.get("spark.cores.max")):
+        known.append(_positive(conf.get("spark.cores.max")))
+    return max(known, default=0)
+
+
+def _positive(value: str | None) -> int:
+    try:
+        return max(int(value or 0), 0)
+    except ValueError:
+        return 0
+
+
 def start_workers(spark: SparkSession) -> threading.Thread:
     """Have Spark start its Python workers now, in the background, rather than when the first micro-batch's
     tasks ask for them: forking the worker daemon and its imports then overlap the query's start (a new
