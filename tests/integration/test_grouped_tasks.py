@@ -6,6 +6,7 @@ task got before it stopped."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Iterable
@@ -218,3 +219,33 @@ def test_partitions_added_between_runs_are_read_once_whatever_the_task_count(
         assert_once(landed(bq_client, Config.from_env(base)), expected)
     finally:
         bq_client.delete_dataset(base["SINK_BIGQUERY_DATASET_NAME"], delete_contents=True, not_found_ok=True)
+
+
+def test_a_routed_job_whose_partitions_each_bring_their_own_tables_lands_them_all_in_one_task(
+        spark, job_env: dict[str, str], desc: dict[str, Path], bq_client: bigquery.Client) -> None:
+    """SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK=2 and two tables per partition: fine one task per partition, so
+    fine when one task reads all six (DLQ off: a record past the cap would stop the job)."""
+    topics = topics_of(job_env, 1)
+    topic = topics[0]
+    cfg = Config.from_env(wide_env(job_env, desc["v1"], topics, SINK_BIGQUERY_TABLE_NAME="ticks_${header.region}",
+                                   SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK="2", SPARK_MAX_TASKS_PER_BATCH="1"))
+    tick = descriptors.load([str(desc["v1"])]).message_class("wide.v1.Tick")
+    ensure_topic(cfg.source.brokers, topic, 6)
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers, linger_ms=20)
+    expected: dict[str, set[Coordinates]] = {}
+    for p in range(6):
+        for offset in range(4):
+            region = f"r{p}{'ab'[offset % 2]}"
+            producer.send(topic, tick(id=tick_id(topic, p, offset), seq=offset).SerializeToString(), partition=p,
+                          headers=[("region", region.encode())])
+            expected.setdefault(region, set()).add((topic, p, offset))
+    producer.flush(30)
+    producer.close()
+    try:
+        summary = Pipeline(cfg, spark).run(available_now=True)
+        assert (summary.totals.rows_written, summary.totals.failed) == (24, 0)
+        for region, coordinates in expected.items():
+            assert_once(landed(bq_client, dataclasses.replace(cfg, bigquery=dataclasses.replace(
+                cfg.bigquery, table=f"ticks_{region}"))), coordinates)
+    finally:
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
