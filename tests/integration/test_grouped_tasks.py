@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
+import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
+from google.api_core.exceptions import NotFound
 from google.cloud import bigquery
 from kafka import KafkaProducer
 
@@ -249,3 +252,47 @@ def test_a_routed_job_whose_partitions_each_bring_their_own_tables_lands_them_al
                 cfg.bigquery, table=f"ticks_{region}"))), coordinates)
     finally:
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_partitions_added_while_the_job_streams_are_read_once_by_grouped_tasks(
+        spark, job_env: dict[str, str], desc: dict[str, Path], bq_client: bigquery.Client) -> None:
+    topics = topics_of(job_env, 1)
+    topic = topics[0]
+    cfg = Config.from_env(wide_env(job_env, desc["v1"], topics, SPARK_MAX_TASKS_PER_BATCH="3",
+                                   SINK_BIGQUERY_WRITE_METHOD="file_loads", SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS="0"))
+    tick = descriptors.load([str(desc["v1"])]).message_class("wide.v1.Tick")
+    ensure_topic(cfg.source.brokers, topic, 5)
+    expected = produce(cfg.source.brokers, tick, {(topic, p): 10 for p in range(5)})
+    stop, failures = threading.Event(), []
+
+    def run() -> None:
+        try:
+            Pipeline(cfg, spark).run(available_now=False, stop=stop)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertions below
+            failures.append(exc)
+
+    def rows() -> int:
+        try:
+            return len(landed(bq_client, cfg))
+        except NotFound:  # the job has not created the table yet
+            return 0
+
+    def wait_rows(count: int) -> None:
+        deadline = time.monotonic() + 60
+        while rows() < count and time.monotonic() < deadline and not failures:
+            time.sleep(0.5)
+
+    job = threading.Thread(target=run)
+    job.start()
+    try:
+        wait_rows(len(expected))
+        add_partitions(cfg.source.brokers, topic, 30)
+        expected |= produce(cfg.source.brokers, tick, {(topic, p): 1 + p % 4 for p in range(30)},
+                            start={(topic, p): 10 for p in range(5)})
+        wait_rows(len(expected))
+    finally:
+        stop.set()
+        job.join(120)
+    assert not failures, failures
+    assert_once(landed(bq_client, cfg), expected)
+    bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
