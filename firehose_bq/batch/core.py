@@ -165,7 +165,9 @@ class _Task:
     def process(self, source: pa.RecordBatch) -> bool:
         """Decode, write and settle one source batch; False when the task must hold (unknown fields)."""
         fields = _kafka_fields(source)
-        self.scope = (fields["topic"], fields["partition"]) if len(fields) == 2 else None
+        # A replay (dead letters, ATTEMPT_COLUMN) counts over the whole call, as its batches are no partition's.
+        replay = ATTEMPT_COLUMN in source.schema.names
+        self.scope = (fields["topic"], fields["partition"]) if len(fields) == 2 and not replay else None
         with log_context(**fields):
             return self._process(source)
 

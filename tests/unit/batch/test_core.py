@@ -534,6 +534,13 @@ def test_the_destination_cap_counts_per_kafka_partition_when_a_task_reads_severa
     assert [(x.error.error_type, x.error.partition, x.error.offset, x.route) for x in letters] == [
         (ErrorType.ROUTING_ERROR, 7, 8, "ds.t_99")]
     assert "t/7" in letters[0].error.message and "already met 2 destination tables" in letters[0].error.message
+    # A replay's batches of dead letters are no partition's (one may hold a single partition's by chance):
+    # the cap counts over the whole replay, as before.
+    letters.clear()
+    replayed = [b.append_column(ATTEMPT_COLUMN, pa.array([1] * b.num_rows, pa.int32())) for b in batches]
+    process_batch(replayed, spec(test_descriptors, router=replace(router, max_destinations=2), tables=FakeTables()),
+                  RoutingPlan(), handling())
+    assert [x.route for x in letters] == [f"ds.t_{p}{i}" for p in (1, 2) for i in range(2)]
 
 
 def test_unusable_destinations_count_towards_the_cap_and_not_as_metric_tables(test_descriptors: Descriptors,
