@@ -26,6 +26,7 @@ from firehose_bq.pipeline import Pipeline
 from firehose_bq.registry.cache import DescriptorCache
 from firehose_bq.sample import ensure_topic
 from tests.conftest import compile_protos
+from tests.integration import drills
 from tests.integration.conftest import FakeRegistry
 from tests.integration.test_new_partitions import add_partitions
 
@@ -296,3 +297,33 @@ def test_partitions_added_while_the_job_streams_are_read_once_by_grouped_tasks(
     assert not failures, failures
     assert_once(landed(bq_client, cfg), expected)
     bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_kill_9_of_a_file_loads_job_mid_batch_then_restart_loads_every_offset_once(
+        stack_env: dict[str, str], desc: dict[str, Path], bq_client: bigquery.Client, tmp_path: Path) -> None:
+    """`firehose-bq run` as an operator runs it, its whole process tree killed while grouped tasks stage a batch."""
+    topic = f"wide-{uuid.uuid4().hex[:6]}"
+    env = {**wide_env(stack_env, desc["v1"], [topic], SINK_BIGQUERY_WRITE_METHOD="file_loads",
+                      SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS="0", SPARK_MAX_OFFSETS_PER_TRIGGER="1500",
+                      FIREHOSE_LOG_LEVEL="INFO"),
+           "SOURCE_KAFKA_CONSUMER_GROUP_ID": f"kill-{topic}", "SINK_BIGQUERY_DATASET_NAME": f"kill_{topic[5:]}",
+           "SPARK_CHECKPOINT_LOCATION": str(tmp_path / "checkpoint"), "SPARK_MASTER": "local[2]"}
+    tick = descriptors.load([str(desc["v1"])]).message_class("wide.v1.Tick")
+    ensure_topic(env["SOURCE_KAFKA_BROKERS"], topic, PARTITIONS)
+    expected = produce(env["SOURCE_KAFKA_BROKERS"], tick, {(topic, p): 10 * n for p, n in SKEW.items()})
+    table = f"{env['SINK_BIGQUERY_GOOGLE_CLOUD_PROJECT_ID']}.{env['SINK_BIGQUERY_DATASET_NAME']}.ticks"
+    try:
+        job = drills.start_job(env, tmp_path / "killed.log")
+        try:
+            drills.wait_log(job, tmp_path / "killed.log", drills.BATCH_DONE, 1)
+        finally:
+            drills.kill_group(job)  # SIGKILL, the whole tree: the next batch's tasks are staging
+        restart = drills.start_job(env, tmp_path / "restart.log", "--available-now")
+        try:
+            assert restart.wait(timeout=240) == 0, (tmp_path / "restart.log").read_text(errors="replace")[-4000:]
+        finally:
+            drills.kill_group(restart)
+        landed = drills.landed_offsets(bq_client, table, drills.end_offsets(env))
+        assert (landed.distinct, landed.missing[:5], landed.duplicates) == (len(expected), [], 0)
+    finally:
+        bq_client.delete_dataset(env["SINK_BIGQUERY_DATASET_NAME"], delete_contents=True, not_found_ok=True)
