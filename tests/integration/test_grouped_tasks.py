@@ -141,8 +141,9 @@ def test_two_skewed_wide_topics_land_once_each_whatever_task_read_them(
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
 
 
+@pytest.mark.parametrize("method", ["storage_write", "file_loads"])
 def test_a_batch_held_for_the_registry_resumes_every_partition_of_every_task_once(
-        spark, job_env: dict[str, str], desc: dict[str, Path], registry: tuple[FakeRegistry, object],
+        method: str, spark, job_env: dict[str, str], desc: dict[str, Path], registry: tuple[FakeRegistry, object],
         bq_client: bigquery.Client) -> None:
     """v2's field in partitions 3 and 17 only: the task reading 3 holds there, past partitions it wrote and
     before partitions it has not reached; the rerun must read exactly those."""
@@ -151,7 +152,8 @@ def test_a_batch_held_for_the_registry_resumes_every_partition_of_every_task_onc
     topics = topics_of(job_env, 1)
     cfg = Config.from_env(wide_env(job_env, f"{fake.url}/wide.desc", topics,
                                    SCHEMA_REGISTRY_STENCIL_CACHE_TTL_MS="600000",
-                                   SCHEMA_REGISTRY_UNKNOWN_FIELDS_REFRESH_MIN_INTERVAL_MS="0"))
+                                   SCHEMA_REGISTRY_UNKNOWN_FIELDS_REFRESH_MIN_INTERVAL_MS="0",
+                                   SINK_BIGQUERY_WRITE_METHOD=method, SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS="0"))
     tick = descriptors.load([str(desc["v1"])]).message_class("wide.v1.Tick")
     ensure_topic(cfg.source.brokers, topics[0], PARTITIONS)
     counts = {(topics[0], p): 5 for p in range(PARTITIONS)} | {(topics[0], 0): 300}
