@@ -286,9 +286,10 @@ class BigQueryConfig:
     max_destinations: int = setting(
         "SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK",
         "Most destination tables one task writes to in a micro-batch (each holds a writer, and with file "
-        "loads a staged file); the records of a table past it fail as ROUTING_ERROR (for the error policy: "
-        "the DLQ, or a stop), and the table is not created, rather than exhaust connections or the load-job "
-        "quota.",
+        "loads a staged file), counted per Kafka partition the task reads (SPARK_MAX_TASKS_PER_BATCH): the "
+        "tables each partition brings first; the records of a table past it fail as ROUTING_ERROR (for the "
+        "error policy: the DLQ, or a stop), and the table is not created, rather than exhaust connections or "
+        "the load-job quota.",
         100,
         minimum=1,
     )

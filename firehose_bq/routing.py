@@ -115,7 +115,7 @@ class Router:
     class_routes: tuple[tuple[str, str], ...] = ()  # (header value, message class)
     # `mixed` output: the tables to stream (templates rendered per record); None: not mixed.
     streaming: tuple[NameTemplate, ...] | None = None
-    max_destinations: int = 100  # per task and micro-batch (SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK)
+    max_destinations: int = 100  # per task, Kafka partition and micro-batch (SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK)
 
     @property
     def is_static(self) -> bool:

@@ -156,10 +156,19 @@ class _Task:
         # Routed destinations whose table cannot be created or evolved (a name that exists with another
         # schema, a JSON table with no schema file): why, so their records fail alone, once per task.
         self.unusable: dict[Destination, str] = {}
+        self.over: dict[Destination, str] = {}  # past the cap (`_over_cap`) where last met: why
+        # The destinations each Kafka partition of the task brought first (ensured, or found unusable), for
+        # the cap (`_over_cap`); `scope`: the partition being read (None: a source batch that mixes them).
+        self.met: dict[tuple[object, ...] | None, list[Destination]] = {}
+        self.scope: tuple[object, ...] | None = None
 
     def process(self, source: pa.RecordBatch) -> bool:
         """Decode, write and settle one source batch; False when the task must hold (unknown fields)."""
-        with log_context(**_kafka_fields(source)):
+        fields = _kafka_fields(source)
+        # A replay (dead letters, ATTEMPT_COLUMN) counts over the whole call, as its batches are no partition's.
+        replay = ATTEMPT_COLUMN in source.schema.names
+        self.scope = (fields["topic"], fields["partition"]) if len(fields) == 2 and not replay else None
+        with log_context(**fields):
             return self._process(source)
 
     def _process(self, source: pa.RecordBatch) -> bool:
@@ -201,9 +210,10 @@ class _Task:
             return None
         if destination is not None and spec.tables is not None and destination not in self.ready:
             # The cap first: a template over a high-cardinality attribute must not create the tables.
-            if (over := self._over_cap(destination)) is not None:
-                self.unusable[destination] = over
+            if (over := self._over_cap()) is not None:
+                self.over[destination] = over
                 return None
+            self.met.setdefault(self.scope, []).append(destination)
             try:
                 json_columns = spec.tables.ensure(spec.descriptors, destination)
             except SchemaError as exc:
@@ -225,19 +235,26 @@ class _Task:
             self.builders[proto_class] = row_builder(spec, changelog, proto_class)
         return self.builders[proto_class]
 
-    def _over_cap(self, destination: Destination) -> str | None:
-        """Why `destination` is past the task's cap on destinations, or None. Every routed destination is
-        ensured (`ready`) before its writer opens: capping those caps both. Past it, the records fail
-        (ROUTING_ERROR, for the policy) rather than stop the batch, which a restart would meet again: the
-        tables come from the records' attributes, which a bad producer can spread without bound."""
+    def _over_cap(self) -> str | None:
+        """Why a destination new to the task is past the cap on destinations, or None. Every routed
+        destination is ensured (`ready`) before its writer opens: capping those caps both. Past it, the
+        records fail (ROUTING_ERROR, for the policy) rather than stop the batch, which a restart would meet
+        again: the tables come from the records' attributes, which a bad producer can spread without bound.
+
+        The cap counts per Kafka partition the task reads (`scope`), the tables that partition brought first:
+        a task may read several partitions in turn (SPARK_MAX_TASKS_PER_BATCH), and how many share a task
+        follows the backlog and the cores, so a count over the task would fail records that a task of their
+        partition alone writes. A table an earlier partition brought costs nothing more and is not counted."""
         assert self.spec.router is not None, "only routed jobs ensure tables"
         cap = self.spec.router.max_destinations
         # Destinations that turned out unusable count too: each cost a create call, and a producer spreading
         # names BigQuery refuses would otherwise have the task make one per name.
-        if len(self.ready) + len(self.unusable) < cap:
+        met = self.met.get(self.scope, [])
+        if len(met) < cap:
             return None
-        names = sorted(d.name for d in self.ready) + sorted(d.name for d in self.unusable)
-        return (f"the task already met {cap} destination tables in this micro-batch ({', '.join(names[:5])}"
+        names = sorted(d.name for d in met)
+        where = f" reading {self.scope[0]}/{self.scope[1]}" if self.scope is not None else ""
+        return (f"the task already met {cap} destination tables{where} in this micro-batch ({', '.join(names[:5])}"
                 f"{', ...' if len(names) > 5 else ''}): raise SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK or check the "
                 "routing templates")
 
@@ -248,7 +265,8 @@ class _Task:
 
     def _refuse(self, destination: Destination, part: pa.RecordBatch) -> None:
         """`part`'s records, routed to a table that cannot be used, as ROUTING_ERRORs for the policy."""
-        why = f"destination table {destination.name} cannot be used: {self.unusable[destination]}"
+        reason = self.unusable.get(destination) or self.over[destination]
+        why = f"destination table {destination.name} cannot be used: {reason}"
         with log_context(table=destination.name):
             # Counted with the unrouted records, not under the name: such names come from the records'
             # attributes, and each would be a metric label forever. The letters keep it, for a replay.
@@ -370,8 +388,9 @@ def process_batch(sources: Iterable[pa.RecordBatch], spec: SinkSpec, plan: TaskP
 
 
 def _kafka_fields(source: pa.RecordBatch) -> dict[str, object]:
-    """The topic and partition of a source batch's records, for its log lines, when they share them (a
-    task reads one Kafka partition; a replayed batch of dead letters may mix them)."""
+    """The topic and partition of a source batch's records, for its log lines and the destination cap, when
+    they share them (each source batch of a task is one Kafka partition's; a replayed batch of dead letters
+    may mix them)."""
     fields: dict[str, object] = {}
     for name in ("topic", "partition"):
         if name in source.schema.names and source.num_rows:

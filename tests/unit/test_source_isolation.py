@@ -115,8 +115,8 @@ def fake_librdkafka(monkeypatch: pytest.MonkeyPatch, partition: Partition) -> li
 def plan_and_read(source: KafkaStreamReader, reader: RangeReader, start: dict) -> tuple[dict, list[int]]:
     """One micro-batch as the job runs it: the driver plans from `start`, the task reads its range."""
     end = source.latestOffset(start, ReadAllAvailable())
-    offsets = [o for r in source.partitions(start, end) for batch in reader.read(r.topic, r.partition, r.start, r.end)
-               for o in batch.column("offset").to_pylist()]
+    offsets = [o for part in source.partitions(start, end) for topic, partition, first, last in source.read(part)
+               for batch in reader.read(topic, partition, first, last) for o in batch.column("offset").to_pylist()]
     return end, offsets
 
 
@@ -159,7 +159,10 @@ def planner_and_reader(config: Config) -> tuple[KafkaStreamReader, RangeReader]:
         def load(self) -> None:
             return None
 
-    spark = SimpleNamespace(dataSource=SimpleNamespace(register=lambda source: None), readStream=Stream())
+    # A local[2] session: SPARK_MAX_TASKS_PER_BATCH's default, 0, reads its parallelism (pipeline._max_tasks).
+    context = SimpleNamespace(master="local[2]", defaultParallelism=2, getConf=lambda: SimpleNamespace(getAll=list))
+    spark = SimpleNamespace(dataSource=SimpleNamespace(register=lambda source: None), readStream=Stream(),
+                            sparkContext=context)
     pipeline = Pipeline(config, spark)  # type: ignore[arg-type]
     pipeline.source()
     # Spark hands a Python data source its options as strings, names lower-cased.
@@ -171,6 +174,7 @@ def planner_and_reader(config: Config) -> tuple[KafkaStreamReader, RangeReader]:
 def test_the_job_hands_its_level_to_the_planner_and_the_readers(level: str) -> None:
     planner, reader = planner_and_reader(Config.from_env({**MINIMAL, "SOURCE_KAFKA_ISOLATION_LEVEL": level}))
     assert planner.isolation_level == reader.isolation_level == level
+    assert planner.max_tasks == 2, "SPARK_MAX_TASKS_PER_BATCH=0: as many tasks as the session's cores"
 
 
 @pytest.mark.parametrize("level", [READ_COMMITTED, READ_UNCOMMITTED])

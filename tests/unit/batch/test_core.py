@@ -510,6 +510,39 @@ def test_records_past_the_destination_cap_fail_as_routing_errors(test_descriptor
     assert (result.stats.messages, result.stats.rows_written, result.stats.dead_lettered) == (4, 3, 1)
 
 
+def test_the_destination_cap_counts_per_kafka_partition_when_a_task_reads_several(
+        test_descriptors: Descriptors, letters: list[DeadLetter]) -> None:
+    # SPARK_MAX_TASKS_PER_BATCH makes one task read several partitions in turn. Each partition here names two
+    # tables of its own, under a cap of 2: read one task per partition they all landed, so grouping the
+    # partitions into one task must not send half of them to the error policy (or stop the job, DLQ off).
+    batches = [source_batch(values(test_descriptors, f"a{p}", f"b{p}"), partition=p, offsets=[1, 2],
+                            headers=[[("type", b"inner"), ("n", f"{p}{i}".encode())] for i in range(2)])
+               for p in range(3)]
+    router = router_of("ds", "t_${header.n}", "testdata.Inner", None, "")
+    plan, tables = RoutingPlan(), FakeTables()
+    result = process_batch(batches, spec(test_descriptors, router=replace(router, max_destinations=2), tables=tables),
+                           plan, handling())
+    assert result.fatal is None and letters == []
+    assert sorted(plan.by_table) == [f"ds.t_{p}{i}" for p in range(3) for i in range(2)]
+    assert (result.stats.messages, result.stats.rows_written, result.stats.dead_lettered) == (6, 6, 0)
+    # Past the cap within one partition still fails, naming the partition; a table an earlier partition
+    # brought costs nothing more (no new table, no new writer) and is not counted again.
+    over = source_batch(values(test_descriptors, "w", "x", "y", "z"), partition=7, offsets=[5, 6, 7, 8],
+                        headers=[[("type", b"inner"), ("n", n)] for n in (b"00", b"97", b"98", b"99")])
+    result = process_batch([*batches, over], spec(test_descriptors, router=replace(router, max_destinations=2),
+                                                   tables=FakeTables()), RoutingPlan(), handling())
+    assert [(x.error.error_type, x.error.partition, x.error.offset, x.route) for x in letters] == [
+        (ErrorType.ROUTING_ERROR, 7, 8, "ds.t_99")]
+    assert "t/7" in letters[0].error.message and "already met 2 destination tables" in letters[0].error.message
+    # A replay's batches of dead letters are no partition's (one may hold a single partition's by chance):
+    # the cap counts over the whole replay, as before.
+    letters.clear()
+    replayed = [b.append_column(ATTEMPT_COLUMN, pa.array([1] * b.num_rows, pa.int32())) for b in batches]
+    process_batch(replayed, spec(test_descriptors, router=replace(router, max_destinations=2), tables=FakeTables()),
+                  RoutingPlan(), handling())
+    assert [x.route for x in letters] == [f"ds.t_{p}{i}" for p in (1, 2) for i in range(2)]
+
+
 def test_unusable_destinations_count_towards_the_cap_and_not_as_metric_tables(test_descriptors: Descriptors,
                                                                               letters: list[DeadLetter]) -> None:
     # A producer spreading names BigQuery refuses: one create call per name would stall the task, and one
