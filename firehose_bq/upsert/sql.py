@@ -42,10 +42,12 @@ KEY = "key"
 VALUE = "value"
 PARTITION_TIME = "partitionTime"
 ORDER = "i"
-# The record's Kafka partition: with `i` (its offset) what tells two records apart. Offsets of different
-# partitions are no order, but a key on two partitions (producers with different partitioners, partitions
-# added to the topic) must not lose one of two records that share an offset.
+# The record's Kafka partition and topic: with `i` (its offset) what tells two records apart. Offsets of
+# different partitions are no order, but a key on two partitions (producers with different partitioners,
+# partitions added to the topic), or on the same partition number of two topics of one job, must not lose
+# one of two records that share an offset.
 PARTITION = "kafkaPartition"
+TOPIC = "kafkaTopic"
 BATCH = "batchNumber"
 
 
@@ -233,10 +235,10 @@ class MergePlan:
     def _upsert_merge(self, batch: int) -> str:
         # One row per key, the latest (highest i) of the batch: MERGE fails when two source rows match
         # one target row, and the latest is what a KTable holds.
-        # Equal offsets (a key on two partitions) are no order: the partition breaks the tie, so that what
-        # is kept does not change from one run of the statement to the next.
-        source = (f"SELECT latest.* FROM (SELECT ARRAY_AGG(x ORDER BY x.{quote(ORDER)} DESC, x.{quote(PARTITION)} DESC "
-                  "LIMIT 1)[OFFSET(0)] "
+        # Equal offsets (a key on two partitions or topics) are no order: the partition, then the topic, break
+        # the tie, so that what is kept does not change from one run of the statement to the next.
+        source = (f"SELECT latest.* FROM (SELECT ARRAY_AGG(x ORDER BY x.{quote(ORDER)} DESC, x.{quote(PARTITION)} DESC, "
+                  f"x.{quote(TOPIC)} DESC LIMIT 1)[OFFSET(0)] "
                   f"AS latest FROM {self._batch_rows(batch)} GROUP BY {self._group_by('x')})")
         lines = [f"MERGE {self.destination.sql} AS dst",
                  f"USING ({source}) AS src",
@@ -254,11 +256,11 @@ class MergePlan:
     def _delete_merge(self, batch: int) -> str:
         # Delete-only keeps append semantics for values: every value after the key's last tombstone of
         # the batch is inserted, and that tombstone deletes the key's rows written before this batch.
-        # One row per record (key, partition and offset `i`): a record staged twice (a retried task's
+        # One row per record (key, topic, partition and offset `i`): a record staged twice (a retried task's
         # insertAll whose insertId dedup missed) would otherwise be appended twice, or, a tombstone, fail
         # the MERGE for two source rows matching one target row.
         once = (f"SELECT one.* FROM (SELECT ARRAY_AGG(x LIMIT 1)[OFFSET(0)] AS one FROM {self._batch_rows(batch)} "
-                f"GROUP BY {self._group_by('x')}, x.{quote(PARTITION)}, x.{quote(ORDER)})")
+                f"GROUP BY {self._group_by('x')}, x.{quote(TOPIC)}, x.{quote(PARTITION)}, x.{quote(ORDER)})")
         # Each record with its key's last tombstone of the batch (a window: NULL key fields partition
         # together, as they group in the upsert MERGE), then the key's records from that tombstone on. No
         # join: real BigQuery refuses a LEFT JOIN whose condition has no plain equality of both sides

@@ -2,8 +2,8 @@
 
 An intermediate table (seed 000) holds `key` (the destination's key RECORD), `value` (the destination's
 other columns as one nullable RECORD: NULL = delete), `partitionTime`, `i` (order of records of one key:
-the Kafka offset), `kafkaPartition` (with `i`, which record the row is) and `batchNumber` (the micro-batch
-that wrote the row). Every run creates its own, named
+the Kafka offset), `kafkaPartition` and `kafkaTopic` (with `i`, which record the row is) and `batchNumber`
+(the micro-batch that wrote the row). Every run creates its own, named
 `{table}_{suffix}_{task}_{uuid}_{epoch ms}`: a table left by an earlier run is never written again.
 """
 
@@ -22,7 +22,7 @@ from google.cloud.bigquery import SchemaField
 
 from firehose_bq.errors import SchemaEvolutionError
 from firehose_bq.schema import KEY_COLUMN
-from firehose_bq.upsert.sql import (BATCH, KEY, ORDER, PARTITION, PARTITION_TIME, VALUE, TableRef,
+from firehose_bq.upsert.sql import (BATCH, KEY, ORDER, PARTITION, PARTITION_TIME, TOPIC, VALUE, TableRef,
                                    check_identifier)
 
 # BigQuery's table-name limit.
@@ -79,6 +79,7 @@ def intermediate_schema(destination: Sequence[SchemaField], key_column: str) -> 
                     description="_PARTITIONTIME for the destination (ingestion-time partitioning)"),
         SchemaField(ORDER, "INTEGER", "REQUIRED", description="order of the records of one key: the latest wins"),
         SchemaField(PARTITION, "INTEGER", "REQUIRED", description="the record's Kafka partition (with i, the record)"),
+        SchemaField(TOPIC, "STRING", "REQUIRED", description="the record's Kafka topic (with i, the record)"),
         SchemaField(BATCH, "INTEGER", "REQUIRED", description="the micro-batch that wrote the row"),
     ]
 

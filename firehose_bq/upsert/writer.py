@@ -11,7 +11,8 @@ offset of a key is its latest record, whatever task wrote it. Two partitions car
 that contract (producers with different partitioners, partitions added to the topic): Kafka gives no
 order between them, and neither can the sink; the highest offset wins, ties by the higher partition.
 `kafkaPartition` is staged so that two such records sharing an offset stay two records (delete-only
-appends both) and the tie-break is the same on every run of the MERGE.
+appends both) and the tie-break is the same on every run of the MERGE; `kafkaTopic` likewise for a job
+reading several topics, whose partitions share numbers and offsets.
 
 Each task reports how many rows it staged: the driver merges only a batch that staged rows
 (`upsert/flush.py`). The MERGE job id comes from the batch's plan (bigquery/jobs.py).
@@ -36,7 +37,7 @@ from firehose_bq.bigquery.insert_all import InsertAllWriter
 from firehose_bq.config import BigQueryConfig
 from firehose_bq.errors import ErrorType, PartialWriteError, RowError
 from firehose_bq.routing import Destination
-from firehose_bq.upsert.sql import BATCH, KEY, ORDER, PARTITION, PARTITION_TIME, VALUE
+from firehose_bq.upsert.sql import BATCH, KEY, ORDER, PARTITION, PARTITION_TIME, TOPIC, VALUE
 
 DELETES_OFF = "null value (a tombstone), but SINK_BIGQUERY_DELETE_ENABLED is false: the delete cannot be applied"
 
@@ -98,7 +99,8 @@ def staged_rows(reports: Iterable[str]) -> int:
 
 
 def intermediate_rows(rows: Rows, source: pa.RecordBatch, batch: int) -> pa.RecordBatch:
-    """key, value (the row without its key; NULL for a delete), partitionTime, i, kafkaPartition, batchNumber."""
+    """key, value (the row without its key; NULL for a delete), partitionTime, i, kafkaPartition, kafkaTopic,
+    batchNumber."""
     take = pa.array(rows.sources)
     columns = rows.columns(with_key=False)
     value = pa.StructArray.from_arrays([c for _, c in columns], [n for n, _ in columns],
@@ -110,5 +112,6 @@ def intermediate_rows(rows: Rows, source: pa.RecordBatch, batch: int) -> pa.Reco
     n = len(rows)
     return pa.RecordBatch.from_arrays(
         [rows.key, value, partition_time, source["offset"].take(take).cast(pa.int64()),
-         source["partition"].take(take).cast(pa.int64()), pa.array(np.full(n, batch, dtype=np.int64))],
-        names=[KEY, VALUE, PARTITION_TIME, ORDER, PARTITION, BATCH])
+         source["partition"].take(take).cast(pa.int64()), source["topic"].take(take).cast(pa.string()),
+         pa.array(np.full(n, batch, dtype=np.int64))],
+        names=[KEY, VALUE, PARTITION_TIME, ORDER, PARTITION, TOPIC, BATCH])

@@ -29,6 +29,7 @@ def tables(bq_client: bigquery.Client, bq_dataset: str) -> Iterator[tuple[TableR
     bq_client.create_table(bigquery.Table(tmp.api, schema=[
         F("key", "RECORD", fields=KEY), F("value", "RECORD", fields=[F(v, "STRING") for v in VALUES]),
         F("partitionTime", "TIMESTAMP"), F("i", "INTEGER", "REQUIRED"), F("kafkaPartition", "INTEGER", "REQUIRED"),
+        F("kafkaTopic", "STRING", "REQUIRED"),
         F("batchNumber", "INTEGER", "REQUIRED")]))
     yield dest, tmp
 
@@ -41,7 +42,7 @@ def stage(client: bigquery.Client, tmp: TableRef, batch: int, rows: list[tuple[d
           first_i: int) -> None:
     assert client.insert_rows_json(tmp.api, [
         {"key": k, "value": None if v is None else {name: f"{v}:{name}" for name in VALUES}, "i": first_i + n,
-         "kafkaPartition": 0, "batchNumber": batch} for n, (k, v) in enumerate(rows)]) == []
+         "kafkaPartition": 0, "kafkaTopic": "t", "batchNumber": batch} for n, (k, v) in enumerate(rows)]) == []
 
 
 def content(client: bigquery.Client, dest: TableRef) -> list[tuple[object, ...]]:

@@ -35,14 +35,15 @@ def tables(bq_client: bigquery.Client, bq_dataset: str) -> Iterator[tuple[TableR
     bq_client.create_table(bigquery.Table(tmp.api, schema=[
         F("key", "RECORD", fields=KEY), F("value", "RECORD", fields=[F("f", "STRING")]),
         F("partitionTime", "TIMESTAMP"), F("i", "INTEGER", "REQUIRED"), F("kafkaPartition", "INTEGER", "REQUIRED"),
+        F("kafkaTopic", "STRING", "REQUIRED"),
         F("batchNumber", "INTEGER", "REQUIRED")]))
     yield dest, tmp
 
 
 def stage(client: bigquery.Client, tmp: TableRef, batch: int, rows: list[tuple[dict[str, object], str | None]],
-          first_i: int, partition: int = 0) -> None:
+          first_i: int, partition: int = 0, topic: str = "t") -> None:
     assert client.insert_rows_json(tmp.api, [{"key": key, "value": None if f is None else {"f": f}, "i": first_i + n,
-                                              "kafkaPartition": partition, "batchNumber": batch}
+                                              "kafkaPartition": partition, "kafkaTopic": topic, "batchNumber": batch}
                                              for n, (key, f) in enumerate(rows)]) == []
 
 
@@ -90,6 +91,11 @@ def test_delete_only_appends_and_deletes_up_to_the_last_tombstone(bq_client, tab
     run(bq_client, plan, 4)
     assert sorted(content(bq_client, dest), key=str) == [("c", None, "c1"), ("d", None, "d1"), ("e", None, "e-p0"),
                                                          ("e", None, "e-p1")]
+    # Likewise on the same partition of two topics of one job (SOURCE_KAFKA_TOPIC=a,b).
+    stage(bq_client, tmp, 5, [(k("g"), "g-a")], 50, topic="a")
+    stage(bq_client, tmp, 5, [(k("g"), "g-b")], 50, topic="b")
+    run(bq_client, plan, 5)
+    assert [r for r in content(bq_client, dest) if r[0] == "g"] == [("g", None, "g-a"), ("g", None, "g-b")]
 
 
 def test_upsert_and_delete_with_nested_keys(bq_client, tables) -> None:

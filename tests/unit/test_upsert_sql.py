@@ -18,7 +18,8 @@ def plan(upsert: bool, delete: bool, key: tuple[F, ...] = FLAT_KEY, partitioning
     return MergePlan(DEST, TMP, "customKeyField", key, ("f1", "f2"), upsert, delete, partitioning)
 
 
-DEDUP = ("USING (SELECT latest.* FROM (SELECT ARRAY_AGG(x ORDER BY x.`i` DESC, x.`kafkaPartition` DESC LIMIT 1)"
+DEDUP = ("USING (SELECT latest.* FROM (SELECT ARRAY_AGG(x ORDER BY x.`i` DESC, x.`kafkaPartition` DESC, "
+         "x.`kafkaTopic` DESC LIMIT 1)"
          "[OFFSET(0)] AS latest "
          f"FROM {TMP.sql} AS x WHERE x.`batchNumber` = 2 GROUP BY x.`key`.`k1`, x.`key`.`k2`)) AS src")
 ON = ("ON dst.`customKeyField`.`k1` IS NOT DISTINCT FROM src.`key`.`k1` AND "
@@ -49,7 +50,7 @@ def test_delete_only_merge_appends_values_after_the_last_tombstone() -> None:
     assert lines[0] == "MERGE `my-project`.`kcbq`.`demo` AS dst"
     # One row per record (key, partition and offset), then each key's records from its last tombstone on.
     once = (f"SELECT one.* FROM (SELECT ARRAY_AGG(x LIMIT 1)[OFFSET(0)] AS one FROM {TMP.sql} AS x "
-            "WHERE x.`batchNumber` = 7 GROUP BY x.`key`.`k1`, x.`key`.`k2`, x.`kafkaPartition`, x.`i`)")
+            "WHERE x.`batchNumber` = 7 GROUP BY x.`key`.`k1`, x.`key`.`k2`, x.`kafkaTopic`, x.`kafkaPartition`, x.`i`)")
     assert lines[1] == (
         "USING (SELECT x.* FROM (SELECT r.*, MAX(CASE WHEN r.`value` IS NULL THEN r.`i` END) OVER (PARTITION BY "
         f"r.`key`.`k1`, r.`key`.`k2`) AS last_delete FROM ({once}) AS r) AS x "
@@ -77,7 +78,7 @@ def test_delete_only_partitions_float_key_fields_by_their_text() -> None:
     key = (F("id", "STRING"), F("geo", "RECORD", fields=[F("lat", "FLOAT"), F("zone", "INTEGER")]))
     sql = plan(False, True, key).merge(1)
     assert "PARTITION BY r.`key`.`id`, CAST(r.`key`.`geo`.`lat` AS STRING), r.`key`.`geo`.`zone`)" in sql
-    assert "GROUP BY x.`key`.`id`, x.`key`.`geo`.`lat`, x.`key`.`geo`.`zone`, x.`kafkaPartition`, x.`i`" in sql
+    assert "GROUP BY x.`key`.`id`, x.`key`.`geo`.`lat`, x.`key`.`geo`.`zone`, x.`kafkaTopic`, x.`kafkaPartition`, x.`i`" in sql
 
 
 def test_nested_key_groups_and_matches_on_every_leaf() -> None:

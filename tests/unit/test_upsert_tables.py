@@ -28,7 +28,8 @@ def test_intermediate_schema_wraps_key_and_value() -> None:
     inter = tables.intermediate_schema(dest, "booking_key")
     assert [(f.name, f.field_type, f.mode) for f in inter] == [
         ("key", "RECORD", "NULLABLE"), ("value", "RECORD", "NULLABLE"), ("partitionTime", "TIMESTAMP", "NULLABLE"),
-        ("i", "INTEGER", "REQUIRED"), ("kafkaPartition", "INTEGER", "REQUIRED"), ("batchNumber", "INTEGER", "REQUIRED")]
+        ("i", "INTEGER", "REQUIRED"), ("kafkaPartition", "INTEGER", "REQUIRED"), ("kafkaTopic", "STRING", "REQUIRED"),
+        ("batchNumber", "INTEGER", "REQUIRED")]
     assert [f.name for f in inter[0].fields] == ["order_number"]
     # Value keeps each column's mode: a row that fits the intermediate table fits the destination.
     assert [(f.name, f.mode) for f in inter[1].fields] == [("order_number", "NULLABLE"), ("amount", "REQUIRED"),
@@ -117,6 +118,7 @@ def test_changelog_rows_become_intermediate_rows(test_descriptors: Descriptors) 
     assert upsert["partitionTime"] == datetime(1970, 1, 1, 0, 0, 2, tzinfo=UTC)
     assert delete["partitionTime"] == datetime(1970, 1, 1, 0, 0, 5, tzinfo=UTC)  # no Kafka timestamp: load time
     assert (upsert["i"], delete["i"], upsert["kafkaPartition"], upsert["batchNumber"]) == (40, 41, 3, 9)
+    assert upsert["kafkaTopic"] == delete["kafkaTopic"] == "t"  # with partition and offset, the record
     assert pending.insert_ids.to_pylist() == ["t_3_40", "t_3_41"]
 
     no_deletes = ChangelogTask(BigQueryConfig(project_id="p", dataset="d", table="t"), "t_tmp", batch=9, deletes=False)
