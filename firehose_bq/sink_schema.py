@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from google.cloud import bigquery
 
 from firehose_bq.bigquery.classify import classify_exception, rejects_request
-from firehose_bq.bigquery.client import REQUEST_ERRORS, call_options, make_client
+from firehose_bq.bigquery.client import REQUEST_ERRORS, Clients, call_options, make_client
 from firehose_bq.bigquery.tables import ensure_dataset, ensure_table, table_definition
 from firehose_bq.config import Config
 from firehose_bq.descriptors import Descriptors
@@ -130,19 +130,22 @@ class TableKeeper:
 
     config: Config
 
-    def ensure(self, loaded: Descriptors | None, destination: Destination) -> tuple[str, ...] | None:
+    def ensure(self, loaded: Descriptors | None, destination: Destination, clients: Clients) -> tuple[str, ...] | None:
         """Create or evolve `destination`'s table; with JSON input (`loaded` None), return its payload
-        columns (json_tables.schema_json), which are what its records are coerced to."""
+        columns (json_tables.schema_json), which are what its records are coerced to. The calls go through
+        the task's `clients` (the worker's, as its writers'): a client of its own per call would cost every
+        task, per micro-batch and per destination table, new credentials and their token (ADC: a metadata
+        server lookup; a key file: a signed OAuth request) and a new connection."""
         from firehose_bq import json_tables
 
         try:
-            with make_client(self.config.bigquery) as client:
-                if loaded is None:
-                    metadata = metadata_of(self.config)
-                    live = json_tables.ensure_json_table(client, self.config, destination, metadata)
-                    return json_tables.schema_json(json_tables.payload_columns(live, metadata))
-                apply_plan(client, self.config, plan_table(self.config, loaded, destination))
-                return None
+            client = clients.bigquery_client(self.config.bigquery)
+            if loaded is None:
+                metadata = metadata_of(self.config)
+                live = json_tables.ensure_json_table(client, self.config, destination, metadata)
+                return json_tables.schema_json(json_tables.payload_columns(live, metadata))
+            apply_plan(client, self.config, plan_table(self.config, loaded, destination))
+            return None
         except REQUEST_ERRORS as exc:
             if rejects_request(exc):
                 # BigQuery refused this dataset or table itself (a name it does not take, a schema it will

@@ -205,7 +205,10 @@ class _Task:
                 self.unusable[destination] = over
                 return None
             try:
-                json_columns = spec.tables.ensure(spec.descriptors, destination)
+                json_columns = spec.tables.ensure(spec.descriptors, destination, self.clients)
+            except SinkError:
+                self.request_failed = True  # as a write's: the next task starts on new clients
+                raise
             except SchemaError as exc:
                 # The record's attributes chose a table it cannot go to: its records fail (ROUTING_ERROR,
                 # for the policy), the other destinations go on; stopping the batch would stop it again
