@@ -205,7 +205,9 @@ class _Task:
                 self.unusable[destination] = over
                 return None
             try:
-                json_columns = spec.tables.ensure(spec.descriptors, destination, self.clients)
+                # A dataset this task ensured for another of its tables is not checked again.
+                dataset_ready = any(d.dataset == destination.dataset for d in self.ready)
+                json_columns = spec.tables.ensure(spec.descriptors, destination, self.clients, dataset_ready)
             except SinkError:
                 self.request_failed = True  # as a write's: the next task starts on new clients
                 raise

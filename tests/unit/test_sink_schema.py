@@ -49,8 +49,10 @@ class KeepingClient:
     def __init__(self) -> None:
         self.tables: dict[str, bigquery.Table] = {}
         self.closed = False
+        self.dataset_gets = 0
 
     def get_dataset(self, ref: bigquery.DatasetReference, **kwargs: Any) -> bigquery.Dataset:
+        self.dataset_gets += 1
         return bigquery.Dataset(ref)
 
     def get_table(self, ref: str, **kwargs: Any) -> bigquery.Table:
@@ -102,6 +104,10 @@ def test_a_tasks_tables_are_ensured_with_the_workers_clients(tmp_path: Path, mon
             assert [json.loads(c)["name"] for c in columns or ()] == ["id"]
     assert sorted(client.tables) == ["p.ds.ev_a", "p.ds.ev_b", "p.ds.ev_c"]
     assert len(made) == 1 and not client.closed
+    assert client.dataset_gets == 6
+    # A dataset the task ensured already, for another table: not asked for again.
+    tables.ensure(None, Destination("ds", "ev_d"), clients, dataset_ready=True)
+    assert client.dataset_gets == 6 and "p.ds.ev_d" in client.tables
 
 
 def test_a_routed_table_bigquery_refuses_as_invalid_is_unusable_not_a_stop(

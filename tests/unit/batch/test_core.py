@@ -384,11 +384,13 @@ class FakeTables:
     conflicting: set[str] = field(default_factory=set)  # table names whose ensure fails
     asked: list[str] = field(default_factory=list)  # every ensure call, failed or not
     lent: list[Clients] = field(default_factory=list)  # the clients each ensure call was given
+    dataset_ready: list[bool] = field(default_factory=list)  # whether each call was told its dataset is ensured
     outage: SinkError | None = None  # what every ensure call raises, if set
 
-    def ensure(self, loaded: Descriptors, destination: Destination, clients: Clients) -> None:
+    def ensure(self, loaded: Descriptors, destination: Destination, clients: Clients, dataset_ready: bool = False) -> None:
         self.asked.append(destination.name)
         self.lent.append(clients)
+        self.dataset_ready.append(dataset_ready)
         if self.outage is not None:
             raise self.outage
         if destination.name in self.conflicting:
@@ -442,6 +444,8 @@ def test_tables_are_ensured_with_the_clients_the_writers_borrow(test_descriptors
     tables, clients = FakeTables(), Clients()
     process_batch([batch], routed(test_descriptors, tables), RoutingPlan(), handling(), clients)
     assert tables.asked == ["ds.inner_v1", "ds.legacy_v1"] and all(c is clients for c in tables.lent)
+    # One dataset check per task and dataset, not one per table (200 tables: 199 datasets.get calls fewer).
+    assert tables.dataset_ready == [False, True]
     # A request that failed as a whole (an outage, after the client's retries): as after a write's, the
     # clients are dropped, so that the next task does not wait out a broken channel's backoff.
     resets: list[bool] = []
