@@ -55,7 +55,7 @@ def payload_columns(schema: Sequence[SchemaField], metadata: MetadataColumns) ->
 
 
 def ensure_json_table(client: bigquery.Client, cfg: Config, destination: Destination,
-                      metadata: MetadataColumns) -> list[SchemaField]:
+                      metadata: MetadataColumns, dataset_ready: bool = False) -> list[SchemaField]:
     """The destination's live schema, after creating the table from the schema file if it is missing and
     adding what the sink itself writes (metadata columns, `additional_properties`)."""
     bq, call = cfg.bigquery, call_options(cfg.bigquery)
@@ -78,7 +78,9 @@ def ensure_json_table(client: bigquery.Client, cfg: Config, destination: Destina
     wanted = table_definition(table_ref, [*base, *extra], cfg.table,
                               f"Written by firehose-bq from JSON messages of Kafka topic(s) "
                               f"{', '.join(cfg.source.topics)}.")
-    ensure_dataset(client, bq.project_id, destination.dataset, bq.dataset_location, cfg.table.dataset_labels, **call)
+    if not dataset_ready:  # the caller ensured it just now, for another of its tables
+        ensure_dataset(client, bq.project_id, destination.dataset, bq.dataset_location, cfg.table.dataset_labels,
+                       **call)
     source = f"SINK_BIGQUERY_TABLE_SCHEMA_FILE {bq.table_schema_file}" if bq.table_schema_file else "the table"
     # Columns the schema file lacks are the table's own, which documents still fill: they keep REQUIRED.
     live = list(ensure_table(client, wanted, relax_missing=False, source=source, **call).schema)

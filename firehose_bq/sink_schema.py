@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from google.cloud import bigquery
 
 from firehose_bq.bigquery.classify import classify_exception, rejects_request
-from firehose_bq.bigquery.client import REQUEST_ERRORS, call_options, make_client
+from firehose_bq.bigquery.client import REQUEST_ERRORS, Clients, call_options, make_client
 from firehose_bq.bigquery.tables import ensure_dataset, ensure_table, table_definition
 from firehose_bq.config import Config
 from firehose_bq.descriptors import Descriptors
@@ -104,11 +104,13 @@ def plan_table(cfg: Config, loaded: Descriptors, destination: Destination | None
 
 
 def apply_plan(client: bigquery.Client, cfg: Config, plan: TablePlan,
-               on_change: Callable[[str], None] | None = None) -> bigquery.Table:
-    """Create or evolve the dataset and table so that rows of `plan` fit."""
+               on_change: Callable[[str], None] | None = None, dataset_ready: bool = False) -> bigquery.Table:
+    """Create or evolve the dataset and table so that rows of `plan` fit; `dataset_ready`: the caller has
+    just ensured the dataset (for another of its tables), which is not checked again."""
     call = call_options(cfg.bigquery)
-    ensure_dataset(client, cfg.bigquery.project_id, plan.table.dataset_id, cfg.bigquery.dataset_location,
-                   cfg.table.dataset_labels, **call)
+    if not dataset_ready:
+        ensure_dataset(client, cfg.bigquery.project_id, plan.table.dataset_id, cfg.bigquery.dataset_location,
+                       cfg.table.dataset_labels, **call)
     return ensure_table(client, plan.table, on_change, **call)
 
 
@@ -130,19 +132,25 @@ class TableKeeper:
 
     config: Config
 
-    def ensure(self, loaded: Descriptors | None, destination: Destination) -> tuple[str, ...] | None:
+    def ensure(self, loaded: Descriptors | None, destination: Destination, clients: Clients,
+               dataset_ready: bool = False) -> tuple[str, ...] | None:
         """Create or evolve `destination`'s table; with JSON input (`loaded` None), return its payload
-        columns (json_tables.schema_json), which are what its records are coerced to."""
+        columns (json_tables.schema_json), which are what its records are coerced to. The calls go through
+        the task's `clients` (the worker's, as its writers'): a client of its own per call would cost every
+        task, per micro-batch and per destination table, new credentials and their token (ADC: a metadata
+        server lookup; a key file: a signed OAuth request) and a new connection. `dataset_ready`: the task
+        ensured the destination's dataset already, for another of its tables (a template over the table
+        name alone puts them all in one dataset: one datasets.get per task, not one per table)."""
         from firehose_bq import json_tables
 
         try:
-            with make_client(self.config.bigquery) as client:
-                if loaded is None:
-                    metadata = metadata_of(self.config)
-                    live = json_tables.ensure_json_table(client, self.config, destination, metadata)
-                    return json_tables.schema_json(json_tables.payload_columns(live, metadata))
-                apply_plan(client, self.config, plan_table(self.config, loaded, destination))
-                return None
+            client = clients.bigquery_client(self.config.bigquery)
+            if loaded is None:
+                metadata = metadata_of(self.config)
+                live = json_tables.ensure_json_table(client, self.config, destination, metadata, dataset_ready)
+                return json_tables.schema_json(json_tables.payload_columns(live, metadata))
+            apply_plan(client, self.config, plan_table(self.config, loaded, destination), dataset_ready=dataset_ready)
+            return None
         except REQUEST_ERRORS as exc:
             if rejects_request(exc):
                 # BigQuery refused this dataset or table itself (a name it does not take, a schema it will

@@ -215,7 +215,12 @@ class _Task:
                 return None
             self.met.setdefault(self.scope, []).append(destination)
             try:
-                json_columns = spec.tables.ensure(spec.descriptors, destination)
+                # A dataset this task ensured for another of its tables is not checked again.
+                dataset_ready = any(d.dataset == destination.dataset for d in self.ready)
+                json_columns = spec.tables.ensure(spec.descriptors, destination, self.clients, dataset_ready)
+            except SinkError:
+                self.request_failed = True  # as a write's: the next task starts on new clients
+                raise
             except SchemaError as exc:
                 # The record's attributes chose a table it cannot go to: its records fail (ROUTING_ERROR,
                 # for the policy), the other destinations go on; stopping the batch would stop it again

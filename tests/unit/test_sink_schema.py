@@ -8,8 +8,11 @@ from typing import Any
 
 import pytest
 from google.api_core import exceptions as api_exceptions
+from google.cloud import bigquery
 
 from firehose_bq import sink_schema
+from firehose_bq.bigquery import client as client_module
+from firehose_bq.bigquery.client import Clients
 from firehose_bq.config import Config
 from firehose_bq.errors import ErrorType, SchemaError, SinkError
 from firehose_bq.routing import Destination
@@ -40,11 +43,71 @@ class RefusingClient:
         raise self.error
 
 
-def keeper(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception) -> TableKeeper:
+class KeepingClient:
+    """A BigQuery client whose dataset exists and which keeps the tables it is asked to create."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, bigquery.Table] = {}
+        self.closed = False
+        self.dataset_gets = 0
+
+    def get_dataset(self, ref: bigquery.DatasetReference, **kwargs: Any) -> bigquery.Dataset:
+        self.dataset_gets += 1
+        return bigquery.Dataset(ref)
+
+    def get_table(self, ref: str, **kwargs: Any) -> bigquery.Table:
+        if ref not in self.tables:
+            raise api_exceptions.NotFound(f"Not found: Table {ref}")
+        return self.tables[ref]
+
+    def create_table(self, table: bigquery.Table, **kwargs: Any) -> None:
+        self.tables[f"{table.project}.{table.dataset_id}.{table.table_id}"] = table
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def lending(monkeypatch: pytest.MonkeyPatch, client: object) -> tuple[Clients, list[object]]:
+    """Clients that make `client` (no credentials looked up), and each client they made."""
+    made: list[object] = []
+
+    def make(cfg: object, creds: object = None) -> object:
+        made.append(client)
+        return client
+
+    monkeypatch.setattr(client_module, "make_client", make)
+    monkeypatch.setattr(client_module, "credentials", lambda cfg: object())
+    return Clients(), made
+
+
+def schema_file(tmp_path: Path) -> Config:
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps([{"name": "id", "type": "INTEGER"}]))
-    monkeypatch.setattr(sink_schema, "make_client", lambda cfg: RefusingClient(error))
-    return TableKeeper(Config.from_env({**BASE, "SINK_BIGQUERY_TABLE_SCHEMA_FILE": str(schema)}))
+    return Config.from_env({**BASE, "SINK_BIGQUERY_TABLE_SCHEMA_FILE": str(schema)})
+
+
+def refusing(monkeypatch: pytest.MonkeyPatch, error: Exception) -> Clients:
+    return lending(monkeypatch, RefusingClient(error))[0]
+
+
+def test_a_tasks_tables_are_ensured_with_the_workers_clients(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A routed job ensures each table its records name in every task of every micro-batch: with 200
+    tables, 400 calls a batch on two partitions. Each made a client of its own before, and with it new
+    credentials and their token (ADC: a metadata-server lookup) and a new connection; they borrow the
+    worker's clients now, as the writers do, and the clients stay open for the next task."""
+    client = KeepingClient()
+    clients, made = lending(monkeypatch, client)
+    tables = TableKeeper(schema_file(tmp_path))
+    for _batch in range(2):
+        for name in ("ev_a", "ev_b", "ev_c"):
+            columns = tables.ensure(None, Destination("ds", name), clients)
+            assert [json.loads(c)["name"] for c in columns or ()] == ["id"]
+    assert sorted(client.tables) == ["p.ds.ev_a", "p.ds.ev_b", "p.ds.ev_c"]
+    assert len(made) == 1 and not client.closed
+    assert client.dataset_gets == 6
+    # A dataset the task ensured already, for another table: not asked for again.
+    tables.ensure(None, Destination("ds", "ev_d"), clients, dataset_ready=True)
+    assert client.dataset_gets == 6 and "p.ds.ev_d" in client.tables
 
 
 def test_a_routed_table_bigquery_refuses_as_invalid_is_unusable_not_a_stop(
@@ -54,7 +117,8 @@ def test_a_routed_table_bigquery_refuses_as_invalid_is_unusable_not_a_stop(
     that destination's records. A SinkError would stop the job, and the restart would meet it again."""
     refusal = api_exceptions.BadRequest("Invalid table id", errors=[{"reason": "invalid", "message": "Invalid id"}])
     with pytest.raises(SchemaError, match="BigQuery refused to create or evolve it: 400 Invalid table id"):
-        keeper(tmp_path, monkeypatch, refusal).ensure(None, Destination("ds", "ev_" + "x" * 300))
+        TableKeeper(schema_file(tmp_path)).ensure(None, Destination("ds", "ev_" + "x" * 300),
+                                                      refusing(monkeypatch, refusal))
 
 
 @pytest.mark.parametrize(("error", "error_type"), [
@@ -67,7 +131,7 @@ def test_an_outage_or_a_permission_still_stops_the_job(tmp_path: Path, monkeypat
                                                        error: Exception, error_type: ErrorType) -> None:
     """Not the destination's fault: every table would fail alike, and its records must not be dead-lettered."""
     with pytest.raises(SinkError) as raised:
-        keeper(tmp_path, monkeypatch, error).ensure(None, Destination("ds", "ev_a"))
+        TableKeeper(schema_file(tmp_path)).ensure(None, Destination("ds", "ev_a"), refusing(monkeypatch, error))
     assert raised.value.error_type is error_type
     assert "creating or evolving table ds.ev_a failed" in str(raised.value)
 

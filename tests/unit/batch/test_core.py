@@ -383,9 +383,16 @@ class FakeTables:
     ensured: list[Destination] = field(default_factory=list)
     conflicting: set[str] = field(default_factory=set)  # table names whose ensure fails
     asked: list[str] = field(default_factory=list)  # every ensure call, failed or not
+    lent: list[Clients] = field(default_factory=list)  # the clients each ensure call was given
+    dataset_ready: list[bool] = field(default_factory=list)  # whether each call was told its dataset is ensured
+    outage: SinkError | None = None  # what every ensure call raises, if set
 
-    def ensure(self, loaded: Descriptors, destination: Destination) -> None:
+    def ensure(self, loaded: Descriptors, destination: Destination, clients: Clients, dataset_ready: bool = False) -> None:
         self.asked.append(destination.name)
+        self.lent.append(clients)
+        self.dataset_ready.append(dataset_ready)
+        if self.outage is not None:
+            raise self.outage
         if destination.name in self.conflicting:
             raise SchemaEvolutionError(f"column label of {destination.name} is INTEGER, the proto says STRING")
         self.ensured.append(destination)
@@ -428,6 +435,24 @@ def test_records_are_decoded_with_their_class_and_written_per_table(test_descrip
     [letter] = letters
     assert (letter.error.error_type, letter.error.offset, letter.route) == (ErrorType.ROUTING_ERROR, 4, "")
     assert letter.exception_class == "firehose_bq.routing.NoRouteError"
+
+
+def test_tables_are_ensured_with_the_clients_the_writers_borrow(test_descriptors: Descriptors,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # Per task, micro-batch and table: a client of its own there cost new credentials, a token and a connection.
+    batch = source_batch(values(test_descriptors, "a", "b"), headers=[[("type", b"inner")], [("type", b"legacy")]])
+    tables, clients = FakeTables(), Clients()
+    process_batch([batch], routed(test_descriptors, tables), RoutingPlan(), handling(), clients)
+    assert tables.asked == ["ds.inner_v1", "ds.legacy_v1"] and all(c is clients for c in tables.lent)
+    # One dataset check per task and dataset, not one per table (200 tables: 199 datasets.get calls fewer).
+    assert tables.dataset_ready == [False, True]
+    # A request that failed as a whole (an outage, after the client's retries): as after a write's, the
+    # clients are dropped, so that the next task does not wait out a broken channel's backoff.
+    resets: list[bool] = []
+    monkeypatch.setattr(clients, "reset", lambda: resets.append(True))
+    outage = FakeTables(outage=SinkError(ErrorType.SINK_5XX_ERROR, "creating or evolving table ds.inner_v1 failed"))
+    result = process_batch([batch], routed(test_descriptors, outage), RoutingPlan(), handling(), clients)
+    assert result.fatal is not None and "ds.inner_v1 failed" in result.fatal and resets == [True]
 
 
 def _one_written_one_dead_one_unrouted(descriptors: Descriptors) -> TaskResult:
