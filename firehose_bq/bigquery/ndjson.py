@@ -31,7 +31,7 @@ from google.cloud.bigquery import SchemaField
 
 from firehose_bq.bigquery.conform import MISFIT, OUT_OF_RANGE
 from firehose_bq.bigquery.json_rows import JsonForm, row_texts
-from firehose_bq.decode.json_reference import SURROGATE_ESCAPE, nesting_depth
+from firehose_bq.decode.json_reference import SURROGATE_ESCAPE, nests_deeper
 from firehose_bq.errors import ErrorType
 
 PARQUET = "PARQUET"
@@ -93,7 +93,7 @@ def problem(text: str, element: bool, required: bool = False) -> tuple[ErrorType
         return MISFIT, f"the value is not JSON text ({exc})"
     except RecursionError:
         return MISFIT, f"the value nests deeper than BigQuery's JSON type does ({JSON_NESTING_LIMIT} levels)"
-    if text.count("{") + text.count("[") > JSON_NESTING_LIMIT and nesting_depth(text) > JSON_NESTING_LIMIT:
+    if nests_deeper(text, JSON_NESTING_LIMIT):
         return MISFIT, f"the value nests deeper than BigQuery's JSON type does ({JSON_NESTING_LIMIT} levels)"
     if SURROGATE_ESCAPE.search(text) and _lone_surrogate(text):
         return MISFIT, "the value is not JSON text BigQuery reads: a lone UTF-16 surrogate escape"
