@@ -30,7 +30,7 @@ from firehose_bq.schema import UINT64_COLUMN_TYPES, parse_metadata_columns
 from firehose_bq.settings import SettingDoc, load_section, read_env_file, setting
 from firehose_bq.settings import reference as _reference
 from firehose_bq.settings import reference_markdown as _reference_markdown
-from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED, REQUEST_TIMEOUT_MS
+from firehose_bq.source.kafka_client import ISOLATION_LEVELS, READ_COMMITTED, REQUEST_TIMEOUT_MS, STALL_TIMEOUT_MS
 from firehose_bq.source.kafka_security import DLQ_SECURITY_ENVS, KafkaSecurityConfig, dlq_security_ignored, \
     dlq_security_problems
 from firehose_bq.source.kafka_security import FIREHOSE_UNREAD as SOURCE_UNREAD
@@ -90,7 +90,7 @@ class SourceConfig:
         "A task that gets no record for this long while its planned range is unread fails with an "
         "error naming the partition (a broker that lost data must not hang the job); the source's planner "
         "waits as long for a broker that does not answer before the job stops.",
-        120_000,
+        STALL_TIMEOUT_MS,
         minimum=1000,
     )
     request_timeout_ms: int = setting(

@@ -139,7 +139,7 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None,
     add_worker_env(spark.sparkContext.environment, WORKER_MALLOC_ENV, os.environ)
     # The job's format may come from an env file, which the processes Spark starts never read: the workers'
     # daemon says in it why it hands over to PySpark's own (without configuring logging, as the server).
-    spark.sparkContext.environment[logs.FORMAT_ENV] = logs.JSON if json_logs else logs.TEXT
+    spark.sparkContext.environment[logs.FORMAT_ENV] = _log_format(json_logs)
     if server is not None:
         spark.sparkContext.environment.setdefault(fork_server.SOCKET_ENV, server.socket_path)
     return spark
@@ -153,7 +153,12 @@ def fork_server_env(environ: Mapping[str, str], json_logs: bool = False) -> dict
     stdio, which Spark's PythonWorkerFactory sets for each. And the job's LOG_FORMAT (`json_logs`, which
     may come from an env file), for the lines the server writes."""
     return {**WORKER_MALLOC_ENV, "PYTHONHASHSEED": "0", **environ, "PYTHONUNBUFFERED": "YES",
-            logs.FORMAT_ENV: logs.JSON if json_logs else logs.TEXT}
+            logs.FORMAT_ENV: _log_format(json_logs)}
+
+
+def _log_format(json_logs: bool) -> str:
+    """LOG_FORMAT's value for the processes the job starts, which never read its env file."""
+    return logs.JSON if json_logs else logs.TEXT
 
 
 def refuse_speculation(spark: SparkSession) -> None:
@@ -312,8 +317,8 @@ def task_slots(master: str, conf: Mapping[str, str], default_parallelism: int) -
     executors = _positive(conf.get("spark.dynamicAllocation.maxExecutors" if dynamic else "spark.executor.instances"))
     if cores and executors:
         known.append(cores * executors)
-    if _positive(conf.get("spark.cores.max")):
-        known.append(_positive(conf.get("spark.cores.max")))
+    if cores_max := _positive(conf.get("spark.cores.max")):
+        known.append(cores_max)
     return max(known, default=0)
 
 

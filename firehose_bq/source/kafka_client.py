@@ -38,6 +38,9 @@ Offsets = dict[str, dict[int, int]]
 # Metadata and offset look-ups on the driver: long enough for a busy broker, short enough that a dead
 # one is reported while the user is still watching (SOURCE_KAFKA_REQUEST_TIMEOUT_MS's default).
 REQUEST_TIMEOUT_MS = 30_000
+# How long a task waits for records of its range, and the planner for a broker that does not answer
+# (SOURCE_KAFKA_POLL_STALL_TIMEOUT_MS's default).
+STALL_TIMEOUT_MS = 120_000
 # Largest fetch per partition (kafka-python's default is 1 MiB; bigger fetches cut round trips).
 MAX_PARTITION_FETCH_BYTES = 8 * 1024 * 1024
 # Kafka's isolation levels (`isolation.level`), by their names in every client.

@@ -50,8 +50,8 @@ from pyspark.sql.types import StructType
 
 from firehose_bq.errors import SourceError, SourceUnavailableError
 from firehose_bq.retrying import Backoff, retry_call
-from firehose_bq.source.kafka_client import (ISOLATION_LEVELS, READ_COMMITTED, REQUEST_TIMEOUT_MS, KafkaMetadataClient,
-                                            Offsets)
+from firehose_bq.source.kafka_client import (ISOLATION_LEVELS, READ_COMMITTED, REQUEST_TIMEOUT_MS, STALL_TIMEOUT_MS,
+                                            KafkaMetadataClient, Offsets)
 from firehose_bq.source.kafka_security import KafkaSecurityConfig
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,6 @@ log = logging.getLogger(__name__)
 UNAVAILABLE_FIRST_WAIT_S = 0.5
 UNAVAILABLE_MAX_WAIT_S = 10.0
 UNAVAILABLE_ATTEMPTS = 1_000  # never the limit: the time budget ends the retries first
-DEFAULT_STALL_TIMEOUT_MS = 120_000
 
 FORMAT_NAME = "firehose-kafka"
 
@@ -138,7 +137,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                               f"got {self.isolation_level!r}")
         self.security = KafkaSecurityConfig.from_options(options)  # the job's, as its tasks' RangeReader has it
         self.stop_file = options.get("stop_file") or None
-        self.unavailable_s = int(options.get("stall_timeout_ms", DEFAULT_STALL_TIMEOUT_MS)) / 1000
+        self.unavailable_s = int(options.get("stall_timeout_ms", STALL_TIMEOUT_MS)) / 1000
         self.request_timeout_ms = int(options.get("request_timeout_ms", REQUEST_TIMEOUT_MS))
         self._target: Offsets | None = None  # end offsets frozen by Trigger.AvailableNow
         self._client: KafkaMetadataClient | None = None
