@@ -95,7 +95,7 @@ def problem(text: str, element: bool, required: bool = False) -> tuple[ErrorType
         return MISFIT, f"the value nests deeper than BigQuery's JSON type does ({JSON_NESTING_LIMIT} levels)"
     if nests_deeper(text, JSON_NESTING_LIMIT):
         return MISFIT, f"the value nests deeper than BigQuery's JSON type does ({JSON_NESTING_LIMIT} levels)"
-    if SURROGATE_ESCAPE.search(text) and _lone_surrogate(text):
+    if SURROGATE_ESCAPE.search(text) and _lone_surrogate(value):
         return MISFIT, "the value is not JSON text BigQuery reads: a lone UTF-16 surrogate escape"
     if element and value is None:
         return MISFIT, "a JSON null element: BigQuery arrays cannot hold NULL"
@@ -104,10 +104,10 @@ def problem(text: str, element: bool, required: bool = False) -> tuple[ErrorType
     return None
 
 
-def _lone_surrogate(text: str) -> bool:
-    """The JSON text's strings (keys included) hold a surrogate escape that is not half of a pair."""
+def _lone_surrogate(value: object) -> bool:
+    """The parsed JSON value's strings (keys included) hold a surrogate escape that is not half of a pair."""
     try:
-        json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         return True
     return False
