@@ -2,10 +2,11 @@
 
 Each micro-batch runs `process_batch` (batch/core.py) in the Python workers, one task per Kafka
 partition or per group of them (SPARK_MAX_TASKS_PER_BATCH): the task reads its partitions' ranges of
-records itself, in turn (the source plans the ranges, see source/kafka_source.py), the rows are written
-from there, and only a small TaskResult per task comes back to the driver. The driver's `foreachBatch`
-handler returns normally only when every message of the batch is in BigQuery or the DLQ (`modes.settle`);
-otherwise it raises, Spark does not commit the batch, and a restart replays it (at-least-once).
+records itself, in turn (the source plans the ranges, see source/kafka_source.py; the tasks take them
+from the micro-batch's plan, `_run_tasks`), the rows are written from there, and only a small TaskResult
+per task comes back to the driver. The driver's `foreachBatch` handler returns normally only when every
+message of the batch is in BigQuery or the DLQ (`modes.settle`); otherwise it raises, Spark does not
+commit the batch, and a restart replays it (at-least-once).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from firehose_bq import logs
 from firehose_bq.batch.core import UNKNOWN_ENUM_NUMBER_AT, UNKNOWN_FIELDS_AT, UNKNOWN_SCHEMA_ID, TaskResult
-from firehose_bq.batch.task import RESULT_SCHEMA, Resume, run_task
+from firehose_bq.batch.task import RESULT_SCHEMA, Resume, run_groups, run_task
 from firehose_bq.config import Config
 from firehose_bq.errors import FirehoseError, query_error, worker_error
 from firehose_bq.metrics import BatchStats, RunSummary
@@ -37,7 +38,8 @@ from firehose_bq.registry.cache import CacheStats
 from firehose_bq.sink_schema import DescriptorSource, SinkSchema, SinkSpec
 from firehose_bq.source.kafka_client import RangeReader, resolve_client
 from firehose_bq.source.kafka_source import FORMAT_NAME, KafkaDataSource
-from firehose_bq.spark import checkpoint_query_id, choose_checkpoint_manager, clear_unfinished_writes, task_slots
+from firehose_bq.spark import (checkpoint_query_id, choose_checkpoint_manager, clear_unfinished_writes,
+                               planned_partitions, task_slots)
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,9 @@ class Pipeline:
         # until this moment: a producer ahead of its registry must not cost a re-run per batch.
         self._accept_unknown_until = 0.0
         self._failure: Exception | None = None
+        self._scan_warned = False  # `_run_tasks`: the slower way round is logged once per run
+        # The last micro-batch `_batch` ran: Spark's progress reports of later ids are idle ones, without data.
+        self._last_batch = -1
         # Created when a run is asked to stop: the source then plans no further batch (kafka_source.py). Its
         # planner runs on the driver's machine (Spark's source runner), so a local file reaches it.
         self._stop_file = ""
@@ -166,9 +171,10 @@ class Pipeline:
     def _log_progress(self, progress: list[Any], logged: int) -> int:
         """One line per micro-batch from Spark's progress reports newer than batch `logged`: the lag
         (records on the broker, as seen when the batch was planned, that it did not read). Messages and
-        their rate are the batch's own line (`_count`): Spark's input rows are the batch's offset ranges."""
+        their rate are the batch's own line (`_count`): Spark's input rows are none (its scan does not run,
+        `_run_tasks`) or offset ranges."""
         for p in progress:
-            if p.batchId <= logged or not p.numInputRows:
+            if p.batchId <= logged or p.batchId > self._last_batch:
                 continue  # seen already, or a no-data report (Spark emits those while idle)
             logged = p.batchId
             per_partition = partition_lag(p.sources)
@@ -191,9 +197,9 @@ class Pipeline:
 
     def _tasks(self, df: DataFrame, batch_id: int, spec: SinkSpec, resume: Resume | None = None) -> list[TaskResult]:
         try:
-            task = functools.partial(run_task, spec, self.mode.task(batch_id), self._handling,
-                                     logs.for_workers(batch_id=batch_id), self._reader, resume)
-            return [TaskResult.from_json(row.result) for row in df.mapInArrow(task, RESULT_SCHEMA).collect()]
+            args = (spec, self.mode.task(batch_id), self._handling, logs.for_workers(batch_id=batch_id), self._reader,
+                    resume)
+            return [TaskResult.from_json(result) for result in self._run_tasks(df, args)]
         except Exception as exc:
             # A task died (source unreachable, a bug): Spark's error wraps the worker's traceback in
             # pages of JVM frames; keep the worker's own last line as the reason.
@@ -201,12 +207,32 @@ class Pipeline:
             self._failure = FirehoseError(f"batch {batch_id} failed, offsets not committed: {worker_error(exc)}")
             raise self._failure from exc
 
+    def _run_tasks(self, df: DataFrame, args: tuple[Any, ...]) -> list[str]:
+        """Each task's result (JSON): one task per input partition the source planned, each running `args`'s
+        batch core over its ranges. Those come straight from the micro-batch's plan into an RDD of one
+        partition per task, so each task runs in one Python worker; where Spark's plan does not show them
+        (another Spark version), the source's scan hands them to the tasks (`mapInArrow`), one Python
+        worker more per task."""
+        planned = planned_partitions(df)
+        if planned is None:
+            if not self._scan_warned:
+                self._scan_warned = True
+                log.warning("this Spark version's micro-batch plan does not show the source's planned ranges: "
+                            "each task gets them through the source's scan, a Python worker more per task")
+            return [row.result for row in df.mapInArrow(functools.partial(run_task, *args), RESULT_SCHEMA).collect()]
+        groups = [part.ranges for part in planned]
+        if not groups:
+            return []
+        rdd = self.spark.sparkContext.parallelize(groups, len(groups))
+        return rdd.mapPartitions(functools.partial(run_groups, *args)).collect()
+
     def _on_batch(self, df: DataFrame, batch_id: int) -> None:
         with logs.log_context(batch_id=batch_id):
             self._batch(df, batch_id)
 
     def _batch(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        self._last_batch = batch_id
         hold = self._refresh is not None and time.monotonic() >= self._accept_unknown_until
         results = self._tasks(df, batch_id, self._spec(batch_id, hold))
         held = [r.held for r in results if r.held]

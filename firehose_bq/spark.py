@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import re
 import shlex
 import shutil
@@ -16,7 +17,7 @@ from typing import Any
 from pathlib import Path
 
 from pyspark import SparkConf, SparkContext
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from firehose_bq import fork_server, logs, worker_daemon
 from firehose_bq.config import SparkConfig
@@ -302,6 +303,25 @@ def _spark_home() -> str:
     return _find_spark_home()
 
 
+def planned_partitions(df: DataFrame) -> list[Any] | None:
+    """The input partitions the streaming source planned for this micro-batch, read from the DataFrame that
+    `foreachBatch` was given, without running its scan; None when the plan is not of the shape below.
+
+    PySpark hands `foreachBatch` the micro-batch as a LogicalRDD whose RDD was already planned from the
+    source: each of its partitions holds one input partition as the source's runner pickled it. Running
+    the scan itself would start a Python worker per task only to hand each task's ranges back through the
+    JVM to a second worker (≈ 60–100 ms per micro-batch on two cores). These are Spark's internal classes
+    (4.x): another version may lay them out otherwise, hence None and the caller's slower way round."""
+    try:
+        rdd = df._jdf.queryExecution().logical().rdd()
+        while not rdd.dependencies().isEmpty():
+            rdd = rdd.dependencies().head().rdd()
+        return [pickle.loads(bytes(part.inputPartition().get().pickedPartition())) for part in rdd.partitions()]
+    except Exception as exc:  # noqa: BLE001 - any other layout: the caller runs the scan instead
+        log.debug("the source's planned partitions are not readable from the micro-batch's plan: %s", exc)
+        return None
+
+
 def task_slots(master: str, conf: Mapping[str, str], default_parallelism: int) -> int:
     """How many tasks the job's executors run at once, as the driver can know it as the query starts (executors
     of a cluster may not have registered yet); 0 when it cannot. Local mode: its threads. A cluster: Spark's
@@ -341,7 +361,9 @@ def start_workers(spark: SparkSession) -> threading.Thread:
         try:
             spark.sparkContext.setJobGroup(START_WORKERS_GROUP, "firehose-bq: start the Python workers", True)
             slots = spark.sparkContext.defaultParallelism
-            spark.range(slots, numPartitions=slots).mapInArrow(worker_daemon.no_rows, "id LONG").collect()
+            # An RDD's Python tasks, as the job's (pipeline.py `_run_tasks`): Spark keeps the workers of those
+            # apart from the DataFrame functions' (another environment, another daemon).
+            spark.sparkContext.parallelize(range(slots), slots).mapPartitions(worker_daemon.no_rows).collect()
         except Exception as exc:  # noqa: BLE001 - the job's own tasks report any real problem themselves
             log.debug("starting the Python workers ahead of the first batch did not work: %s", exc)
 

@@ -32,7 +32,8 @@ from typing import Any
 # and the job does no linear algebra, so neither costs the job anything.
 SINGLE_THREADED_ENV = {"JE_ARROW_MALLOC_CONF": "background_thread:false", "OPENBLAS_NUM_THREADS": "1"}
 # What the source's processes import: Spark's data source modules and the source itself (its planning
-# runs in processes of their own; its read(), which hands each task its offset range, in the workers).
+# runs in processes of their own; its read(), which hands each task its offset range where the job cannot
+# take them from the micro-batch's plan (pipeline.py `_run_tasks`), in the workers).
 SOURCE_MODULES = ("pyspark.sql.worker.plan_data_source_read", "firehose_bq.source.kafka_source")
 # What a streaming task imports: the batch core (batch/task.py imports it and everything it uses), and the
 # modules the write paths, the Kafka reader and the native decoders import on first use. Not Parquet:
@@ -164,11 +165,11 @@ class UnchangedArchiveImporter(zipimport.zipimporter):
             self._read_as = now
 
 
-def no_rows(batches: Iterator[Any]) -> Iterator[Any]:
+def no_rows(items: Iterator[Any]) -> Iterator[Any]:
     """What the job that starts the workers (spark.start_workers) runs in each of them: it reads its input
     to the end (Spark reuses a worker only once it has) and answers nothing. It lives here because a
     worker imports the module of a function it is sent, and this one is imported already."""
-    for _ in batches:
+    for _ in items:
         pass
     yield from ()
 

@@ -1,6 +1,7 @@
-"""The function each Spark task of the streaming job runs (`mapInArrow`): it reads the records of the Kafka
-offset ranges the source planned for it and runs the batch core over them, answering with one small row
-for the driver.
+"""The function each Spark task of the streaming job runs: it reads the records of the Kafka offset ranges the
+source planned for it and runs the batch core over them, answering with one small result for the driver.
+Two forms of the same task (pipeline.py `_tasks` says which runs when): `run_groups` over an RDD of the
+planned ranges, and `run_task` over the source's DataFrame (`mapInArrow`).
 
 It lives apart from pipeline.py on purpose. Spark pickles the function by reference, so a Python worker
 imports the module that defines it before the task can start, and every worker of a fresh job pays for
@@ -10,12 +11,12 @@ alone, not the driver's modules (the Spark query wiring, kafka-python's metadata
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
 from firehose_bq import logs
-from firehose_bq.batch.core import TaskPlan, process_batch
+from firehose_bq.batch.core import TaskPlan, TaskResult, process_batch
 from firehose_bq.bigquery.client import Clients
 from firehose_bq.policy import ErrorHandling
 from firehose_bq.sink_schema import SinkSpec
@@ -33,19 +34,35 @@ WORKER_CLIENTS = Clients()
 
 def run_task(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, worker_logging: logs.WorkerLogging | None,
              reader: RangeReader, resume: Resume | None, ranges: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """One Spark task: the batch core over the records of its Kafka offset ranges (the source's rows);
-    yields its TaskResult. `resume`: read only these partitions, from these offsets (a rerun). It runs in
-    a Python worker, which logs as the driver does (`worker_logging`: format, masking, batch id)."""
-    logs.apply_in_worker(worker_logging)
+    """One task over the source's rows, its Kafka offset ranges (`mapInArrow`); yields its TaskResult as one row."""
     # A row per Kafka partition: taken whole first, as the task may stop before reading them all.
     planned = [row for batch in ranges for row in zip(*(batch[name].to_pylist() for name in RANGE_COLUMNS),
                                                       strict=True)]
+    yield pa.RecordBatch.from_pydict({"result": [_run(spec, plan, handling, worker_logging, reader, resume,
+                                                      planned).to_json()]})
+
+
+def run_groups(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, worker_logging: logs.WorkerLogging | None,
+               reader: RangeReader, resume: Resume | None,
+               groups: Iterable[Sequence[tuple[str, int, int, int]]]) -> Iterator[str]:
+    """The task of each group of ranges (an RDD partition holds one: the source's planned partition); yields
+    each one's TaskResult as JSON."""
+    for planned in groups:
+        yield _run(spec, plan, handling, worker_logging, reader, resume, list(planned)).to_json()
+
+
+def _run(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, worker_logging: logs.WorkerLogging | None,
+         reader: RangeReader, resume: Resume | None, planned: list[tuple[str, int, int, int]]) -> TaskResult:
+    """The batch core over the records of `planned` (`resume`: read only these partitions, from these offsets, as
+    a rerun does). It runs in a Python worker, which logs as the driver does (`worker_logging`: format,
+    masking, batch id)."""
+    logs.apply_in_worker(worker_logging)
     with logs.log_context(**(worker_logging.fields if worker_logging is not None else {})):
         result = process_batch(_records(reader, planned, resume), spec, plan, handling, WORKER_CLIENTS)
     result.planned = planned
     if result.held:
         result.resume += _unreached(planned, resume, result.resume)
-    yield pa.RecordBatch.from_pydict({"result": [result.to_json()]})
+    return result
 
 
 def _records(reader: RangeReader, planned: list[tuple[str, int, int, int]], resume: Resume | None) \

@@ -25,11 +25,13 @@ Spark's built-in Kafka source needs jars this deployment cannot fetch, so this i
 Its rows are the batch's offset ranges (RANGE_DDL), one per Spark partition, not the records: the task
 that gets a range reads its records itself (`kafka_client.RangeReader`) and hands them to the batch core
 in the same Python process. Spark has no use for the records' bytes, and carrying them from a reader
-process to the JVM and back to the task's process cost more CPU than decoding them, and a second Python
-process per running task. So Spark's progress reports count ranges as input rows; the job reports
-messages itself.
+process to the JVM and back to the task's process cost more CPU than decoding them. The job does not even
+run the scan: its tasks take the planned partitions from the micro-batch's plan (pipeline.py
+`_run_tasks`), which saves a Python worker per task. So Spark's progress reports count no input rows; the
+job reports messages itself.
 
-`read()` runs in Spark's Python workers; it keeps no state.
+`read()` runs in Spark's Python workers, only where a Spark version's plan does not show the planned
+partitions; it keeps no state.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class KafkaRanges(InputPartition):
 def group_ranges(ranges: Sequence[tuple[str, int, int, int]], most: int) -> list[list[tuple[str, int, int, int]]]:
     """`ranges` (topic, partition, start, end) as at most `most` groups (0: one per range), one per task,
     of about as many records each: the largest range first into the group holding the fewest so far. Every
-    task costs Spark a fixed ≈ 30 ms (two Python workers, the hand-over of its range between them), so a
+    task costs Spark a fixed ≈ 30 ms (scheduling, a Python worker's round trip: then two per task), so a
     64-partition topic read as 64 tasks on two cores took four times as long as the same records in two.
     The same ranges always make the same groups, each in topic and partition order."""
     if most <= 0 or len(ranges) <= most:

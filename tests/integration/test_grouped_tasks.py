@@ -141,6 +141,47 @@ def test_two_skewed_wide_topics_land_once_each_whatever_task_read_them(
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
 
 
+@pytest.mark.parametrize("way", ["plan", "scan"])
+def test_tasks_take_their_ranges_from_the_plan_or_through_the_scan_and_land_alike(
+        way: str, spark, job_env: dict[str, str], desc: dict[str, Path], bq_client: bigquery.Client,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """pipeline.py `_run_tasks`: on this Spark the tasks get the source's planned ranges from the micro-batch's
+    plan; a Spark whose plan is laid out otherwise has them come through the source's scan. Either way every
+    record lands once, in as many tasks as planned, and each batch's lag is reported."""
+    import logging
+
+    from firehose_bq import pipeline as pipeline_mod
+
+    real, seen = pipeline_mod.planned_partitions, []
+
+    def planned(df):  # noqa: ANN001, ANN202
+        seen.append(real(df) if way == "plan" else None)
+        return seen[-1]
+
+    monkeypatch.setattr(pipeline_mod, "planned_partitions", planned)
+    topics = topics_of(job_env, 2)
+    cfg = Config.from_env(wide_env(job_env, desc["v1"], topics, SPARK_MAX_OFFSETS_PER_TRIGGER="700",
+                                   SPARK_MAX_TASKS_PER_BATCH="3"))
+    tick = descriptors.load([str(desc["v1"])]).message_class("wide.v1.Tick")
+    ensure_topic(cfg.source.brokers, topics[0], PARTITIONS)
+    ensure_topic(cfg.source.brokers, topics[1], 7)
+    expected = produce(cfg.source.brokers, tick, {(topics[0], p): n for p, n in SKEW.items()}
+                       | {(topics[1], p): 3 * p for p in range(7)})
+    try:
+        with caplog.at_level(logging.INFO, logger="firehose_bq.pipeline"):
+            summary = Pipeline(cfg, spark).run(available_now=True)
+        assert (summary.batches, summary.totals.messages, summary.totals.failed, summary.lag) == (2, len(expected), 0, 0)
+        assert_once(landed(bq_client, cfg), expected)
+        assert caplog.text.count(": lag ") == 2
+        if way == "plan":
+            assert [len(parts) for parts in seen] == [3, 3], seen
+            assert "does not show the source's planned ranges" not in caplog.text
+        else:
+            assert caplog.text.count("does not show the source's planned ranges") == 1  # once per run
+    finally:
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
 @pytest.mark.parametrize("method", ["storage_write", "file_loads"])
 def test_a_batch_held_for_the_registry_resumes_every_partition_of_every_task_once(
         method: str, spark, job_env: dict[str, str], desc: dict[str, Path], registry: tuple[FakeRegistry, object],

@@ -121,9 +121,9 @@ def test_spark_python_processes_forked_by_the_fork_server_hash_with_sparks_seed(
 
 
 def test_workers_start_from_the_job_daemon_with_the_batch_core_imported(spark) -> None:  # noqa: ANN001
-    """The source's read() and the job's mapInArrow tasks run in workers forked by the job's daemon
-    (worker_daemon.py), which imported the batch core before forking them; both get the session's malloc
-    setting (WORKER_MALLOC_ENV), set before the workers start."""
+    """The source's read(), mapInArrow tasks and the job's RDD tasks (pipeline.py `_run_tasks`) run in workers
+    forked by the job's daemon (worker_daemon.py), which imported the batch core before forking them; all get
+    the session's malloc setting (WORKER_MALLOC_ENV), set before the workers start."""
     import os
     import sys
 
@@ -172,28 +172,33 @@ def test_workers_start_from_the_job_daemon_with_the_batch_core_imported(spark) -
                 "task_preloaded", pa.array([preloaded] * batch.num_rows)).append_column(
                 "task_malloc", pa.array([env] * batch.num_rows))
 
+    def batch(df, _):  # noqa: ANN001, ANN202
+        rows.extend(df.mapInArrow(task, schema).collect())
+        rows.extend(spark.sparkContext.parallelize([0], 1).mapPartitions(lambda _: [worker()]).collect())
+
     spark.dataSource.register(Workers)
-    rows = []
+    rows: list = []
     schema = "daemon STRING, preloaded STRING, malloc STRING, task_daemon STRING, task_preloaded STRING, task_malloc STRING"
-    query = (spark.readStream.format("which-workers").load().writeStream
-             .foreachBatch(lambda df, _: rows.extend(df.mapInArrow(task, schema).collect()))
+    query = (spark.readStream.format("which-workers").load().writeStream.foreachBatch(batch)
              .trigger(availableNow=True).start())
     query.awaitTermination(120)
     expected = os.environ.get(malloc, wanted)  # the user's own value wins
-    assert len(rows) == 1
-    daemon, preloaded, env, task_daemon, task_preloaded, task_env = rows[0]
-    assert daemon == task_daemon == "firehose_bq.worker_daemon", (daemon, task_daemon)
-    assert (preloaded, env, task_preloaded, task_env) == ("True", expected, "True", expected)
+    assert len(rows) == 2
+    (daemon, preloaded, env, task_daemon, task_preloaded, task_env), (rdd_daemon, rdd_preloaded, rdd_env) = rows
+    assert daemon == task_daemon == rdd_daemon == "firehose_bq.worker_daemon", (daemon, task_daemon, rdd_daemon)
+    assert (preloaded, env, task_preloaded, task_env, rdd_preloaded, rdd_env) == ("True", expected) * 3
 
 
 def test_start_workers_leaves_an_idle_worker_per_core_for_the_first_batch(spark, caplog) -> None:  # noqa: ANN001
-    """start_workers' job runs (it logs nothing at DEBUG when it does) and leaves Spark's pool with its
-    daemon and an idle worker per core, which the first micro-batch's tasks then reuse (the job calls it
-    as soon as its session is made)."""
+    """start_workers' job runs (it logs nothing at DEBUG when it does) and leaves Spark's pool with an idle
+    worker per core, forked by the job's daemon, which the micro-batch's tasks (an RDD's, as pipeline.py runs
+    them; Spark keeps those apart from DataFrame functions' workers) then reuse instead of forking their own
+    (the job calls it as soon as its session is made)."""
     import logging
+    import os
 
-    from bench.proctree import cmdline, processes
-    from firehose_bq import fork_server, worker_daemon
+    from bench.proctree import processes
+    from firehose_bq import worker_daemon
     from firehose_bq.spark import start_workers
 
     with caplog.at_level(logging.DEBUG, logger="firehose_bq.spark"):
@@ -202,20 +207,17 @@ def test_start_workers_leaves_an_idle_worker_per_core_for_the_first_batch(spark,
     assert not thread.is_alive()
     assert "did not work" not in caplog.text
 
-    jvm = spark.sparkContext._gateway.proc.pid
-    procs = processes().values()
-    daemons = [p.pid for p in procs
-               if p.ppid == jvm and "-m firehose_bq.worker_daemon pyspark.worker" in cmdline(p.pid)]
-    assert len(daemons) == 1, daemons
-    if fork_server.SOCKET_ENV in spark.sparkContext.environment:
-        # What Spark started stands in for the daemon the job's fork server forked (fork_server.py).
-        # Its workers, forks of it, carry its name too: the daemon is the one whose parent does not.
-        name = fork_server.process_name(worker_daemon.__name__)
-        names = {p.pid: p.name for p in procs}
-        daemons = [p.pid for p in procs if p.name == name and names.get(p.ppid) != name]
-        assert len(daemons) == 1, daemons
-    workers = [p.pid for p in procs if p.ppid == daemons[0]]
-    assert len(workers) >= spark.sparkContext.defaultParallelism
+    before = {p.pid for p in processes().values()}
+    slots = spark.sparkContext.defaultParallelism
+
+    def worker(_):  # noqa: ANN001, ANN202
+        import sys
+
+        return [(os.getpid(), sys.modules["__main__"].__spec__.name)]  # type: ignore[union-attr]
+
+    ran = spark.sparkContext.parallelize(range(slots), slots).mapPartitions(worker).collect()
+    assert {daemon for _, daemon in ran} == {worker_daemon.__name__}
+    assert {pid for pid, _ in ran} <= before, "the tasks forked workers of their own"
 
 
 def test_the_driver_jvm_runs_with_the_configured_java_options(spark) -> None:  # noqa: ANN001

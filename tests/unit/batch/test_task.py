@@ -5,11 +5,14 @@ from __future__ import annotations
 import functools
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from pyspark import cloudpickle
 
-from firehose_bq.batch.task import run_task
+from firehose_bq.batch.task import run_groups, run_task
 from firehose_bq.config import Config
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.modes import STORAGE_WRITE, StreamingTask
@@ -24,11 +27,14 @@ NOT_FOR_A_STREAMING_TASK = ("firehose_bq.pipeline", "firehose_bq.spark", "fireho
                             "pyarrow.parquet")
 
 
-def test_a_worker_unpickling_a_streaming_task_imports_only_what_the_task_needs(test_descriptors: Descriptors,
+@pytest.mark.parametrize("form", [run_groups, run_task])
+def test_a_worker_unpickling_a_streaming_task_imports_only_what_the_task_needs(form: Callable[..., object],
+                                                                              test_descriptors: Descriptors,
                                                                               tmp_path: Path) -> None:
-    # As pipeline.py ships it to mapInArrow (Spark's cloudpickle pickles run_task by reference).
+    # As pipeline.py ships it to its RDD of ranges or to mapInArrow (Spark's cloudpickle pickles the function
+    # by reference).
     cfg = Config.from_env(MINIMAL)
-    task = functools.partial(run_task, spec(test_descriptors), StreamingTask(cfg.bigquery, STORAGE_WRITE), handling(),
+    task = functools.partial(form, spec(test_descriptors), StreamingTask(cfg.bigquery, STORAGE_WRITE), handling(),
                              None, RangeReader("b:1", CONFLUENT_KAFKA, 1000), None)
     path = tmp_path / "task.pickle"
     path.write_bytes(cloudpickle.dumps(task))

@@ -64,6 +64,28 @@ def test_a_task_reports_the_ranges_it_was_given_whole_however_much_it_read(monke
         assert json.loads(result.to_json())["planned"] == [list(r) for r in given]
 
 
+def test_both_forms_of_a_task_run_the_same_ranges_and_report_the_same(monkeypatch) -> None:  # noqa: ANN001
+    """`run_groups` (an RDD partition holding one group of ranges, as the pipeline ships it) and `run_task` (the
+    source's rows through mapInArrow): the same reads, the same result."""
+    from firehose_bq.batch import task as task_mod
+    from firehose_bq.batch.core import TaskResult
+
+    def counts(sources, *args):  # noqa: ANN001, ANN202 - the batch core, counting what it was given
+        result = TaskResult()
+        result.stats.messages = sum(batch.num_rows for batch in sources)
+        return result
+
+    monkeypatch.setattr(task_mod, "process_batch", counts)
+    given = [("t", 0, 3, 5), ("t", 1, 2, 8), ("u", 0, 0, 1)]
+    resume = {("t", 1): 6, ("u", 0): 0}
+    mapped, grouped = Reads(), Reads()
+    [out] = task_mod.run_task(None, None, None, None, mapped, resume, iter(ranges(*given)))  # type: ignore[arg-type]
+    [text] = task_mod.run_groups(None, None, None, None, grouped, resume, [tuple(given)])  # type: ignore[arg-type]
+    assert out["result"][0].as_py() == text
+    assert TaskResult.from_json(text).stats.messages == 3 and TaskResult.from_json(text).planned == given
+    assert mapped.calls == grouped.calls == [("t", 1, 6, 8), ("u", 0, 0, 1)]
+
+
 def test_a_task_held_before_its_later_ranges_has_its_rerun_read_them(monkeypatch) -> None:  # noqa: ANN001
     """The rerun reads only the partitions in `resume`: one the task never reached must be there too, from
     its start, or the batch commits with its records never read."""
