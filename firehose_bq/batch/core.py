@@ -5,6 +5,8 @@ and the error policy (policy.py) → dead letters. The Spark job runs it in each
 `replay-dlq` runs it on dead letters (dlq/replay.py): there is no second copy of this loop. What the
 write mode does per task (which writer, what shape of rows, what to tell the driver) comes in as a
 `TaskPlan`; what it does per batch on the driver (a load job, a MERGE) is `modes.WriteMode.finish`.
+A destination's rows wait for a request's worth (WRITE_ROWS) across the task's source batches, so a job
+routed over many tables sends each one request per task, not one per table and source batch.
 
 A task never raises for a message: every record ends in the table, the DLQ or the result's `failed`
 count. States it cannot go on from (BigQuery down after retries, a DLQ that cannot be written) come
@@ -52,6 +54,13 @@ ATTEMPT_COLUMN = "dlq_attempt"
 WRITE_PATHS = {"InsertAllWriter": "insertall", "ChangelogWriter": "insertall", "StorageWriteWriter": "storage_write",
                "StagingWriter": "file_loads"}
 UNKNOWN_FIELDS = "fields that no known descriptor version has (INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE=false)"
+# A destination's decoded rows wait until it has WRITE_ROWS of them, or until the task's waiting records
+# reach WAITING_ROWS or WAITING_BYTES (then every destination's are written), or the task ends or holds. A
+# routed job's read batch (10k records) brings each of many tables a few dozen rows: written as they came,
+# every table cost a request per read batch, ≈ 60–70 ms per table and micro-batch whatever its rows.
+WRITE_ROWS = 10_000
+WAITING_ROWS = 50_000
+WAITING_BYTES = 64 * 1024 * 1024
 KEY_UNKNOWN_FIELDS = ("key: fields that no known descriptor version has (INPUT_SCHEMA_PROTO_ALLOW_UNKNOWN_FIELDS_ENABLE"
                       "=false; additional_properties keeps only the value's)")
 
@@ -161,6 +170,10 @@ class _Task:
         # the cap (`_over_cap`); `scope`: the partition being read (None: a source batch that mixes them).
         self.met: dict[tuple[object, ...] | None, list[Destination]] = {}
         self.scope: tuple[object, ...] | None = None
+        # Each destination's rows not written yet (`_wait`), and their records and source bytes in all.
+        self.waiting: dict[Destination | None, list[_Decoded]] = {}
+        self.waiting_rows = 0
+        self.waiting_bytes = 0
 
     def process(self, source: pa.RecordBatch) -> bool:
         """Decode, write and settle one source batch; False when the task must hold (unknown fields)."""
@@ -189,9 +202,11 @@ class _Task:
                 continue
             rows = builder.build(part, load_time_us)
             if (rows.unknown_fields or rows.unknown_schema_ids or rows.enum_numbers) and self.spec.hold_on_unknown_fields:
-                # Nothing of this source batch is written or counted: the second run starts with it.
+                # Nothing of this source batch is written or counted: the second run starts with it. What the
+                # batches before it left waiting is written now: everything before `resume` is settled.
                 self.result.held = _held(part, rows)
                 self.result.resume = _starts(source)
+                self.flush()
                 return False
             decoded.append((destination, part, rows))
         self.result.stats.messages += source.num_rows
@@ -288,17 +303,52 @@ class _Task:
                             for f in done.dead)
 
     def _write(self, destination: Destination | None, part: pa.RecordBatch, rows: Rows) -> None:
+        """`part`'s rows as the mode shapes them, written once their destination has enough waiting (`_wait`)."""
+        pending, refused = self.plan.shape(_without_unknown(rows, self.handling), part, insert_ids(part))
+        failures = sorted(rows.failures + refused + _unknown_errors(rows, self.handling), key=lambda f: f.index)
+        self._wait(destination, _Decoded(part, pending, failures, rows.unknown_fields))
+
+    def _wait(self, destination: Destination | None, decoded: _Decoded) -> None:
+        if not len(decoded.pending):
+            self._settle(destination, [decoded])  # nothing to send: what failed is settled at once
+            return
+        waiting = self.waiting.setdefault(destination, [])
+        if waiting and not waiting[0].joins(decoded):
+            self._flush(destination)  # columns that differ (the table grew meanwhile): one request each
+            waiting = self.waiting.setdefault(destination, [])
+        waiting.append(decoded)
+        self.waiting_rows += decoded.part.num_rows
+        self.waiting_bytes += decoded.part.nbytes
+        if sum(d.part.num_rows for d in waiting) >= WRITE_ROWS:
+            self._flush(destination)
+        elif self.waiting_rows >= WAITING_ROWS or self.waiting_bytes >= WAITING_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write every destination's waiting rows."""
+        for destination in list(self.waiting):
+            self._flush(destination)
+
+    def _flush(self, destination: Destination | None) -> None:
+        waiting = self.waiting.pop(destination, [])
+        if waiting:
+            self.waiting_rows -= sum(d.part.num_rows for d in waiting)
+            self.waiting_bytes -= sum(d.part.nbytes for d in waiting)
+            self._settle(destination, waiting)
+
+    def _settle(self, destination: Destination | None, waiting: list[_Decoded]) -> None:
+        """Write `waiting` (one destination's) in one go, then count and dead-letter what became of each record."""
+        decoded = _Decoded.joined(waiting)
+        part, pending = decoded.part, decoded.pending
         stats, handling = self.result.stats, self.handling
-        pending, refused = self.plan.shape(_without_unknown(rows, handling), part, insert_ids(part))
-        failures = sorted(rows.failures + refused + _unknown_errors(rows, handling), key=lambda f: f.index)
         table = destination.name if destination is not None else ""
         # A routed destination names its table (dataset.table); a job with one table has it on every line
         # already, as project.dataset.table (the driver's process fields, shipped with the task).
         routed = self.spec.router is not None and not self.spec.router.is_static
-        with log_context(**({"table": table} if routed else {})):
+        with log_context(**_kafka_fields(part), **({"table": table} if routed else {})):
             writer = (lambda: _Timed(self._writer(destination), stats, self)) if self.spec.write else None
-            done = write_with_policy(handling, pending, failures, writer)
-        stats.unknown_fields += _written_unknown(rows, pending, done)
+            done = write_with_policy(handling, pending, decoded.failures, writer)
+        stats.unknown_fields += _written_unknown(decoded.unknown, pending, done)
         _count(stats, table, part.num_rows, done.written, done.retried, part, done.dead, done.failed)
         self.letters.extend(_letter(part, f, table, self.handling.redactor) for f in done.dead)
 
@@ -313,8 +363,9 @@ class _Task:
         self._fail(source, unrouted, "", 0)
 
     def finish(self) -> None:
-        """Store the dead letters and fallback records: only once every row of the task is written. Each list
-        is emptied once stored, so that `unstored` on a stop counts only what is not."""
+        """Write what waits, then store the dead letters and fallback records: only once every row of the task
+        is written. Each list is emptied once stored, so that `unstored` on a stop counts only what is not."""
+        self.flush()
         if self.handling.fallback is not None:
             dead_letter(self.handling.fallback, self.unrouted)
             self.unrouted = []
@@ -343,6 +394,40 @@ class _Task:
                     self.result.reports.append(report)
         if self.request_failed:
             self.clients.reset()
+
+
+@dataclass
+class _Decoded:
+    """Records of one destination decoded and shaped, not written yet: `part` their source records,
+    `pending` their rows as the mode shaped them, `failures` those that became no row, `unknown` those
+    whose fields no descriptor knows. Every index is into `part`."""
+
+    part: pa.RecordBatch
+    pending: Writable
+    failures: list[RowError]
+    unknown: list[int]
+
+    def joins(self, other: _Decoded) -> bool:
+        """Whether `other` can go into one request with this: the same source columns, the same row columns."""
+        mine, theirs = self.pending, other.pending
+        return (other.part.schema == self.part.schema and theirs.rows.schema == mine.rows.schema
+                and (None if theirs.insert_ids is None else theirs.insert_ids.type)
+                == (None if mine.insert_ids is None else mine.insert_ids.type))
+
+    @staticmethod
+    def joined(pieces: list[_Decoded]) -> _Decoded:
+        """`pieces` (each `joins` the first) as one, in order: their indices shifted past the records before."""
+        if len(pieces) == 1:
+            return pieces[0]
+        shifts = np.cumsum([0] + [d.part.num_rows for d in pieces[:-1]]).tolist()
+        ids = [d.pending.insert_ids for d in pieces]
+        pending = Writable(pa.concat_batches([d.pending.rows for d in pieces]),
+                           None if ids[0] is None else pa.concat_arrays(ids),  # type: ignore[arg-type]
+                           np.concatenate([d.pending.sources + shift for d, shift in zip(pieces, shifts, strict=True)]))
+        return _Decoded(pa.concat_batches([d.part for d in pieces]), pending,
+                        [dataclasses.replace(f, index=f.index + shift)
+                         for d, shift in zip(pieces, shifts, strict=True) for f in d.failures],
+                        [i + shift for d, shift in zip(pieces, shifts, strict=True) for i in d.unknown])
 
 
 class _Timed:
@@ -426,14 +511,14 @@ def _without_unknown(rows: Rows, handling: ErrorHandling) -> Rows:
     return rows.take(np.flatnonzero(~np.isin(rows.sources, rejected))) if rejected else rows
 
 
-def _written_unknown(rows: Rows, pending: Writable, done: Handled) -> int:
-    """The records with unknown fields (value, key or both: once per record) that are in the table now.
-    Counted after the write, not before: a kept row the sink then refuses is a dead letter or a failure,
-    and the count says "written"."""
-    if not rows.unknown_fields or not done.written:
+def _written_unknown(unknown: list[int], pending: Writable, done: Handled) -> int:
+    """The records with unknown fields (`unknown`: value, key or both, once per record) that are in the table
+    now. Counted after the write, not before: a kept row the sink then refuses is a dead letter or a
+    failure, and the count says "written"."""
+    if not unknown or not done.written:
         return 0
     written = np.setdiff1d(pending.sources, [f.index for f in done.errors])
-    return int(np.isin(rows.unknown_fields, written).sum())
+    return int(np.isin(unknown, written).sum())
 
 
 def _unknown_errors(rows: Rows, handling: ErrorHandling) -> list[RowError]:

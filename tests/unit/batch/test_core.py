@@ -36,8 +36,10 @@ class FakeWriter:
     written: list[dict[str, Any]] = field(default_factory=list)
     ids: list[str] = field(default_factory=list)
     closed: bool = False
+    requests: list[int] = field(default_factory=list)  # the rows of each write call
 
     def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
+        self.requests.append(rows.num_rows)
         if self.error:
             raise self.error
         failures = []
@@ -435,6 +437,77 @@ def test_records_are_decoded_with_their_class_and_written_per_table(test_descrip
     [letter] = letters
     assert (letter.error.error_type, letter.error.offset, letter.route) == (ErrorType.ROUTING_ERROR, 4, "")
     assert letter.exception_class == "firehose_bq.routing.NoRouteError"
+
+
+def test_a_tables_rows_from_many_source_batches_go_in_one_request(test_descriptors: Descriptors,
+                                                                   letters: list[DeadLetter]) -> None:
+    """Routed over many tables, a read batch brings each a few rows: they wait, and each table gets one
+    request for the task's source batches (partitions too), every record still settled where it belongs."""
+    legacy = test_descriptors.message_class("testdata.Legacy")
+    inner, old = [("type", b"inner")], [("type", b"legacy")]
+    batches = [source_batch([*values(test_descriptors, "a"), legacy(id="L1").SerializeToString()],
+                            headers=[inner, old], offsets=[1, 2]),
+               source_batch([*values(test_descriptors, "bad"), b"\xff"], headers=[inner, inner], offsets=[3, 4]),
+               source_batch([legacy(id="L2").SerializeToString(), *values(test_descriptors, "c")],
+                            headers=[old, inner], offsets=[7, 8], partition=1)]
+    plan = RoutingPlan(by_table={"ds.inner_v1": FakeWriter(bad={"bad"})})
+    result = process_batch(batches, routed(test_descriptors, FakeTables()), plan, handling())
+    writers = plan.by_table
+    assert writers["ds.inner_v1"].requests == [3] and writers["ds.legacy_v1"].requests == [2]
+    assert [r["label"] for r in writers["ds.inner_v1"].written] == ["a", "c"]
+    assert writers["ds.inner_v1"].ids == ["t_0_1", "t_1_8"] and writers["ds.legacy_v1"].ids == ["t_0_2", "t_1_7"]
+    assert sorted((x.error.error_type.name, x.error.partition, x.error.offset, x.route) for x in letters) == [
+        ("DESERIALIZATION_ERROR", 0, 4, "ds.inner_v1"), ("SINK_4XX_ERROR", 0, 3, "ds.inner_v1")]
+    s = result.stats
+    assert (s.messages, s.rows_written, s.dead_lettered, s.failed) == (6, 4, 2, 0)
+    assert s.tables["ds.inner_v1"] == {"messages": 4, "written": 2, "retried": 0, "dlq": 2, "failed": 0}
+
+
+def test_rows_wait_only_up_to_a_request_per_table_and_a_bound_per_task(test_descriptors: Descriptors,
+                                                                        letters: list[DeadLetter],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    legacy = test_descriptors.message_class("testdata.Legacy")
+    inner, old = [("type", b"inner")], [("type", b"legacy")]
+
+    def both(offset: int) -> pa.RecordBatch:
+        return source_batch([*values(test_descriptors, f"i{offset}"), legacy(id=f"L{offset}").SerializeToString()],
+                            headers=[inner, old], offsets=[offset, offset + 1])
+
+    def inner_only(offset: int) -> pa.RecordBatch:
+        return source_batch(values(test_descriptors, f"i{offset}"), headers=[inner], offsets=[offset])
+
+    monkeypatch.setattr(core, "WRITE_ROWS", 3)  # a table's rows go once it has 3
+    plan = RoutingPlan()
+    process_batch([inner_only(0), inner_only(1), inner_only(2), inner_only(3)], routed(test_descriptors, FakeTables()),
+                  plan, handling())
+    assert plan.by_table["ds.inner_v1"].requests == [3, 1]  # the last one at the end of the task
+
+    monkeypatch.setattr(core, "WAITING_ROWS", 4)  # every table's rows go once the task holds 4 records
+    plan = RoutingPlan()
+    process_batch([both(0), both(2), inner_only(4)], routed(test_descriptors, FakeTables()), plan, handling())
+    assert plan.by_table["ds.inner_v1"].requests == [2, 1] and plan.by_table["ds.legacy_v1"].requests == [2]
+    assert not letters
+
+
+def test_rows_whose_columns_differ_are_written_apart(test_descriptors: Descriptors, letters: list[DeadLetter]) -> None:
+    """A mode may shape a later source batch's rows with more columns (the table grew during the task): those
+    go in a request of their own, each with its own records."""
+
+    class Growing(FakePlan):
+        def shape(self, rows: Rows, source: pa.RecordBatch, ids: pa.Array) -> tuple[Writable, list[RowError]]:
+            shaped = table_rows(rows, ids)
+            if source["offset"][0].as_py() < 2:
+                return shaped, []
+            grown = shaped.rows.append_column("extra", pa.array([1] * shaped.rows.num_rows, pa.int64()))
+            return Writable(grown, shaped.insert_ids, shaped.sources), []
+
+    plan = Growing(FakeWriter(bad={"bad"}))
+    result = process_batch([source_batch(values(test_descriptors, "a"), offsets=[0]),
+                            source_batch(values(test_descriptors, "b"), offsets=[1]),
+                            source_batch(values(test_descriptors, "bad", "c"), offsets=[2, 3])],
+                           spec(test_descriptors), plan, handling())
+    assert plan.writer.requests == [2, 2] and [r["label"] for r in plan.writer.written] == ["a", "b", "c"]
+    assert [x.error.offset for x in letters] == [2] and result.stats.rows_written == 3
 
 
 def test_tables_are_ensured_with_the_clients_the_writers_borrow(test_descriptors: Descriptors,
