@@ -314,6 +314,14 @@ class BigQueryConfig:
         FILE_LOADS_TRIGGER_MS,
         minimum=0,
     )
+    file_loads_concurrent_jobs: int = setting(
+        "SINK_BIGQUERY_FILE_LOADS_CONCURRENT_JOBS",
+        "With `file_loads` or `mixed` and routed tables: how many of a micro-batch's load jobs (one per table) "
+        "the driver runs at once. A load job takes seconds on BigQuery: one after another, a batch routed to "
+        "200 tables would take minutes.",
+        8,
+        minimum=1,
+    )
     file_loads_staging_uri: str = setting(
         "SINK_BIGQUERY_FILE_LOADS_STAGING_URI",
         "With `file_loads` or `mixed`: where tasks stage their rows (Parquet; newline-delimited JSON for a table "

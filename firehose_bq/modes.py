@@ -21,11 +21,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+from google.cloud import bigquery
 
 from firehose_bq.batch.core import TaskPlan, TaskResult
 from firehose_bq.batch.rows import Rows, Writable
 from firehose_bq.bigquery import file_loads
-from firehose_bq.bigquery.client import Clients, make_client
+from firehose_bq.bigquery.client import Clients, concurrently
 from firehose_bq.bigquery.jobs import BatchPlan
 from firehose_bq.bigquery.writers import RowWriter
 from firehose_bq.config import BigQueryConfig, Config
@@ -183,14 +184,18 @@ class FileLoadsMode(WriteMode):
             by_table.setdefault(report["table"], []).append(json.dumps(report["staged"]))
         identity = self._identity()
         store = self.staging.store()
-        with make_client(self.config.bigquery) as client:
-            for table, staged in sorted(by_table.items()):
-                cfg = self.config.bigquery
-                if table:
-                    dataset, name = table.split(".", 1)
-                    cfg = dataclasses.replace(cfg, dataset=dataset, table=name)
-                loader = file_loads.FileLoader(client, cfg, store, identity, handling_of(self.config))
-                loader.load(batch, file_loads.parse_staged(staged), [*plan, self._routing])
+
+        def load(client: bigquery.Client, table: str) -> None:
+            cfg = self.config.bigquery
+            if table:
+                dataset, name = table.split(".", 1)
+                cfg = dataclasses.replace(cfg, dataset=dataset, table=name)
+            loader = file_loads.FileLoader(client, cfg, store, identity, handling_of(self.config))
+            loader.load(batch, file_loads.parse_staged(by_table[table]), [*plan, self._routing])
+
+        # One job per table; on BigQuery each takes seconds, so a batch routed to many tables runs several at
+        # once. A failure leaves the others running to their end: the batch's replay finds those done.
+        concurrently(load, sorted(by_table), self.config.bigquery.file_loads_concurrent_jobs, self.config.bigquery)
         # Only when every table's rows are in: a failure above leaves the files for the batch's replay.
         file_loads.discard(store, self.staging.batch(batch))
 

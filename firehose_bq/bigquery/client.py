@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, TypeVar
 
 from google.api_core.client_options import ClientOptions
 from google.api_core.exceptions import GoogleAPIError
@@ -20,6 +24,8 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from google.cloud.bigquery_storage_v1 import BigQueryWriteClient
+
+T = TypeVar("T")
 
 SCOPES = ("https://www.googleapis.com/auth/bigquery",)
 # What both clients ask Application Default Credentials for when they resolve them themselves.
@@ -137,13 +143,48 @@ class Clients:
         if key not in self._credentials:
             log.debug("BigQuery credentials for project %s looked up in process %d, kept for its clients",
                       cfg.project_id, self._pid)
-            creds = credentials(cfg)
-            if creds is None:
-                import google.auth
-
-                creds, _ = google.auth.default(scopes=ADC_SCOPES)
-            self._credentials[key] = creds
+            self._credentials[key] = shared_credentials(cfg)
         return self._credentials[key]
+
+
+def shared_credentials(cfg: BigQueryConfig) -> Credentials:
+    """cfg's credentials as one object that several clients can share (one token between them): Application
+    Default Credentials looked up here, not by each client."""
+    creds = credentials(cfg)
+    if creds is None:
+        import google.auth
+
+        creds, _ = google.auth.default(scopes=ADC_SCOPES)
+    return creds
+
+
+def concurrently(work: Callable[[bigquery.Client, T], None], items: Sequence[T], most: int,
+                 cfg: BigQueryConfig) -> None:
+    """`work(client, item)` for every item, on up to `most` threads at once, each thread with a REST client of
+    its own (one credentials object between them) and the caller's log context. Every item runs even when
+    another fails; once all are done, the first failure in item order is raised."""
+    if not items:
+        return
+    creds = shared_credentials(cfg)
+    local = threading.local()
+    made: list[bigquery.Client] = []
+
+    def run(item: T) -> None:
+        client = getattr(local, "client", None)
+        if client is None:
+            client = local.client = make_client(cfg, creds)
+            made.append(client)
+        work(client, item)
+
+    context = contextvars.copy_context()
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(most, len(items))), thread_name_prefix="bigquery") as pool:
+            futures = [pool.submit(context.copy().run, run, item) for item in items]
+        for future in futures:
+            future.result()
+    finally:
+        for client in made:
+            client.close()
 
 
 def credentials(cfg: BigQueryConfig) -> Credentials | None:

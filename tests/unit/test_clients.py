@@ -121,3 +121,40 @@ def test_real_clients_for_the_emulator_need_no_credentials_lookup(adc: list[tupl
         assert clients.bigquery_client(dataclasses.replace(EMULATOR, table="u")) is rest
         assert clients.write_client(EMULATOR) is clients.write_client(EMULATOR)
     assert adc == []
+
+
+def test_concurrently_runs_every_item_on_a_client_per_thread_then_raises_the_first_failure(
+        made: Made, adc: list[tuple[str, ...]]) -> None:
+    """A file-loads batch's load jobs, one per table (modes.py): at most `most` at once, each thread on a REST
+    client of its own (one credentials lookup between them), in the caller's log context; a failure leaves
+    the other items running to their end."""
+    import threading
+    import time
+
+    from firehose_bq import logs
+    from firehose_bq.bigquery.client import concurrently
+
+    lock = threading.Lock()
+    running, peak, seen = [0], [0], []
+
+    def work(client: Any, item: int) -> None:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+            seen.append((item, client, threading.get_ident(), dict(logs._context.get())))
+        if item in (5, 3):
+            raise ValueError(f"item {item}")
+
+    with logs.log_context(batch_id=7), pytest.raises(ValueError, match="item 3"):
+        concurrently(work, list(range(8)), 3, REAL)
+    assert sorted(item for item, *_ in seen) == list(range(8))
+    assert peak[0] == 3 and all(fields == {"batch_id": 7} for *_, fields in seen)
+    by_thread: dict[int, set[int]] = {}
+    for _, client, thread, _ in seen:
+        by_thread.setdefault(thread, set()).add(id(client))
+    assert all(len(ids) == 1 for ids in by_thread.values()) and len(made.calls) == len(by_thread) <= 3
+    assert all(client.closed for _, client, _, _ in seen)
+    assert adc == [client_module.ADC_SCOPES] and len({creds for *_, creds in made.calls}) == 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import pickle
 from pathlib import Path
@@ -121,9 +120,16 @@ def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, mon
             loads.append((self.table, batch, [name for f in staged for name in f.objects]))
 
     monkeypatch.setattr(file_loads, "FileLoader", Loader)
-    monkeypatch.setattr(modes, "make_client", lambda cfg: contextlib.nullcontext())
-    mode = write_mode(config(SINK_BIGQUERY_WRITE_METHOD="file_loads"), staging=file_loads.StagingArea(str(tmp_path)),
-                      identity=lambda: "query-1")
+    at_once: list[int] = []
+
+    def one_by_one(work, items, most, cfg):  # noqa: ANN001, ANN202 - client.concurrently, in this thread
+        at_once.append(most)
+        for item in items:
+            work(None, item)
+
+    monkeypatch.setattr(modes, "concurrently", one_by_one)
+    mode = write_mode(config(SINK_BIGQUERY_WRITE_METHOD="file_loads", SINK_BIGQUERY_FILE_LOADS_CONCURRENT_JOBS="3"),
+                      staging=file_loads.StagingArea(str(tmp_path)), identity=lambda: "query-1")
     store = LocalBlobStore(tmp_path)
     for name in ("batch-3/a", "batch-3/ds.other/b", "batch-3/c", "batch-30/x"):
         store.put(name, b"")
@@ -136,7 +142,7 @@ def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, mon
     mode.finish(3, results, [("t", 0, 0, 9)])
     assert loads == [("my-project.d.t", 3, ["batch-3/a", "batch-3/c"]),
                      ("my-project.ds.other", 3, ["batch-3/ds.other/b"])]
-    assert store.names() == ["batch-30/x"]
+    assert store.names() == ["batch-30/x"] and at_once == [3]
     # Another routing, the same batch: other job ids (a record it moves between tables is loaded again).
     rerouted = write_mode(config(SINK_BIGQUERY_WRITE_METHOD="file_loads", SINK_BIGQUERY_TABLE_NAME="t_${header.kind}"),
                           staging=file_loads.StagingArea(str(tmp_path)), identity=lambda: "query-1")
