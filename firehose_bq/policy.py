@@ -244,11 +244,13 @@ class Handled:
 
 def write_with_policy(handling: ErrorHandling, pending: Writable, failures: Sequence[RowError],
                       writer: Callable[[], RowWriter] | None, sleep: Callable[[float], None] = time.sleep,
-                      clock: Callable[[], float] = time.monotonic) -> Handled:
+                      clock: Callable[[], float] = time.monotonic,
+                      where: Callable[[int], tuple[str, int, int]] | None = None) -> Handled:
     """Write `pending`, retry what the policy retries, and sort every record into written/dead/failed.
 
     `failures`: the records that never became rows (decoding, the mode's own checks); they take no retry.
     `writer()` opens (or returns the open) writer; None = decode only (no row counts as written).
+    `where(i)`: record i's Kafka topic, partition and offset, for the log lines.
     Raises SinkError when a whole request still fails after its retries."""
     final: list[tuple[RowError, bool]] = [(f, False) for f in failures]
     done = Handled()
@@ -265,19 +267,25 @@ def write_with_policy(handling: ErrorHandling, pending: Writable, failures: Sequ
     for failure, was_retried in final:
         outcome = handling.final_outcome(failure.error_type, was_retried)
         (done.dead if outcome == DLQ else done.failed).append(failure)
-    _log_outcomes(done)
+    _log_outcomes(done, where)
     return done
 
 
-def _log_outcomes(done: Handled) -> None:
-    """A line per error type and outcome (its `error_type` in the JSON line's context), naming the first."""
+def _log_outcomes(done: Handled, where: Callable[[int], tuple[str, int, int]] | None) -> None:
+    """A line per error type and outcome (its `error_type` in the JSON line's context), naming the first record
+    (with `where`, by its Kafka coordinates, whose topic and partition are the line's context too: the records
+    of one write may come from several partitions)."""
     for outcome, failures in (("go to the DLQ", done.dead), ("fail the batch", done.failed)):
         by_type: dict[ErrorType, list[RowError]] = {}
         for failure in failures:
             by_type.setdefault(failure.error_type, []).append(failure)
         for error_type, group in by_type.items():
-            log.warning("%d record(s) %s with %s, first record %d of the batch: %s", len(group), outcome,
-                        error_type.value, group[0].index, group[0].message, extra={"error_type": error_type})
+            first, extra = f"record {group[0].index} of the batch", {"error_type": error_type}
+            if where is not None:
+                topic, partition, offset = where(group[0].index)
+                first, extra = f"{topic}/{partition}@{offset}", {**extra, "topic": topic, "partition": partition}
+            log.warning("%d record(s) %s with %s, first %s: %s", len(group), outcome, error_type.value, first,
+                        group[0].message, extra=extra)
 
 
 def gave_up(error: BaseException, attempts: int, seconds: float) -> BaseException:

@@ -297,7 +297,8 @@ class _Task:
               route: str | None = None) -> None:
         """Records that fail before any write (no route, no usable table): the policy dead-letters or fails
         them. `table`: where they are counted; `route`: the table their letters name (default `table`)."""
-        done = write_with_policy(self.handling, Writable.empty(), failures, None)
+        done = write_with_policy(self.handling, Writable.empty(), failures, None,
+                                 where=lambda i: _coordinates(source, i))
         _count(self.result.stats, table, messages, 0, 0, source, done.dead, done.failed)
         self.letters.extend(_letter(source, f, table if route is None else route, self.handling.redactor)
                             for f in done.dead)
@@ -347,7 +348,8 @@ class _Task:
         routed = self.spec.router is not None and not self.spec.router.is_static
         with log_context(**_kafka_fields(part), **({"table": table} if routed else {})):
             writer = (lambda: _Timed(self._writer(destination), stats, self)) if self.spec.write else None
-            done = write_with_policy(handling, pending, decoded.failures, writer)
+            done = write_with_policy(handling, pending, decoded.failures, writer,
+                                     where=lambda i: _coordinates(part, i))
         stats.unknown_fields += _written_unknown(decoded.unknown, pending, done)
         _count(stats, table, part.num_rows, done.written, done.retried, part, done.dead, done.failed)
         self.letters.extend(_letter(part, f, table, self.handling.redactor) for f in done.dead)

@@ -709,3 +709,19 @@ def test_a_schema_id_still_unknown_is_dead_lettered_and_lands_once_the_version_i
     process_batch([source_batch([letters[0].value], offsets=[2])], confluent_spec(test_descriptors, {1, 2, 5, 9}),
                   again, handling())
     assert [r["label"] for r in again.writer.written] == ["c"]
+
+
+def test_a_write_of_several_partitions_records_logs_where_its_first_failure_is(
+        test_descriptors: Descriptors, letters: list[DeadLetter], caplog: pytest.LogCaptureFixture) -> None:
+    """Rows wait across source batches, so one write may hold several partitions' records: the policy's line
+    names its first failing record by its Kafka coordinates, and has their topic and partition as context."""
+    import logging
+
+    plan = FakePlan(FakeWriter(bad={"bad"}))
+    with caplog.at_level(logging.WARNING, logger="firehose_bq.policy"):
+        process_batch([source_batch(values(test_descriptors, "a"), offsets=[5]),
+                       source_batch(values(test_descriptors, "b", "bad"), offsets=[7, 8], partition=1)],
+                      spec(test_descriptors), plan, handling())
+    assert plan.writer.requests == [3]
+    [line] = [r for r in caplog.records if "go to the DLQ" in r.getMessage()]
+    assert "first t/1@8" in line.getMessage() and (line.topic, line.partition) == ("t", 1)  # type: ignore[attr-defined]
