@@ -37,6 +37,7 @@ FIGURES = [
     Figure("P2b storage_write end to end / direct", "p2b_storage_write", "x", "≥ 0.7x", lambda v: v >= 0.7),
     Figure("P2b insertall end to end / direct", "p2b_insertall", "x", "≥ 0.7x", lambda v: v >= 0.7),
     Figure("P2b file_loads end to end / direct", "p2b_file_loads", "x", "≥ 0.7x", lambda v: v >= 0.7),
+    Figure("P2b file_loads, gs:// staging, end to end / direct", "p2b_file_loads_gcs", "x", "", None),
     Figure("Storage Write / insertAll, end to end", "storage_write_vs_insertall", "x", "≥ 5x", lambda v: v >= 5),
     Figure("P2c whole job / plain confluent-kafka", "p2c", "x", "≥ 0.1x", lambda v: v >= 0.1),
     Figure("Routing: 1 table", "routing_1_msg_s", " msg/s", "", None),
