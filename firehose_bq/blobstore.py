@@ -12,6 +12,7 @@ GCS object becomes visible only when its upload completed. A reader never sees h
 from __future__ import annotations
 
 import os
+import posixpath
 import shutil
 import tempfile
 import urllib.parse
@@ -107,10 +108,20 @@ class LocalBlobStore:
         return self._path(name).read_bytes()
 
     def names(self, prefix: str = "") -> list[str]:
-        if not self.root.is_dir():
+        # From the prefix's directory only, and past directories that vanish during the walk (os.walk skips
+        # what it cannot list): other writers share the tree, e.g. a load's scratch directory, removed once
+        # its upload is done while another table's load lists its own files (file loads run several at once).
+        base = self.root / posixpath.dirname(prefix)
+        if not base.is_dir():
             return []
-        names = (p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file() and not _is_temp(p))
-        return sorted(n for n in names if n.startswith(prefix))
+        found = []
+        for directory, _subdirectories, files in os.walk(base):
+            for file in files:
+                path = Path(directory, file)
+                name = path.relative_to(self.root).as_posix()
+                if name.startswith(prefix) and not _is_temp(path):
+                    found.append(name)
+        return sorted(found)
 
     def rename(self, name: str, new_name: str) -> None:
         target = self._path(new_name)

@@ -60,3 +60,27 @@ def test_locations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(ValueError):
             open_blob_store(bad)
 
+
+
+def test_a_local_listing_goes_past_a_directory_removed_while_it_walks(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """File loads run a batch's load jobs at once: one table's load lists its staged files while another's
+    scratch directory (its combined upload) is removed. The listing must not fail on it."""
+    import os
+    import shutil
+
+    store = LocalBlobStore(tmp_path)
+    store.put("batch-0/d.t1/part-0.parquet", b"1")
+    store.put("batch-0/d.t2/.load-x/combined.parquet", b"2")
+    store.put("other/x", b"3")
+    real = os.scandir
+
+    def scandir(path):  # noqa: ANN001, ANN202 - the other load finishes just as this walk reaches batch-0
+        entries = real(path)
+        if isinstance(path, str) and Path(path) == tmp_path / "batch-0":
+            shutil.rmtree(tmp_path / "batch-0" / "d.t2" / ".load-x")
+        return entries
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert store.names("batch-0/") == ["batch-0/d.t1/part-0.parquet"]
+    assert store.names("batch-0/d.t1/") == ["batch-0/d.t1/part-0.parquet"]
