@@ -26,9 +26,10 @@ from google.cloud import bigquery
 from firehose_bq.batch.core import TaskPlan, TaskResult
 from firehose_bq.batch.rows import Rows, Writable
 from firehose_bq.bigquery import file_loads
-from firehose_bq.bigquery.client import Clients, concurrently
+from firehose_bq.bigquery.client import Clients, concurrently, make_client, shared_credentials
 from firehose_bq.bigquery.jobs import BatchPlan
 from firehose_bq.bigquery.writers import RowWriter
+from firehose_bq.blobstore import BlobStore
 from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.dlq.config import KAFKA
 from firehose_bq.errors import BatchFailedError, FirehoseError, RowError, SinkError
@@ -183,10 +184,12 @@ class FileLoadsMode(WriteMode):
         for report in (json.loads(r) for result in results for r in result.reports):
             by_table.setdefault(report["table"], []).append(json.dumps(report["staged"]))
         identity = self._identity()
-        store = self.staging.store()
+        bq = self.config.bigquery
+        creds = shared_credentials(bq)  # one token for every thread's client
 
-        def load(client: bigquery.Client, table: str) -> None:
-            cfg = self.config.bigquery
+        def load(opened: tuple[bigquery.Client, BlobStore], table: str) -> None:
+            client, store = opened
+            cfg = bq
             if table:
                 dataset, name = table.split(".", 1)
                 cfg = dataclasses.replace(cfg, dataset=dataset, table=name)
@@ -195,9 +198,10 @@ class FileLoadsMode(WriteMode):
 
         # One job per table; on BigQuery each takes seconds, so a batch routed to many tables runs several at
         # once. A failure leaves the others running to their end: the batch's replay finds those done.
-        concurrently(load, sorted(by_table), self.config.bigquery.file_loads_concurrent_jobs, self.config.bigquery)
+        concurrently(load, sorted(by_table), bq.file_loads_concurrent_jobs,
+                     lambda: (make_client(bq, creds), self.staging.store()), lambda opened: opened[0].close())
         # Only when every table's rows are in: a failure above leaves the files for the batch's replay.
-        file_loads.discard(store, self.staging.batch(batch))
+        file_loads.discard(self.staging.store(), self.staging.batch(batch))
 
     def abort(self, batch: int) -> None:
         file_loads.discard(self.staging.store(), self.staging.batch(batch))

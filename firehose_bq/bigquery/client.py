@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from google.cloud.bigquery_storage_v1 import BigQueryWriteClient
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 SCOPES = ("https://www.googleapis.com/auth/bigquery",)
 # What both clients ask Application Default Credentials for when they resolve them themselves.
@@ -158,23 +159,22 @@ def shared_credentials(cfg: BigQueryConfig) -> Credentials:
     return creds
 
 
-def concurrently(work: Callable[[bigquery.Client, T], None], items: Sequence[T], most: int,
-                 cfg: BigQueryConfig) -> None:
-    """`work(client, item)` for every item, on up to `most` threads at once, each thread with a REST client of
-    its own (one credentials object between them) and the caller's log context. Every item runs even when
-    another fails; once all are done, the first failure in item order is raised."""
+def concurrently(work: Callable[[R, T], None], items: Sequence[T], most: int, open_each: Callable[[], R],
+                 close: Callable[[R], None]) -> None:
+    """`work(resource, item)` for every item, on up to `most` threads at once, each thread with a resource of its
+    own (`open_each()`, e.g. its own clients: the libraries' HTTP sessions are not made to be shared between
+    threads; `close`d once all are done) and the caller's log context. Every item runs even when another
+    fails; once all are done, the first failure in item order is raised."""
     if not items:
         return
-    creds = shared_credentials(cfg)
     local = threading.local()
-    made: list[bigquery.Client] = []
+    opened: list[R] = []
 
     def run(item: T) -> None:
-        client = getattr(local, "client", None)
-        if client is None:
-            client = local.client = make_client(cfg, creds)
-            made.append(client)
-        work(client, item)
+        if not hasattr(local, "resource"):
+            local.resource = open_each()
+            opened.append(local.resource)
+        work(local.resource, item)
 
     context = contextvars.copy_context()
     try:
@@ -183,8 +183,8 @@ def concurrently(work: Callable[[bigquery.Client, T], None], items: Sequence[T],
         for future in futures:
             future.result()
     finally:
-        for client in made:
-            client.close()
+        for resource in opened:
+            close(resource)
 
 
 def credentials(cfg: BigQueryConfig) -> Credentials | None:

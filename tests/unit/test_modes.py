@@ -122,12 +122,20 @@ def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, mon
     monkeypatch.setattr(file_loads, "FileLoader", Loader)
     at_once: list[int] = []
 
-    def one_by_one(work, items, most, cfg):  # noqa: ANN001, ANN202 - client.concurrently, in this thread
+    def one_by_one(work, items, most, open_each, close):  # noqa: ANN001, ANN202 - client.concurrently, in this thread
         at_once.append(most)
+        opened = open_each()
         for item in items:
-            work(None, item)
+            work(opened, item)
+        close(opened)
+
+    class Client:
+        def close(self) -> None:
+            pass
 
     monkeypatch.setattr(modes, "concurrently", one_by_one)
+    monkeypatch.setattr(modes, "shared_credentials", lambda cfg: None)
+    monkeypatch.setattr(modes, "make_client", lambda cfg, creds: Client())
     mode = write_mode(config(SINK_BIGQUERY_WRITE_METHOD="file_loads", SINK_BIGQUERY_FILE_LOADS_CONCURRENT_JOBS="3"),
                       staging=file_loads.StagingArea(str(tmp_path)), identity=lambda: "query-1")
     store = LocalBlobStore(tmp_path)
