@@ -1,6 +1,6 @@
 """The function each Spark task of the streaming job runs: it reads the records of the Kafka offset ranges the
 source planned for it and runs the batch core over them, answering with one small result for the driver.
-Two forms of the same task (pipeline.py `_tasks` says which runs when): `run_groups` over an RDD of the
+Two forms of the same task (pipeline.py `_run_tasks` says which runs when): `run_groups` over an RDD of the
 planned ranges, and `run_task` over the source's DataFrame (`mapInArrow`).
 
 It lives apart from pipeline.py on purpose. Spark pickles the function by reference, so a Python worker

@@ -89,8 +89,9 @@ class KafkaRanges(InputPartition):
 def group_ranges(ranges: Sequence[tuple[str, int, int, int]], most: int) -> list[list[tuple[str, int, int, int]]]:
     """`ranges` (topic, partition, start, end) as at most `most` groups (0: one per range), one per task,
     of about as many records each: the largest range first into the group holding the fewest so far. Every
-    task costs Spark a fixed ≈ 30 ms (scheduling, a Python worker's round trip: then two per task), so a
-    64-partition topic read as 64 tasks on two cores took four times as long as the same records in two.
+    task costs a fixed ≈ 30 ms or more (its scheduling, its Python worker's round trip, its own Kafka
+    consumer), so a 64-partition topic read as 64 tasks on two cores took four times as long as the same
+    records in two.
     The same ranges always make the same groups, each in topic and partition order."""
     if most <= 0 or len(ranges) <= most:
         return [[r] for r in ranges]
