@@ -68,14 +68,15 @@ class _DestinationTask:
         return None
 
 
-def _streaming_writer(cfg: BigQueryConfig, method: str, clients: Clients) -> RowWriter:
-    if method == INSERT_ALL:
+def _streaming_writer(cfg: BigQueryConfig, method: str, clients: Clients,
+                      schema: list[bigquery.SchemaField] | None) -> RowWriter:
+    if method == INSERT_ALL:  # no schema: insertAll's rows go as JSON, fitted by BigQuery itself
         from firehose_bq.bigquery.insert_all import InsertAllWriter
 
         return InsertAllWriter(clients.bigquery_client(cfg), cfg)
     from firehose_bq.bigquery.storage_write import StorageWriteWriter
 
-    return StorageWriteWriter(clients.bigquery_client(cfg), clients.write_client(cfg), cfg)
+    return StorageWriteWriter(clients.bigquery_client(cfg), clients.write_client(cfg), cfg, schema)
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,9 @@ class StreamingTask(_DestinationTask):
     bigquery: BigQueryConfig
     method: str
 
-    def open_writer(self, destination: Destination | None, clients: Clients) -> RowWriter:
-        return _streaming_writer(destination_config(self.bigquery, destination), self.method, clients)
+    def open_writer(self, destination: Destination | None, clients: Clients,
+                    schema: list[bigquery.SchemaField] | None = None) -> RowWriter:
+        return _streaming_writer(destination_config(self.bigquery, destination), self.method, clients, schema)
 
 
 @dataclass(frozen=True)
@@ -97,11 +99,12 @@ class StagingTask(_DestinationTask):
     staging: file_loads.StagingArea
     prefix: str  # the batch's
 
-    def open_writer(self, destination: Destination | None, clients: Clients) -> RowWriter:
+    def open_writer(self, destination: Destination | None, clients: Clients,
+                    schema: list[bigquery.SchemaField] | None = None) -> RowWriter:
         table = destination_config(self.bigquery, destination)
         prefix = self.prefix + (f"{table.dataset}.{table.table}/" if destination is not None else "")
-        # The client reads the live table: staged rows are fitted to it (rows it cannot take fail here).
-        return file_loads.StagingWriter(clients.bigquery_client(table), table, self.staging.store(), prefix)
+        # Staged rows are fitted to the live table (rows it cannot take fail here): `schema`, else read.
+        return file_loads.StagingWriter(clients.bigquery_client(table), table, self.staging.store(), prefix, schema)
 
     def report(self, destination: Destination | None, writer: RowWriter) -> str | None:
         staged = file_loads.staged_json(writer)  # None for a mixed task's streaming writers
@@ -114,10 +117,11 @@ class StagingTask(_DestinationTask):
 class MixedTask(StagingTask):
     """`mixed`: the destinations marked streaming go by Storage Write, the others are staged."""
 
-    def open_writer(self, destination: Destination | None, clients: Clients) -> RowWriter:
+    def open_writer(self, destination: Destination | None, clients: Clients,
+                    schema: list[bigquery.SchemaField] | None = None) -> RowWriter:
         if destination is not None and destination.streaming:
-            return _streaming_writer(destination_config(self.bigquery, destination), STORAGE_WRITE, clients)
-        return super().open_writer(destination, clients)
+            return _streaming_writer(destination_config(self.bigquery, destination), STORAGE_WRITE, clients, schema)
+        return super().open_writer(destination, clients, schema)
 
 
 class WriteMode:

@@ -126,6 +126,15 @@ def spec_of(cfg: Config, loaded: Descriptors, proto_class: str) -> SinkSpec:
 
 
 @dataclass(frozen=True)
+class Ensured:
+    """A routed table as `TableKeeper.ensure` left it: its live columns, and with JSON input its payload
+    columns as schema_json."""
+
+    schema: list[bigquery.SchemaField]
+    json_columns: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
 class TableKeeper:
     """Creates and evolves a routed job's tables from inside its tasks: only the records name them.
     A task calls `ensure` once per destination it writes, with the descriptors it decodes with."""
@@ -133,9 +142,10 @@ class TableKeeper:
     config: Config
 
     def ensure(self, loaded: Descriptors | None, destination: Destination, clients: Clients,
-               dataset_ready: bool = False) -> tuple[str, ...] | None:
-        """Create or evolve `destination`'s table; with JSON input (`loaded` None), return its payload
-        columns (json_tables.schema_json), which are what its records are coerced to. The calls go through
+               dataset_ready: bool = False) -> Ensured:
+        """Create or evolve `destination`'s table; return its live columns as this call left them (the task's
+        writer for the table starts from them instead of reading them again) and, with JSON input (`loaded`
+        None), its payload columns (json_tables.schema_json), which are what its records are coerced to. The calls go through
         the task's `clients` (the worker's, as its writers'): a client of its own per call would cost every
         task, per micro-batch and per destination table, new credentials and their token (ADC: a metadata
         server lookup; a key file: a signed OAuth request) and a new connection. `dataset_ready`: the task
@@ -148,9 +158,10 @@ class TableKeeper:
             if loaded is None:
                 metadata = metadata_of(self.config)
                 live = json_tables.ensure_json_table(client, self.config, destination, metadata, dataset_ready)
-                return json_tables.schema_json(json_tables.payload_columns(live, metadata))
-            apply_plan(client, self.config, plan_table(self.config, loaded, destination), dataset_ready=dataset_ready)
-            return None
+                return Ensured(live, json_tables.schema_json(json_tables.payload_columns(live, metadata)))
+            table = apply_plan(client, self.config, plan_table(self.config, loaded, destination),
+                               dataset_ready=dataset_ready)
+            return Ensured(list(table.schema))
         except REQUEST_ERRORS as exc:
             if rejects_request(exc):
                 # BigQuery refused this dataset or table itself (a name it does not take, a schema it will

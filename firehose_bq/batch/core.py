@@ -26,6 +26,7 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from google.cloud.bigquery import SchemaField
 
 from firehose_bq.batch.enums import EnumNumbers
 from firehose_bq.batch.keys import SubMicrosecondKeys
@@ -72,8 +73,11 @@ class TaskPlan(Protocol):
     def changelog(self) -> bool:
         """Records are a changelog: a NULL value is a delete of its key, and every record needs a key."""
 
-    def open_writer(self, destination: Destination | None, clients: Clients) -> RowWriter:
-        """A writer into `destination`'s table (None: the job's one configured table), on `clients`'."""
+    def open_writer(self, destination: Destination | None, clients: Clients,
+                    schema: list[SchemaField] | None = None) -> RowWriter:
+        """A writer into `destination`'s table (None: the job's one configured table), on `clients`'. `schema`:
+        the table's live columns as the task's check of a routed table just read them, else None (a writer
+        that needs them reads them)."""
 
     def shape(self, rows: Rows, source: pa.RecordBatch, ids: pa.Array) -> tuple[Writable, list[RowError]]:
         """The rows as this mode writes them, and the records it refuses (by source index)."""
@@ -159,6 +163,8 @@ class _Task:
         # Per message class (protobuf) or per destination (JSON: each table is its own schema).
         self.builders: dict[object, RowBuilder] = {}
         self.ready: set[Destination] = set()  # routed destinations whose table this task has ensured
+        self.checked: dict[Destination | None, list[SchemaField]] = {}  # their live columns, as ensured
+
         self.writers: dict[Destination | None, RowWriter] = {}
         self.letters: list[DeadLetter] = []
         self.unrouted: list[DeadLetter] = []
@@ -232,7 +238,7 @@ class _Task:
             try:
                 # A dataset this task ensured for another of its tables is not checked again.
                 dataset_ready = any(d.dataset == destination.dataset for d in self.ready)
-                json_columns = spec.tables.ensure(spec.descriptors, destination, self.clients, dataset_ready)
+                ensured = spec.tables.ensure(spec.descriptors, destination, self.clients, dataset_ready)
             except SinkError:
                 self.request_failed = True  # as a write's: the next task starts on new clients
                 raise
@@ -243,8 +249,9 @@ class _Task:
                 self.unusable[destination] = str(exc)
                 return None
             self.ready.add(destination)
+            self.checked[destination] = ensured.schema
             if spec.json:
-                self.builders[destination] = row_builder(spec, changelog, json_columns=json_columns)
+                self.builders[destination] = row_builder(spec, changelog, json_columns=ensured.json_columns)
         if spec.json:
             if destination not in self.builders:  # the job's one table, whose columns the driver read
                 self.builders[destination] = row_builder(spec, changelog, json_columns=spec.json_columns)
@@ -280,7 +287,8 @@ class _Task:
 
     def _writer(self, destination: Destination | None) -> RowWriter:
         if destination not in self.writers:
-            self.writers[destination] = self.plan.open_writer(destination, self.clients)
+            # A routed table's check just read its columns: the writer starts from them (one read less).
+            self.writers[destination] = self.plan.open_writer(destination, self.clients, self.checked.get(destination))
         return self.writers[destination]
 
     def _refuse(self, destination: Destination, part: pa.RecordBatch) -> None:

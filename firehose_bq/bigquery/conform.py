@@ -81,17 +81,19 @@ def read_schema(client: bigquery.Client, table_ref: str, call: Mapping[str, Any]
 
 
 class LiveTable:
-    """The table's schema as one writer knows it: read for its first batch, and read once more for a batch
-    that holds values in a column it lacks (the driver may have added that column since).
+    """The table's schema as one writer knows it: read for its first batch (unless the writer was given it:
+    `known`, the columns the task's check of the table just read), and read once more for a batch that
+    holds values in a column it lacks (the driver may have added that column since).
 
     The read is part of the writer's write, which the error policy retries: it is made once, whatever
     retry `call` carries (retries here would multiply the policy's)."""
 
-    def __init__(self, client: bigquery.Client, table_ref: str, call: Mapping[str, Any]) -> None:
+    def __init__(self, client: bigquery.Client, table_ref: str, call: Mapping[str, Any],
+                 known: list[SchemaField] | None = None) -> None:
         self._client = client
         self.table_ref = table_ref
         self._call = {**call, "retry": None}
-        self._schema: list[SchemaField] | None = None
+        self._schema: list[SchemaField] | None = known
 
     @property
     def schema(self) -> list[SchemaField]:

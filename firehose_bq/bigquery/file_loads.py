@@ -161,11 +161,12 @@ class StagingWriter:
     `insert_ids` are required: they are the rows' Kafka coordinates (`topic_partition_offset`), from
     which the driver derives the batch's load job id."""
 
-    def __init__(self, client: bigquery.Client, cfg: BigQueryConfig, store: BlobStore, prefix: str) -> None:
+    def __init__(self, client: bigquery.Client, cfg: BigQueryConfig, store: BlobStore, prefix: str,
+                 schema: list[bigquery.SchemaField] | None = None) -> None:
         self._client = client
         self._store = store
         self._prefix = prefix
-        self._live = LiveTable(client, cfg.table_ref, call_options(cfg))
+        self._live = LiveTable(client, cfg.table_ref, call_options(cfg), schema)  # schema: conform.LiveTable
         self.staged = StagedFile()
         self._scratch: Path | None = None
         self._files: list[tuple[Path, str, str]] = []  # local files, each with its schema digest and format

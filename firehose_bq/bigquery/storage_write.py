@@ -81,13 +81,14 @@ class StorageWriteWriter:
     """RowWriter into the table's default stream; one per Spark task, closed when the task ends. The
     clients are borrowed: whoever made them closes them (`client.Clients`)."""
 
-    def __init__(self, client: bigquery.Client, write_client: BigQueryWriteClient, cfg: BigQueryConfig) -> None:
+    def __init__(self, client: bigquery.Client, write_client: BigQueryWriteClient, cfg: BigQueryConfig,
+                 schema: list[bigquery.SchemaField] | None = None) -> None:
         self._client = client
         self._write_client = write_client
         self._table = cfg.table_ref
         self._stream = f"projects/{cfg.project_id}/datasets/{cfg.dataset}/tables/{cfg.table}/streams/_default"
         self._read_timeout_s = cfg.request_timeout_s
-        self._live = LiveTable(client, cfg.table_ref, attempt_options(cfg))
+        self._live = LiveTable(client, cfg.table_ref, attempt_options(cfg), schema)  # schema: conform.LiveTable
 
     def close(self) -> None:
         pass  # nothing of its own: each append's stream ends with its request

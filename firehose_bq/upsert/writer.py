@@ -52,7 +52,8 @@ class ChangelogTask:
     deletes: bool
     changelog: bool = True
 
-    def open_writer(self, destination: Destination | None, clients: Clients) -> ChangelogWriter:
+    def open_writer(self, destination: Destination | None, clients: Clients,
+                    schema: list[bigquery.SchemaField] | None = None) -> ChangelogWriter:
         # One destination (Config refuses templates and class routes with upsert): always None here.
         # Always insertAll, whatever SINK_BIGQUERY_WRITE_METHOD says: rows must be queryable by the
         # MERGE right after the task ends.

@@ -217,6 +217,17 @@ def test_the_live_table_is_read_again_once_when_a_batch_holds_a_column_it_lacks(
     assert fitted.rows.to_pylist() == [{"id": 2, "coupon": "FREE"}]
 
 
+def test_a_writer_handed_the_columns_its_task_just_checked_reads_the_table_only_for_a_column_they_lack() -> None:
+    """A routed table's check (sink_schema.TableKeeper.ensure) read its columns moments before: the writer
+    starts from them, and reads the table as before once rows hold a column they lack."""
+    client = FakeClient([F("id", "INTEGER"), F("coupon", "STRING")])
+    live = LiveTable(client, "p.d.t", {}, known=[F("id", "INTEGER")])  # type: ignore[arg-type]
+    assert live.fit(batch({"id": [1]})).failures == [] and client.reads == 0
+    fitted = live.fit(batch({"id": [2], "coupon": ["FREE"]}))
+    assert fitted.failures == [] and client.reads == 1
+    assert fitted.rows.to_pylist() == [{"id": 2, "coupon": "FREE"}]
+
+
 def test_a_column_unknown_right_after_reading_the_table_is_not_read_again() -> None:
     client = FakeClient([F("id", "INTEGER")])
     fitted = LiveTable(client, "p.d.t", {}).fit(batch({"id": [1], "nope": ["x"]}))  # type: ignore[arg-type]

@@ -100,8 +100,9 @@ def test_a_tasks_tables_are_ensured_with_the_workers_clients(tmp_path: Path, mon
     tables = TableKeeper(schema_file(tmp_path))
     for _batch in range(2):
         for name in ("ev_a", "ev_b", "ev_c"):
-            columns = tables.ensure(None, Destination("ds", name), clients)
-            assert [json.loads(c)["name"] for c in columns or ()] == ["id"]
+            ensured = tables.ensure(None, Destination("ds", name), clients)
+            assert [json.loads(c)["name"] for c in ensured.json_columns or ()] == ["id"]
+            assert "id" in [f.name for f in ensured.schema]  # the live columns, for the task's writer
     assert sorted(client.tables) == ["p.ds.ev_a", "p.ds.ev_b", "p.ds.ev_c"]
     assert len(made) == 1 and not client.closed
     assert client.dataset_gets == 6

@@ -7,6 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from google.cloud.bigquery import SchemaField
 
 from firehose_bq.batch import core
 from firehose_bq.batch.core import ATTEMPT_COLUMN, TaskResult, process_batch
@@ -22,7 +23,7 @@ from firehose_bq.policy import ErrorHandling
 from firehose_bq.registry.confluent import encode_frame, message_indexes
 from firehose_bq.routing import Destination, router_of
 from firehose_bq.schema import MetadataColumns
-from firehose_bq.sink_schema import SinkSpec
+from firehose_bq.sink_schema import Ensured, SinkSpec
 from tests.unit.batch.sources import source_batch
 
 
@@ -64,7 +65,8 @@ class FakePlan:
     opened: int = 0
     destinations: list[Destination | None] = field(default_factory=list)
 
-    def open_writer(self, destination: Destination | None, clients: Clients) -> FakeWriter:
+    def open_writer(self, destination: Destination | None, clients: Clients,
+                    schema: list[Any] | None = None) -> FakeWriter:
         self.opened += 1
         self.destinations.append(destination)
         return self.writer
@@ -319,9 +321,10 @@ class BorrowingPlan(FakePlan):
 
     lent: list[Clients] = field(default_factory=list)
 
-    def open_writer(self, destination: Destination | None, clients: Clients) -> FakeWriter:
+    def open_writer(self, destination: Destination | None, clients: Clients,
+                    schema: list[Any] | None = None) -> FakeWriter:
         self.lent.append(clients)
-        return super().open_writer(destination, clients)
+        return super().open_writer(destination, clients, schema)
 
 
 def test_the_callers_clients_are_lent_to_the_writers_and_kept(test_descriptors: Descriptors,
@@ -389,7 +392,8 @@ class FakeTables:
     dataset_ready: list[bool] = field(default_factory=list)  # whether each call was told its dataset is ensured
     outage: SinkError | None = None  # what every ensure call raises, if set
 
-    def ensure(self, loaded: Descriptors, destination: Destination, clients: Clients, dataset_ready: bool = False) -> None:
+    def ensure(self, loaded: Descriptors, destination: Destination, clients: Clients,
+               dataset_ready: bool = False) -> Ensured:
         self.asked.append(destination.name)
         self.lent.append(clients)
         self.dataset_ready.append(dataset_ready)
@@ -398,6 +402,8 @@ class FakeTables:
         if destination.name in self.conflicting:
             raise SchemaEvolutionError(f"column label of {destination.name} is INTEGER, the proto says STRING")
         self.ensured.append(destination)
+        return Ensured([SchemaField("label", "STRING"), SchemaField("checked_as", "STRING",
+                                                                    description=destination.name)])
 
 
 @dataclass
@@ -405,10 +411,13 @@ class RoutingPlan(FakePlan):
     """A writer per destination, recording what each was given."""
 
     by_table: dict[str, FakeWriter] = field(default_factory=dict)
+    schemas: list[list[Any] | None] = field(default_factory=list)  # what each open_writer was given
 
-    def open_writer(self, destination: Destination | None, clients: Clients) -> FakeWriter:
+    def open_writer(self, destination: Destination | None, clients: Clients,
+                    schema: list[Any] | None = None) -> FakeWriter:
         assert destination is not None
         self.destinations.append(destination)
+        self.schemas.append(schema)
         return self.by_table.setdefault(destination.name, FakeWriter())
 
 
@@ -508,6 +517,19 @@ def test_rows_whose_columns_differ_are_written_apart(test_descriptors: Descripto
                            spec(test_descriptors), plan, handling())
     assert plan.writer.requests == [2, 2] and [r["label"] for r in plan.writer.written] == ["a", "b", "c"]
     assert [x.error.offset for x in letters] == [2] and result.stats.rows_written == 3
+
+
+def test_a_routed_tables_writer_starts_from_the_columns_its_check_read(test_descriptors: Descriptors,
+                                                                        letters: list[DeadLetter]) -> None:
+    """The task's check of a routed table reads its live columns; the writer is handed them (conform.LiveTable
+    then reads them again only for rows holding a column they lack), not a second `tables.get`."""
+    legacy = test_descriptors.message_class("testdata.Legacy")
+    batch = source_batch([*values(test_descriptors, "a"), legacy(id="L").SerializeToString()],
+                         headers=[[("type", b"inner")], [("type", b"legacy")]], offsets=[1, 2])
+    plan = RoutingPlan()
+    process_batch([batch], routed(test_descriptors, FakeTables()), plan, handling())
+    assert [d.name for d in plan.destinations] == ["ds.inner_v1", "ds.legacy_v1"]
+    assert [[f.description for f in schema or []][-1:] for schema in plan.schemas] == [["ds.inner_v1"], ["ds.legacy_v1"]]
 
 
 def test_tables_are_ensured_with_the_clients_the_writers_borrow(test_descriptors: Descriptors,

@@ -180,7 +180,8 @@ class FuzzPlan:
     def changelog(self) -> bool:
         return self.real.changelog
 
-    def open_writer(self, destination: Destination | None, clients: Clients) -> OffsetWriter:
+    def open_writer(self, destination: Destination | None, clients: Clients,
+                    schema: object = None) -> OffsetWriter:
         name = destination.name if destination is not None else ""
         assert name not in self.writers, "one writer per destination and task"
         self.writers[name] = self.open(name)
