@@ -164,7 +164,6 @@ class _Task:
         self.builders: dict[object, RowBuilder] = {}
         self.ready: set[Destination] = set()  # routed destinations whose table this task has ensured
         self.checked: dict[Destination | None, list[SchemaField]] = {}  # their live columns, as ensured
-
         self.writers: dict[Destination | None, RowWriter] = {}
         self.letters: list[DeadLetter] = []
         self.unrouted: list[DeadLetter] = []
