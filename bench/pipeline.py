@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -89,8 +90,7 @@ def plain_run_together(brokers: str, topic: str, parse: Callable[[bytes], object
     ends = KafkaMetadataClient(brokers, "bench-plain").end_offsets((topic,))[topic]
 
     def read() -> None:
-        consumer = ck.Consumer({"bootstrap.servers": brokers, "group.id": "bench-plain", "enable.auto.commit": False,
-                                "fetch.wait.max.ms": 50})
+        consumer = _plain_consumer(brokers)
         consumer.assign([ck.TopicPartition(topic, partition, 0) for partition, end in ends.items() if end])
         left = sum(ends.values())
         while left:
@@ -103,11 +103,18 @@ def plain_run_together(brokers: str, topic: str, parse: Callable[[bytes], object
     return timed(sum(ends.values()), read)
 
 
+def _plain_consumer(brokers: str) -> Any:
+    """The bare confluent-kafka consumer both plain runs read with."""
+    import confluent_kafka as ck
+
+    return ck.Consumer({"bootstrap.servers": brokers, "group.id": "bench-plain", "enable.auto.commit": False,
+                        "fetch.wait.max.ms": 50})
+
+
 def _plain_confluent(brokers: str, topic: str, partition: int, end: int, parse: Callable[[bytes], object]) -> None:
     import confluent_kafka as ck
 
-    consumer = ck.Consumer({"bootstrap.servers": brokers, "group.id": "bench-plain", "enable.auto.commit": False,
-                            "fetch.wait.max.ms": 50})
+    consumer = _plain_consumer(brokers)
     consumer.assign([ck.TopicPartition(topic, partition, 0)])
     seen = 0
     while seen < end:
@@ -235,7 +242,8 @@ def run(rounds: int = ROUNDS, messages: int = MESSAGES) -> dict[str, float]:
     return {**{f"p2a_{chosen.client}_{chosen.decoder}": statistics.median(ratios[chosen])
                for chosen in CONFIGURATIONS},
             "p2a_large": large.rate / large_plain.rate,
-            "p2a_wide": wide["0"].rate / wide_plain.rate, "p2a_wide_task_per_partition": wide["-1"].rate / wide_plain.rate}
+            "p2a_wide": wide["0"].rate / wide_plain.rate,
+            "p2a_wide_task_per_partition": wide["-1"].rate / wide_plain.rate}
 
 
 if __name__ == "__main__":

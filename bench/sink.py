@@ -110,7 +110,8 @@ def run(messages: int = MESSAGES) -> dict[str, float]:
             staging = ({"SINK_BIGQUERY_FILE_LOADS_STAGING_URI": f"gs://{stack_env['FIREHOSE_STACK_GCS_BUCKET']}/p2b"}
                        if method == GCS_FILE_LOADS else {})
             return Config.from_env({**env, **staging, "SINK_BIGQUERY_WRITE_METHOD": method.removesuffix("_gcs"),
-                                    "SINK_BIGQUERY_TABLE_NAME": table, "SPARK_CHECKPOINT_LOCATION": f"{state}/ck-{table}",
+                                    "SINK_BIGQUERY_TABLE_NAME": table,
+                                    "SPARK_CHECKPOINT_LOCATION": f"{state}/ck-{table}",
                                     "SOURCE_KAFKA_CONSUMER_GROUP_ID": f"bench-{table}"})
 
         cfg = config("insertall", "warm")

@@ -145,11 +145,11 @@ class TableKeeper:
                dataset_ready: bool = False) -> Ensured:
         """Create or evolve `destination`'s table; return its live columns as this call left them (the task's
         writer for the table starts from them instead of reading them again) and, with JSON input (`loaded`
-        None), its payload columns (json_tables.schema_json), which are what its records are coerced to. The calls go through
-        the task's `clients` (the worker's, as its writers'): a client of its own per call would cost every
-        task, per micro-batch and per destination table, new credentials and their token (ADC: a metadata
-        server lookup; a key file: a signed OAuth request) and a new connection. `dataset_ready`: the task
-        ensured the destination's dataset already, for another of its tables (a template over the table
+        None), its payload columns (json_tables.schema_json), which are what its records are coerced to. The
+        calls go through the task's `clients` (the worker's, as its writers'): a client of its own per call
+        would cost every task, per micro-batch and per destination table, new credentials and their token (ADC:
+        a metadata server lookup; a key file: a signed OAuth request) and a new connection. `dataset_ready`: the
+        task ensured the destination's dataset already, for another of its tables (a template over the table
         name alone puts them all in one dataset: one datasets.get per task, not one per table)."""
         from firehose_bq import json_tables
 
