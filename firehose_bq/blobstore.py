@@ -11,6 +11,7 @@ GCS object becomes visible only when its upload completed. A reader never sees h
 
 from __future__ import annotations
 
+import logging
 import os
 import posixpath
 import shutil
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from firehose_bq.gcp_auth import service_account_credentials
+
+log = logging.getLogger(__name__)
 
 GCS_SCHEME = "gs://"
 GCS_SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
@@ -228,7 +231,12 @@ def _atomic_write(target: Path) -> Iterator[IO[bytes]]:
             os.fsync(out.fileno())  # on disk before the rename makes it visible, so a crash leaves no torn file
         os.replace(temp, target)
     finally:
-        Path(temp).unlink(missing_ok=True)  # gone already after the rename
+        try:
+            Path(temp).unlink(missing_ok=True)  # gone already after the rename
+        except OSError as exc:
+            # Whatever failed the write (a full disk, one turned read-only) is what the caller must see; a
+            # temporary file left behind is skipped by every listing.
+            log.warning("could not remove the temporary file %s: %s", temp, exc)
 
 
 def _is_temp(path: Path) -> bool:

@@ -42,6 +42,26 @@ def test_a_failed_write_leaves_neither_a_file_nor_a_temp_file(tmp_path: Path) ->
     assert store.get("x.jsonl") == b"old"
 
 
+def test_a_failed_write_reports_its_own_error_not_the_cleanup_s(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """A disk that fills, then refuses the temporary file's removal too (turned read-only): the error the
+    caller sees is the write's."""
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    def refused(self: Path, missing_ok: bool = False) -> None:
+        raise PermissionError(13, "Read-only file system", str(self))
+
+    monkeypatch.setattr(blobstore.os, "replace", full)
+    monkeypatch.setattr(blobstore.Path, "unlink", refused)
+    with pytest.raises(OSError, match="No space left on device"):
+        LocalBlobStore(tmp_path).put("x.jsonl", b"rows")
+    monkeypatch.undo()
+    (warning,) = [r for r in caplog.records if r.name == blobstore.__name__]
+    assert "could not remove the temporary file" in warning.getMessage() and "Read-only" in warning.getMessage()
+    assert [p.name for p in tmp_path.iterdir() if not blobstore._is_temp(p)] == []
+
+
 def test_names_cannot_leave_the_root(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="leaves"):
         LocalBlobStore(tmp_path / "root").put("../outside", b"x")
