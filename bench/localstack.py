@@ -10,7 +10,7 @@ from pathlib import Path
 
 from firehose_bq import descriptors, sample
 from firehose_bq.config import Config, read_env_file
-from firehose_bq.devstack.stack import Stack, isolated_env
+from firehose_bq.devstack.stack import isolated_env, owned_stack
 from firehose_bq.devstack.stack_config import StackConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,13 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 @contextmanager
 def local_stack() -> Iterator[tuple[dict[str, str], Path]]:
     """(job settings for the stack, a scratch directory for checkpoints); the stack stops on exit."""
-    with tempfile.TemporaryDirectory() as state:
-        stack = Stack(StackConfig.from_env(isolated_env(state)))
-        stack.up(report=lambda line: None)
-        try:
-            yield {**read_env_file(REPO / "config" / "local.env"), **stack.env()}, Path(state)
-        finally:
-            stack.down(report=lambda line: None)
+    with tempfile.TemporaryDirectory() as state, owned_stack(StackConfig.from_env(isolated_env(state))) as stack:
+        yield {**read_env_file(REPO / "config" / "local.env"), **stack.env()}, Path(state)
 
 
 def produce_fast(cfg: Config, topic: str, count: int, partitions: int, distinct: int = 10_000,

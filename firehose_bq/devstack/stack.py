@@ -16,7 +16,8 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,6 +215,42 @@ class Stack:
             time.sleep(0.2)
         raise StackError(f"{service.name} did not answer on {service.address} within "
                          f"{self.cfg.start_timeout_s} s; log {self._log(service)}:\n{_tail(self._log(service))}")
+
+
+@contextmanager
+def owned_stack(cfg: StackConfig) -> Iterator[Stack]:
+    """A stack for as long as the block runs (a test session's, a benchmark's): started, and stopped at the
+    end, also when the process is stopped with SIGTERM (a CI time-out, `kill`)."""
+    stack = Stack(cfg)
+    with interrupted_by_sigterm():
+        stack.up(report=lambda line: None)
+        try:
+            yield stack
+        finally:
+            stack.down(report=lambda line: None)
+
+
+@contextmanager
+def interrupted_by_sigterm() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt in the block, as Ctrl-C would. Python's default for SIGTERM ends the
+    process without running `finally` blocks, so a killed test session left its broker and emulators
+    running, with their ports and state directories. Once only: a second SIGTERM ends the process as
+    usual. A no-op outside the main thread, where Python cannot set signal handlers."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise KeyboardInterrupt(f"stopped by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def free_port() -> int:

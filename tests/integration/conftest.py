@@ -20,7 +20,7 @@ from google.cloud import bigquery
 
 from firehose_bq.bigquery.client import make_client
 from firehose_bq.config import BigQueryConfig, Config
-from firehose_bq.devstack.stack import Stack, isolated_env
+from firehose_bq.devstack.stack import Stack, isolated_env, owned_stack
 from firehose_bq.devstack.stack_config import StackConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,12 +32,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     cfg = StackConfig.from_env({**os.environ, **isolated_env(tmp_path_factory.mktemp("stack"))})
-    running = Stack(cfg)
-    running.up(report=lambda line: None)
-    try:
+    with owned_stack(cfg) as running:
         yield running
-    finally:
-        running.down(report=lambda line: None)
 
 
 @pytest.fixture(scope="session")
