@@ -223,8 +223,9 @@ def owned_stack(cfg: StackConfig) -> Iterator[Stack]:
     end, also when the process is stopped with SIGTERM (a CI time-out, `kill`)."""
     stack = Stack(cfg)
     with interrupted_by_sigterm():
-        stack.up(report=lambda line: None)
         try:
+            # Inside: a SIGTERM while the services start leaves those that started already to `down`.
+            stack.up(report=lambda line: None)
             yield stack
         finally:
             stack.down(report=lambda line: None)

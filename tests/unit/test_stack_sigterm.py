@@ -82,3 +82,24 @@ def test_an_owned_stack_stops_when_the_block_is_interrupted(monkeypatch: pytest.
         with stack_mod.owned_stack(object()):  # type: ignore[arg-type]
             raise KeyboardInterrupt
     assert calls == ["made", "up", "down"]
+
+
+def test_an_owned_stack_interrupted_while_it_starts_stops_what_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    class StartingStack:
+        def __init__(self, cfg: object) -> None:
+            pass
+
+        def up(self, report: object = None) -> None:
+            calls.append("broker up")
+            raise KeyboardInterrupt  # SIGTERM before the emulators started
+
+        def down(self, report: object = None) -> None:
+            calls.append("down")
+
+    monkeypatch.setattr(stack_mod, "Stack", StartingStack)
+    with pytest.raises(KeyboardInterrupt):
+        with stack_mod.owned_stack(object()):  # type: ignore[arg-type]
+            calls.append("block")
+    assert calls == ["broker up", "down"]
