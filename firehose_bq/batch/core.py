@@ -162,8 +162,8 @@ class _Task:
         self.request_failed = False  # a write request failed as a whole: the clients are not trusted after
         # Per message class (protobuf) or per destination (JSON: each table is its own schema).
         self.builders: dict[object, RowBuilder] = {}
-        self.ready: set[Destination] = set()  # routed destinations whose table this task has ensured
-        self.checked: dict[Destination | None, list[SchemaField]] = {}  # their live columns, as ensured
+        # Routed destinations whose table this task has ensured, with their live columns as ensured.
+        self.checked: dict[Destination | None, list[SchemaField]] = {}
         self.writers: dict[Destination | None, RowWriter] = {}
         self.letters: list[DeadLetter] = []
         self.unrouted: list[DeadLetter] = []
@@ -228,7 +228,7 @@ class _Task:
         spec, changelog = self.spec, self.plan.changelog
         if destination is not None and destination in self.unusable:
             return None
-        if destination is not None and spec.tables is not None and destination not in self.ready:
+        if destination is not None and spec.tables is not None and destination not in self.checked:
             # The cap first: a template over a high-cardinality attribute must not create the tables.
             if (over := self._over_cap()) is not None:
                 self.over[destination] = over
@@ -236,7 +236,7 @@ class _Task:
             self.met.setdefault(self.scope, []).append(destination)
             try:
                 # A dataset this task ensured for another of its tables is not checked again.
-                dataset_ready = any(d.dataset == destination.dataset for d in self.ready)
+                dataset_ready = any(d is not None and d.dataset == destination.dataset for d in self.checked)
                 ensured = spec.tables.ensure(spec.descriptors, destination, self.clients, dataset_ready)
             except SinkError:
                 self.request_failed = True  # as a write's: the next task starts on new clients
@@ -247,7 +247,6 @@ class _Task:
                 # on every restart, for one record's header.
                 self.unusable[destination] = str(exc)
                 return None
-            self.ready.add(destination)
             self.checked[destination] = ensured.schema
             if spec.json:
                 self.builders[destination] = row_builder(spec, changelog, json_columns=ensured.json_columns)
