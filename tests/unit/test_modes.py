@@ -124,18 +124,24 @@ def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, mon
 
     def one_by_one(work, items, most, open_each, close):  # noqa: ANN001, ANN202 - client.concurrently, in this thread
         at_once.append(most)
-        opened = open_each()
-        for item in items:
+        for item in items:  # each as if on a thread of its own: its own client and store
+            opened = open_each()
             work(opened, item)
-        close(opened)
+            close(opened)
 
     class Client:
         def close(self) -> None:
             pass
 
+    token, looked_up, made_with = object(), [], []  # type: ignore[var-annotated]
+
+    def make_client(cfg: BigQueryConfig, creds: object) -> Client:
+        made_with.append(creds)
+        return Client()
+
     monkeypatch.setattr(modes, "concurrently", one_by_one)
-    monkeypatch.setattr(modes, "shared_credentials", lambda cfg: None)
-    monkeypatch.setattr(modes, "make_client", lambda cfg, creds: Client())
+    monkeypatch.setattr(modes, "shared_credentials", lambda cfg: looked_up.append(cfg) or token)
+    monkeypatch.setattr(modes, "make_client", make_client)
     mode = write_mode(config(SINK_BIGQUERY_WRITE_METHOD="file_loads", SINK_BIGQUERY_FILE_LOADS_CONCURRENT_JOBS="3"),
                       staging=file_loads.StagingArea(str(tmp_path)), identity=lambda: "query-1")
     store = LocalBlobStore(tmp_path)
@@ -151,6 +157,8 @@ def test_file_loads_load_each_table_once_then_drop_the_batch(tmp_path: Path, mon
     assert loads == [("my-project.d.t", 3, ["batch-3/a", "batch-3/c"]),
                      ("my-project.ds.other", 3, ["batch-3/ds.other/b"])]
     assert store.names() == ["batch-30/x"] and at_once == [3]
+    # One credentials lookup for the batch, shared by every thread's client (one token, not one per thread).
+    assert len(looked_up) == 1 and made_with == [token, token]
     # Another routing, the same batch: other job ids (a record it moves between tables is loaded again).
     rerouted = write_mode(config(SINK_BIGQUERY_WRITE_METHOD="file_loads", SINK_BIGQUERY_TABLE_NAME="t_${header.kind}"),
                           staging=file_loads.StagingArea(str(tmp_path)), identity=lambda: "query-1")
