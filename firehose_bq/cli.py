@@ -16,13 +16,15 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType, ModuleType
 
 from firehose_bq import config as config_module
 from firehose_bq import logs
-from firehose_bq.config import Config, read_env_file
+from firehose_bq.config import Config, SparkConfig, read_env_file
+from firehose_bq.settings import load_section
 from firehose_bq.errors import ConfigError, FirehoseError, worker_error
 
 log = logging.getLogger("firehose_bq")
@@ -147,6 +149,12 @@ def _parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser("doctor", parents=[common], help="check that this machine can run the job (Java for Spark)")
     doctor.set_defaults(handler=_doctor)
+
+    archive = commands.add_parser("jvm-archive", parents=[common],
+                                  help="build the driver JVM's class-data archive, for a start ≈ 3 s faster "
+                                       "(once per JDK and Spark installation; ≈ 30 s)")
+    archive.add_argument("--force", action="store_true", help="build it again even if it is built")
+    archive.set_defaults(handler=_jvm_archive)
 
     upsert = commands.add_parser("upsert", parents=[common], help="upsert/delete intermediate tables")
     upsert.add_argument("action", choices=("cleanup",),
@@ -468,10 +476,40 @@ def _tree(fields: Sequence[object], depth: int = 0) -> str:
 
 
 def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    from firehose_bq.spark import java_version
+    from firehose_bq.spark import class_archive, java_version
 
     print(f"java {java_version()} and python {sys.version.split()[0]}: ready for Spark")
+    cfg = _spark_settings(environ)
+    archive = class_archive(cfg)
+    if archive is not None:
+        print(f"JVM class archive: {archive.path} ({archive.path.stat().st_size / 2**20:.0f} MiB)")
+    elif cfg.class_archive_dir.strip():
+        print("JVM class archive: none for this JDK and Spark; `firehose-bq jvm-archive` builds one (≈ 30 s), "
+              "after which the job's JVM starts ≈ 3 s faster")
     return 0
+
+
+def _jvm_archive(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    from firehose_bq import jvm_archive
+    from firehose_bq.spark import java_path
+
+    started = time.monotonic()
+    archive, built = jvm_archive.build(_spark_settings(environ), java_path(), environ, force=args.force)
+    size = archive.path.stat().st_size / 2**20
+    if built:
+        print(f"built the JVM class archive {archive.path} ({size:.0f} MiB) in {time.monotonic() - started:.0f} s")
+    else:
+        print(f"the JVM class archive is built already: {archive.path} ({size:.0f} MiB); --force builds it again")
+    return 0
+
+
+def _spark_settings(environ: Mapping[str, str]) -> SparkConfig:
+    """The Spark settings alone, for commands that start no job (no checkpoint needed)."""
+    problems: list[str] = []
+    cfg = load_section(SparkConfig, {"SPARK_CHECKPOINT_LOCATION": "unused", **environ}, problems)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
 
 
 def _json_value(value: object) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from pyspark import SparkConf, SparkContext
 from pyspark.sql import DataFrame, SparkSession
 
-from firehose_bq import fork_server, logs, worker_daemon
+from firehose_bq import fork_server, jvm_archive, logs, worker_daemon
 from firehose_bq.config import SparkConfig
 from firehose_bq.errors import ConfigError, FirehoseError
 
@@ -82,12 +82,18 @@ START_WORKERS_GROUP = "firehose-bq-start-workers"
 STOP_WAIT_S = 10.0
 
 
-def java_version() -> int:
-    """Major version of the `java` Spark will use; FirehoseError with an install hint if unusable."""
+def java_path() -> Path:
+    """The `java` Spark will use (as spark-class finds it); FirehoseError with an install hint if none."""
     home = os.environ.get("JAVA_HOME")
     java = os.path.join(home, "bin", "java") if home else shutil.which("java")
     if not java or not os.path.exists(java):
         raise FirehoseError(f"Spark needs Java {MIN_JAVA} or newer and none was found: {JAVA_HINT}")
+    return Path(java)
+
+
+def java_version() -> int:
+    """Major version of the `java` Spark will use; FirehoseError with an install hint if unusable."""
+    java = java_path()
     out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
     match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
     if not match:
@@ -122,11 +128,27 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None,
     server = None
     if cfg.python_fork_server and SparkContext._active_spark_context is None:
         server = fork_server.shared(fork_server_env(os.environ, json_logs))
+    archive = class_archive(cfg) if SparkContext._active_spark_context is None else None
     launch = SparkConf(loadDefaults=False)
-    java_options = driver_java_options(cfg, json_logs, os.environ)
-    if java_options and not spark_configures(DRIVER_DEFAULT_JAVA_OPTIONS, os.environ):
+    ours = not spark_configures(DRIVER_DEFAULT_JAVA_OPTIONS, os.environ)
+    java_options = driver_java_options(cfg, json_logs, os.environ, archive)
+    if java_options and ours:
         launch.set(DRIVER_DEFAULT_JAVA_OPTIONS, java_options)
-    SparkContext._ensure_initialized(conf=launch)
+    try:
+        SparkContext._ensure_initialized(conf=launch)
+    except Exception as exc:
+        if archive is None or not ours:
+            raise
+        # A JVM refuses an archive that does not fit it and starts without; one that dies of it (the file
+        # damaged after it was checked) must not stop every start of the job.
+        log.warning("the driver JVM did not start with the class archive %s (%s): starting it without; "
+                    "`firehose-bq jvm-archive --force` builds it again", archive.path, str(exc).splitlines()[0])
+        launch = SparkConf(loadDefaults=False)
+        java_options = driver_java_options(cfg, json_logs, os.environ)
+        if java_options:
+            launch.set(DRIVER_DEFAULT_JAVA_OPTIONS, java_options)
+        SparkContext._ensure_initialized(conf=launch)
+        archive.set_aside()  # the archive, not the rest, stopped it: later starts skip it
     defaults = SparkConf()
     # A worker PYTHONPATH of theirs goes after ours; a daemon of their own replaces ours.
     given = extra.pop(WORKER_PYTHONPATH_CONF, None) or defaults.get(WORKER_PYTHONPATH_CONF, None)
@@ -240,13 +262,25 @@ def _is_local(spark: SparkSession, location: str) -> bool:
         return False
 
 
-def driver_java_options(cfg: SparkConfig, json_logs: bool, environ: Mapping[str, str]) -> str:
+def driver_java_options(cfg: SparkConfig, json_logs: bool, environ: Mapping[str, str],
+                        archive: jvm_archive.Archive | None = None) -> str:
     """SPARK_DRIVER_JAVA_OPTIONS, plus the JSON log configuration when the job logs JSON and the user does
-    not configure log4j. (As a file URI: Spark splits the options at spaces, a path may hold some.)"""
+    not configure log4j (as a file URI: Spark splits the options at spaces, a path may hold some), plus the
+    class archive to map, if any."""
     options = cfg.driver_java_options
     if json_logs and not configures_log4j(environ, options):
         options = f"{options} -D{LOG4J_PROPERTY}={JVM_JSON_LOGGING.as_uri()}".strip()
+    if archive is not None:
+        options = f"{options} {archive.java_options()}".strip()
     return options
+
+
+def class_archive(cfg: SparkConfig) -> jvm_archive.Archive | None:
+    """The class archive the driver JVM maps (jvm_archive.py), if one was built for its JDK and Spark and the
+    user's JVM options do not choose class-data sharing themselves."""
+    if jvm_archive.chooses_sharing(cfg.driver_java_options):
+        return None
+    return jvm_archive.find(cfg.class_archive_dir, java_path(), jvm_archive.spark_home(os.environ))
 
 
 def configures_log4j(environ: Mapping[str, str], java_options: str = "") -> bool:
