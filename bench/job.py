@@ -24,6 +24,7 @@ from bench.pipeline import plain_run
 from firehose_bq import descriptors, sample
 from firehose_bq.config import Config
 from firehose_bq.source.kafka_client import CONFLUENT_KAFKA
+from firehose_bq.spark import class_archive
 
 MESSAGES = 60_000
 PARTITIONS = 2
@@ -71,9 +72,11 @@ def run(messages: int = MESSAGES) -> dict[str, float]:
         assert job.written == messages, f"{job.written} of {messages} rows written"
         seconds, wall = job.seconds, job.wall
         job_rate, plain_rate = messages / seconds, plain.rate
+        archive = class_archive(cfg.spark)
         print(f"P2c the whole job: `firehose-bq run --available-now`, write method "
               f"{cfg.bigquery.effective_write_method} (the default), {messages} example bookings, "
-              f"{PARTITIONS} partitions")
+              f"{PARTITIONS} partitions; the driver JVM maps "
+              f"{f'the class archive {archive.path}' if archive else 'no class archive (`firehose-bq jvm-archive`)'}")
         print(f"  job {seconds:.1f} s = {job_rate:,.0f} msg/s   plain confluent-kafka consume+parse "
               f"{plain_rate:,.0f} msg/s   ratio {job_rate / plain_rate:.3f}x (target ≥ 0.1x)")
         print(f"  the command from start to exit, cold JVM and SparkSession included: {wall:.1f} s "
