@@ -152,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
 
     archive = commands.add_parser("jvm-archive", parents=[common],
                                   help="build the driver JVM's class-data archive, for a start ≈ 3 s faster "
-                                       "(once per JDK and Spark installation; ≈ 30 s)")
+                                       "(once per JDK and Spark installation; ≈ 35 s)")
     archive.add_argument("--force", action="store_true", help="build it again even if it is built")
     archive.set_defaults(handler=_jvm_archive)
 
@@ -484,7 +484,7 @@ def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if archive is not None:
         print(f"JVM class archive: {archive.path} ({archive.path.stat().st_size / 2**20:.0f} MiB)")
     elif cfg.class_archive_dir.strip():
-        print("JVM class archive: none for this JDK and Spark; `firehose-bq jvm-archive` builds one (≈ 30 s), "
+        print("JVM class archive: none for this JDK and Spark; `firehose-bq jvm-archive` builds one (≈ 35 s), "
               "after which the job's JVM starts ≈ 3 s faster")
     return 0
 
