@@ -72,7 +72,7 @@ def run(messages: int = MESSAGES) -> dict[str, float]:
         assert job.written == messages, f"{job.written} of {messages} rows written"
         seconds, wall = job.seconds, job.wall
         job_rate, plain_rate = messages / seconds, plain.rate
-        archive = class_archive(cfg.spark)
+        archive = class_archive(cfg.spark, os.environ)
         print(f"P2c the whole job: `firehose-bq run --available-now`, write method "
               f"{cfg.bigquery.effective_write_method} (the default), {messages} example bookings, "
               f"{PARTITIONS} partitions; the driver JVM maps "

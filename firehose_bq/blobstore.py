@@ -98,12 +98,12 @@ class LocalBlobStore:
         self.root = Path(root)
 
     def put(self, name: str, data: bytes) -> str:
-        with _atomic_write(self._path(name)) as out:
+        with atomic_write(self._path(name)) as out:
             out.write(data)
         return self.uri(name)
 
     def put_file(self, name: str, source: Path) -> str:
-        with _atomic_write(self._path(name)) as out, open(source, "rb") as src:
+        with atomic_write(self._path(name)) as out, open(source, "rb") as src:
             shutil.copyfileobj(src, out)
         return self.uri(name)
 
@@ -220,7 +220,7 @@ def _client(options: GcsOptions) -> Any:
 
 
 @contextmanager
-def _atomic_write(target: Path) -> Iterator[IO[bytes]]:
+def atomic_write(target: Path) -> Iterator[IO[bytes]]:
     """A temp file beside `target`, renamed onto it when the block succeeds and removed when it fails."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(dir=target.parent, prefix=_TEMP_PREFIX, suffix=_TEMP_SUFFIX)

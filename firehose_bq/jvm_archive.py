@@ -5,13 +5,13 @@ reads a record: ≈ 3 s of every start on 2 cores, and most of a cold query's pl
 them, already parsed and verified, from an archive dumped by an earlier JVM (`-XX:ArchiveClassesAtExit`,
 mapped with `-XX:SharedArchiveFile`). `build` dumps one from a training run (`train`: a small streaming
 query through a Python data source on local Spark: the classes a job's driver loads) and the job maps it
-whenever one was built for its JDK and Spark (`find`); a job never builds one.
+whenever one was built for its JDK and Spark (`find`, spark.class_archive); a job never builds one.
 
 Why using it is safe: the JVM checks an archive against its own build and class path and, when they differ,
 starts without it as before (silently: `-Xlog:cds=off`, as its stdout is the job's). A truncated archive
-crashes it instead, so an archive is renamed into place only once whole and checked, and used only when its
-size is the one recorded beside it; a JVM that does not start with it is started again without it
-(spark.py)."""
+kills it instead (its crash report on that stdout), so an archive is renamed into place only once on disk and
+checked (`check`: a JVM starts with it), its size recorded beside it only then, and a job maps it only when
+that size matches and a JVM starts with it (checked again at every start, ≈ 0.1 s, in a scratch directory)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,11 @@ import json
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -33,7 +35,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from firehose_bq.config import SparkConfig
+from firehose_bq.blobstore import atomic_write
 from firehose_bq.errors import FirehoseError
 
 log = logging.getLogger(__name__)
@@ -43,11 +45,14 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 PREFIX = "spark-"
 SUFFIX = ".jsa"
+PARTIAL_SUFFIX = ".tmp"
 # A JVM that cannot use the archive says why on its stdout: the job's own (its run summary, JSON logs).
-QUIET = ("-Xshare:auto", "-Xlog:cds=off", "-Xlog:cds+dynamic=off")
+SILENT = ("-Xlog:cds=off", "-Xlog:cds+dynamic=off")
 # JVM options with which the user chooses class-data sharing themselves: then the job adds no archive.
-USER_OPTIONS = ("-Xshare", "SharedArchiveFile", "ArchiveClassesAtExit", "SharedClassListFile")
-# The training run, dump included (≈ 15-20 s to write ≈ 170 MB here), and the check of its archive.
+SHARING_OPTIONS = ("-Xshare", "SharedArchiveFile", "ArchiveClassesAtExit", "SharedClassListFile")
+# What the JDK says when the class path holds a non-empty directory, with which it dumps no archive.
+NON_EMPTY_DIRECTORY = "non-empty directory"
+# The training run, dump included (≈ 15-20 s to write ≈ 170 MB here), and the check of an archive.
 BUILD_TIMEOUT_S = 600.0
 CHECK_TIMEOUT_S = 60.0
 
@@ -61,19 +66,10 @@ def directory(setting: str) -> Path | None:
     return Path(setting).expanduser()
 
 
-def spark_home(environ: Mapping[str, str]) -> Path:
-    """The Spark installation the driver runs from: SPARK_HOME, else pip's pyspark (which is one)."""
-    if environ.get("SPARK_HOME"):
-        return Path(environ["SPARK_HOME"])
-    import pyspark
-
-    return Path(pyspark.__file__).resolve().parent
-
-
 def identity(java: Path, home: Path) -> str:
-    """What an archive is good for: this JDK (its release and its JVM library) and Spark's jars (names, sizes,
-    times), as a short digest. The JVM checks more (its full class path); this only keeps apart archives that
-    could never match."""
+    """What an archive is good for: this JDK (its release, its JVM library and the JDK's own archive, on
+    which ours is layered) and Spark's jars (names, sizes, times), as a short digest. The JVM checks more
+    (its whole class path); this only keeps apart archives that could never match."""
     digest = hashlib.sha256()
     jdk = java.resolve().parent.parent
     for part in _jdk_files(jdk):
@@ -88,7 +84,7 @@ def _jdk_files(jdk: Path) -> Iterator[str]:
     yield f"{jdk}\n"
     release = jdk / "release"
     yield release.read_text(errors="replace") if release.is_file() else ""
-    for library in sorted(jdk.glob("lib/*/libjvm.so")):
+    for library in sorted([*jdk.glob("lib/*/libjvm.so"), *jdk.glob("lib/*/classes*.jsa")]):
         stat = library.stat()
         yield f"{library.relative_to(jdk)}:{stat.st_size}:{stat.st_mtime_ns}\n"
 
@@ -118,15 +114,16 @@ class Archive:
             return False
 
     def set_aside(self) -> None:
-        """Stop using the archive (a JVM did not start with it): its manifest goes, `jvm-archive` builds anew."""
-        try:
-            self.manifest.unlink(missing_ok=True)
-        except OSError as exc:
-            log.warning("could not set the class archive %s aside: %s", self.path, exc)
+        """Remove the archive (a JVM does not start with it) and its manifest: `jvm-archive` builds anew."""
+        for path in (self.manifest, self.path):
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("could not remove %s: %s", path, exc)
 
     def java_options(self) -> str:
         # Quoted if need be: Spark splits the driver's options at spaces, honouring quotes.
-        return " ".join([shlex.quote(f"-XX:SharedArchiveFile={self.path}"), *QUIET])
+        return " ".join([shlex.quote(f"-XX:SharedArchiveFile={self.path}"), "-Xshare:auto", *SILENT])
 
 
 def archive_for(setting: str, java: Path, home: Path) -> Archive | None:
@@ -137,7 +134,7 @@ def archive_for(setting: str, java: Path, home: Path) -> Archive | None:
 
 
 def find(setting: str, java: Path, home: Path) -> Archive | None:
-    """The archive a driver JVM can map, if one was built for this JDK and Spark."""
+    """The archive built for this JDK and Spark (whole, as recorded), if there is one."""
     try:
         archive = archive_for(setting, java, home)
     except OSError as exc:  # a jar or the JDK unreadable: Spark will say more when it starts
@@ -146,23 +143,30 @@ def find(setting: str, java: Path, home: Path) -> Archive | None:
     return archive if archive is not None and archive.usable() else None
 
 
-def chooses_sharing(java_options: str) -> bool:
-    """Whether the user's JVM options choose class-data sharing themselves (then the job maps no archive)."""
-    return any(option in java_options for option in USER_OPTIONS)
+def check(java: Path, path: Path) -> str | None:
+    """Why a JVM does not start with the archive at `path`, or None when it does. (One it would refuse, it
+    starts without; one it cannot map, it dies of.) Run in a scratch directory, where a crash report goes."""
+    with tempfile.TemporaryDirectory(prefix="firehose-jvm-archive-check-") as scratch:
+        try:
+            done = subprocess.run([str(java), f"-XX:SharedArchiveFile={path}", "-Xshare:auto", "-Xlog:disable",
+                                   f"-XX:ErrorFile={scratch}/hs_err_pid%p.log", "-version"], cwd=scratch,
+                                  capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{type(exc).__name__}: {exc}"
+    if done.returncode != 0:
+        lines = [line for line in done.stdout.splitlines() if line.startswith("#  ") and line.strip("# ")]
+        return f"exit {done.returncode}" + (f": {lines[0].strip('# ')}" if lines else "")
+    return None
 
 
-def build(cfg: SparkConfig, java: Path, environ: Mapping[str, str], *, force: bool = False,
-          timeout_s: float = BUILD_TIMEOUT_S) -> tuple[Archive, bool]:
-    """Build the archive for this JDK and Spark unless it is built already (`force`: again); returns it and
-    whether it was built now. The training runs in a process of its own, whose JVM (with the job's JVM
-    options, `cfg`) dumps the archive as it exits; `environ` is its environment."""
-    home = spark_home(environ)
-    archive = archive_for(cfg.class_archive_dir, java, home)
+def build(setting: str, java: Path, home: Path, environ: Mapping[str, str], java_options: str, *,
+          force: bool = False, timeout_s: float = BUILD_TIMEOUT_S) -> tuple[Archive, bool]:
+    """Build the archive for this JDK and the Spark at `home` unless it is built already (`force`: again);
+    returns it and whether it was built now. The training runs in a process of its own (`environ`), whose
+    JVM (the job's `java_options`, and the dump) writes the archive as it exits."""
+    archive = archive_for(setting, java, home)
     if archive is None:
         raise FirehoseError("SPARK_CLASS_ARCHIVE_DIR is empty: no JVM class archive is to be used, so none is built")
-    if chooses_sharing(cfg.driver_java_options):
-        raise FirehoseError(f"SPARK_DRIVER_JAVA_OPTIONS chooses class-data sharing itself "
-                            f"({cfg.driver_java_options}): the job maps no archive of ours, so none is built")
     if archive.usable() and not force:
         return archive, False
     try:
@@ -170,14 +174,22 @@ def build(cfg: SparkConfig, java: Path, environ: Mapping[str, str], *, force: bo
     except OSError as exc:
         raise FirehoseError(f"cannot create {archive.path.parent} for the JVM class archive: {exc} (set "
                             f"SPARK_CLASS_ARCHIVE_DIR to a directory this user can write)") from exc
-    partial = archive.path.with_name(f".{archive.path.name}.{uuid.uuid4().hex}.tmp")
+    _drop_partials(archive.path.parent, timeout_s)
+    partial = archive.path.with_name(f".{archive.path.name}.{uuid.uuid4().hex}{PARTIAL_SUFFIX}")
     try:
-        _train(partial, cfg.driver_java_options, environ, timeout_s)
-        _check(java, partial)
+        _train(partial, java_options, environ, timeout_s)
+        with open(partial, "rb") as dumped:
+            os.fsync(dumped.fileno())  # on disk before its rename and its manifest say it is whole
+        refused = check(java, partial)
+        if refused is not None:
+            raise FirehoseError(f"a JVM does not start with the new class archive ({refused})")
         size = partial.stat().st_size
         os.replace(partial, archive.path)
-        _write_manifest(archive, {"bytes": size, "java": str(java.resolve()), "spark_home": str(home),
-                                  "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
+        with atomic_write(archive.manifest) as out:
+            os.fchmod(out.fileno(), 0o644)  # readable where the archive is (the JVM writes that read-only for all)
+            out.write(json.dumps({"bytes": size, "java": str(java.resolve()), "spark_home": str(home),
+                                  "built": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+                                  }).encode())
     except OSError as exc:
         raise FirehoseError(f"building the JVM class archive {archive.path} failed: {exc}") from exc
     finally:
@@ -187,40 +199,44 @@ def build(cfg: SparkConfig, java: Path, environ: Mapping[str, str], *, force: bo
 
 
 def _train(partial: Path, java_options: str, environ: Mapping[str, str], timeout_s: float) -> None:
-    """Run `train` in a new process whose driver JVM (the job's `java_options`, and the dump) writes the
-    classes it loaded into `partial` as it exits."""
-    dump = " ".join([shlex.quote(f"-XX:ArchiveClassesAtExit={partial}"), *QUIET[1:]])
-    options = f"{java_options} {dump}".strip()
+    """Run `train` in a new process whose driver JVM writes the classes it loaded into `partial` as it exits.
+    Its own session (a process group): stopped early (a timeout, Ctrl-C), the whole group is killed, the JVM
+    included, which would otherwise go on to dump into a file nobody removes."""
+    options = " ".join([java_options, shlex.quote(f"-XX:ArchiveClassesAtExit={partial}"), *SILENT]).strip()
     # Its own session maps no archive: a JVM cannot map one and dump another on top of it.
     env = {**environ, "SPARK_DRIVER_JAVA_OPTIONS": options, "SPARK_CLASS_ARCHIVE_DIR": ""}
-    try:
-        done = subprocess.run([sys.executable, "-m", __name__], env=env, capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise FirehoseError(f"the training run for the JVM class archive did not end within {timeout_s:.0f} s") from exc
-    if done.returncode != 0 or not partial.is_file():
-        output = (done.stdout + done.stderr).strip()[-3000:]
-        raise FirehoseError(f"the training run for the JVM class archive failed (exit {done.returncode}, "
-                            f"{'an archive' if partial.is_file() else 'no archive'} written):\n{output}")
+    with tempfile.TemporaryFile("w+") as output:
+        child = subprocess.Popen([sys.executable, "-m", __name__], env=env, stdout=output, stderr=subprocess.STDOUT,
+                                 text=True, start_new_session=True)
+        try:
+            code = child.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise FirehoseError(f"the training run for the JVM class archive did not end within {timeout_s:.0f} s") \
+                from None
+        finally:
+            if child.returncode is None:
+                os.killpg(child.pid, signal.SIGKILL)  # a killed JVM dumps nothing
+                child.wait()
+        output.seek(0)
+        text = output.read()
+    if code != 0 or not partial.is_file():
+        if NON_EMPTY_DIRECTORY in text:
+            raise FirehoseError("the JDK dumps no class archive while the driver's class path holds a non-empty "
+                                "directory: Spark's conf directory (SPARK_CONF_DIR, else SPARK_HOME/conf) or "
+                                "HADOOP_CONF_DIR, YARN_CONF_DIR. pip's pyspark has none; with a Spark distribution "
+                                "the job would not map one either (the JVM checks its class path)")
+        raise FirehoseError(f"the training run for the JVM class archive failed (exit {code}, "
+                            f"{'an archive' if partial.is_file() else 'no archive'} written):\n{text.strip()[-3000:]}")
 
 
-def _check(java: Path, partial: Path) -> None:
-    """A JVM starts with the archive (one it would refuse, it skips; one it cannot map, it dies of)."""
-    done = subprocess.run([str(java), f"-XX:SharedArchiveFile={partial}", "-Xshare:auto", "-Xlog:disable",
-                           "-version"], capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, check=False)
-    if done.returncode != 0:
-        raise FirehoseError(f"a JVM does not start with the new class archive (exit {done.returncode}): "
-                            f"{done.stderr.strip()[-1000:]}")
-
-
-def _write_manifest(archive: Archive, values: dict[str, Any]) -> None:
-    with tempfile.NamedTemporaryFile("w", dir=archive.path.parent, prefix=".manifest-", delete=False) as out:
-        json.dump(values, out)
-    try:
-        os.chmod(out.name, 0o644)  # readable where the archive is (the JVM writes that one read-only for all)
-        os.replace(out.name, archive.manifest)
-    finally:
-        Path(out.name).unlink(missing_ok=True)
+def _drop_partials(where: Path, timeout_s: float) -> None:
+    """Partial archives older than a build can take: left by a build that was killed outright."""
+    for partial in where.glob(f".{PREFIX}*{SUFFIX}.*{PARTIAL_SUFFIX}"):
+        try:
+            if time.time() - partial.stat().st_mtime > timeout_s:
+                partial.unlink()
+        except OSError:
+            continue  # another build's, gone meanwhile, or not ours to remove
 
 
 def _drop_superseded(archive: Archive, home: Path) -> None:
@@ -230,11 +246,7 @@ def _drop_superseded(archive: Archive, home: Path) -> None:
         stale = Archive(other)
         recorded = stale.recorded()
         if other != archive.path and recorded is not None and recorded.get("spark_home") == str(home):
-            try:
-                stale.manifest.unlink(missing_ok=True)
-                other.unlink(missing_ok=True)
-            except OSError as exc:
-                log.warning("could not remove the superseded JVM class archive %s: %s", other, exc)
+            stale.set_aside()
 
 
 def train(environ: Mapping[str, str]) -> None:
@@ -244,6 +256,7 @@ def train(environ: Mapping[str, str]) -> None:
     classes load from the jars as before."""
     from pyspark.sql import SparkSession
 
+    from firehose_bq.config import SparkConfig
     from firehose_bq.settings import load_section
     from firehose_bq.spark import stop_session, spark_session
 

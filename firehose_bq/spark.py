@@ -128,27 +128,12 @@ def spark_session(cfg: SparkConfig, extra_conf: Mapping[str, str] | None = None,
     server = None
     if cfg.python_fork_server and SparkContext._active_spark_context is None:
         server = fork_server.shared(fork_server_env(os.environ, json_logs))
-    archive = class_archive(cfg) if SparkContext._active_spark_context is None else None
+    archive = class_archive(cfg, os.environ) if SparkContext._active_spark_context is None else None
     launch = SparkConf(loadDefaults=False)
-    ours = not spark_configures(DRIVER_DEFAULT_JAVA_OPTIONS, os.environ)
     java_options = driver_java_options(cfg, json_logs, os.environ, archive)
-    if java_options and ours:
+    if java_options and not spark_configures(DRIVER_DEFAULT_JAVA_OPTIONS, os.environ):
         launch.set(DRIVER_DEFAULT_JAVA_OPTIONS, java_options)
-    try:
-        SparkContext._ensure_initialized(conf=launch)
-    except Exception as exc:
-        if archive is None or not ours:
-            raise
-        # A JVM refuses an archive that does not fit it and starts without; one that dies of it (the file
-        # damaged after it was checked) must not stop every start of the job.
-        log.warning("the driver JVM did not start with the class archive %s (%s): starting it without; "
-                    "`firehose-bq jvm-archive --force` builds it again", archive.path, str(exc).splitlines()[0])
-        launch = SparkConf(loadDefaults=False)
-        java_options = driver_java_options(cfg, json_logs, os.environ)
-        if java_options:
-            launch.set(DRIVER_DEFAULT_JAVA_OPTIONS, java_options)
-        SparkContext._ensure_initialized(conf=launch)
-        archive.set_aside()  # the archive, not the rest, stopped it: later starts skip it
+    SparkContext._ensure_initialized(conf=launch)
     defaults = SparkConf()
     # A worker PYTHONPATH of theirs goes after ours; a daemon of their own replaces ours.
     given = extra.pop(WORKER_PYTHONPATH_CONF, None) or defaults.get(WORKER_PYTHONPATH_CONF, None)
@@ -275,12 +260,36 @@ def driver_java_options(cfg: SparkConfig, json_logs: bool, environ: Mapping[str,
     return options
 
 
-def class_archive(cfg: SparkConfig) -> jvm_archive.Archive | None:
-    """The class archive the driver JVM maps (jvm_archive.py), if one was built for its JDK and Spark and the
-    user's JVM options do not choose class-data sharing themselves."""
-    if jvm_archive.chooses_sharing(cfg.driver_java_options):
+def class_archive(cfg: SparkConfig, environ: Mapping[str, str]) -> jvm_archive.Archive | None:
+    """The class archive the driver JVM will map (jvm_archive.py): one built for its JDK and Spark that a JVM
+    starts with (checked: a damaged one would kill the driver's JVM, its crash report on the job's stdout),
+    unless the user's own JVM options choose otherwise (`own_class_sharing`)."""
+    if own_class_sharing(cfg, environ) is not None:
         return None
-    return jvm_archive.find(cfg.class_archive_dir, java_path(), jvm_archive.spark_home(os.environ))
+    java = java_path()
+    archive = jvm_archive.find(cfg.class_archive_dir, java, spark_home(environ))
+    if archive is None:
+        return None
+    refused = jvm_archive.check(java, archive.path)
+    if refused is not None:
+        log.warning("a JVM does not start with the class archive %s (%s): the job starts without it, and "
+                    "removes it; `firehose-bq jvm-archive` builds it again", archive.path, refused)
+        archive.set_aside()
+        return None
+    return archive
+
+
+def own_class_sharing(cfg: SparkConfig, environ: Mapping[str, str]) -> str | None:
+    """Why the job adds no class archive to the driver's JVM options, if the user's configuration says so:
+    their spark.driver.defaultJavaOptions replace the job's, and options choosing class-data sharing
+    themselves (here or in Spark's configuration) would clash with it."""
+    if spark_configures(DRIVER_DEFAULT_JAVA_OPTIONS, environ):
+        return f"{DRIVER_DEFAULT_JAVA_OPTIONS} in your Spark configuration replaces the job's JVM options"
+    for entry in driver_option_entries(environ, cfg.driver_java_options):
+        chosen = next((option for option in jvm_archive.SHARING_OPTIONS if option in entry), None)
+        if chosen is not None:
+            return f"the driver's JVM options choose class-data sharing themselves ({chosen})"
+    return None
 
 
 def configures_log4j(environ: Mapping[str, str], java_options: str = "") -> bool:
@@ -290,20 +299,26 @@ def configures_log4j(environ: Mapping[str, str], java_options: str = "") -> bool
     spark.driver.extraJavaOptions: log4j2 prefers our name to log4j 1's wherever each comes); not in a
     spark.executor.* setting, which configures the executors'."""
     conf_dir = Path(_conf_dir(environ))
+    return (bool(environ.get(LOG4J_ENV)) or any((conf_dir / name).is_file() for name in LOG4J_FILES)
+            or any(name in entry for entry in driver_option_entries(environ, java_options)
+                   for name in (LOG4J_PROPERTY, LOG4J_LEGACY_PROPERTY)))
+
+
+def driver_option_entries(environ: Mapping[str, str], java_options: str) -> list[str]:
+    """Where the user may set the driver JVM's options, as text to search: `java_options`
+    (SPARK_DRIVER_JAVA_OPTIONS), PYSPARK_SUBMIT_ARGS' words, the lines of the properties files spark-submit
+    reads; not spark.executor.* lines, which set the executors' JVMs (on a cluster)."""
     args, *files = _submit_config_texts(environ)
     try:
         words = shlex.split(args)
     except ValueError:  # an unbalanced quote: spark-submit would refuse it anyway
         words = args.split()
-    # The executors' options configure their own log4j (on a cluster), not the driver's.
     entries = [java_options, *words, *(line for text in files for line in text.splitlines())]
-    return (bool(environ.get(LOG4J_ENV)) or any((conf_dir / name).is_file() for name in LOG4J_FILES)
-            or any(name in entry for entry in entries if not entry.lstrip().startswith(EXECUTOR_CONF)
-                   for name in (LOG4J_PROPERTY, LOG4J_LEGACY_PROPERTY)))
+    return [entry for entry in entries if not entry.lstrip().startswith(EXECUTOR_CONF)]
 
 
 def _conf_dir(environ: Mapping[str, str]) -> str:
-    return environ.get("SPARK_CONF_DIR") or os.path.join(environ.get("SPARK_HOME") or _spark_home(), "conf")
+    return environ.get("SPARK_CONF_DIR") or str(spark_home(environ) / "conf")
 
 
 def spark_configures(key: str, environ: Mapping[str, str]) -> bool:
@@ -331,10 +346,11 @@ def _submit_config_texts(environ: Mapping[str, str]) -> list[str]:
     return texts
 
 
-def _spark_home() -> str:
+def spark_home(environ: Mapping[str, str]) -> Path:
+    """The Spark installation the driver runs from: SPARK_HOME, else the one pyspark finds (pip's pyspark)."""
     from pyspark.find_spark_home import _find_spark_home
 
-    return _find_spark_home()
+    return Path(environ.get("SPARK_HOME") or _find_spark_home())
 
 
 def planned_partitions(df: DataFrame) -> list[Any] | None:

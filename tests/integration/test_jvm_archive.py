@@ -64,11 +64,12 @@ def test_a_job_s_jvm_maps_spark_s_classes_from_the_archive(archive_dir: Path, jo
     assert "cds" not in done.stdout + done.stderr  # the JVM says nothing of it
 
 
-def test_a_damaged_archive_does_not_stop_the_job_and_is_set_aside(archive_dir: Path, job_env: dict[str, str],
-                                                                  job_config: Config, bq_client: bigquery.Client,
-                                                                  tmp_path: Path) -> None:
-    """Cut short after it was built and checked (its manifest agreeing): the JVM dies mapping it. The job
-    starts its JVM again without it, lands the rows, and later starts skip it until it is built again."""
+def test_a_damaged_archive_does_not_stop_the_job_and_is_removed(archive_dir: Path, job_env: dict[str, str],
+                                                                job_config: Config, bq_client: bigquery.Client,
+                                                                tmp_path: Path) -> None:
+    """Cut short after it was built and checked, its manifest agreeing: a JVM dies mapping it, its crash report
+    on stdout and in an hs_err file. The job finds that out before starting its own JVM, starts it without,
+    lands the rows with nothing of the crash in its output or its directory, and removes the archive."""
     archive, manifest = the_archive(archive_dir)
     damaged_dir = tmp_path / "archives"
     damaged_dir.mkdir()
@@ -82,7 +83,9 @@ def test_a_damaged_archive_does_not_stop_the_job_and_is_set_aside(archive_dir: P
     done = firehose("run", "--available-now", env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert len(read_table(bq_client, job_config)) == 20
-    assert f"the driver JVM did not start with the class archive {damaged}" in done.stderr
-    assert not (damaged_dir / manifest.name).exists()
+    assert f"a JVM does not start with the class archive {damaged} (exit" in done.stderr, done.stderr
+    assert "fatal error" not in done.stdout + done.stderr
+    assert list(tmp_path.rglob("hs_err*")) == []
+    assert list(damaged_dir.iterdir()) == []
     doctor = firehose("doctor", env={"SPARK_CLASS_ARCHIVE_DIR": str(damaged_dir)}, cwd=tmp_path)
     assert "none for this JDK and Spark" in doctor.stdout, doctor.stdout + doctor.stderr

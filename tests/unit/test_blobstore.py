@@ -35,7 +35,7 @@ def test_a_failed_write_leaves_neither_a_file_nor_a_temp_file(tmp_path: Path) ->
     with pytest.raises(FileNotFoundError):
         store.put_file("x.jsonl", tmp_path / "missing")
     with pytest.raises(RuntimeError):
-        with blobstore._atomic_write(tmp_path / "y.jsonl") as out:
+        with blobstore.atomic_write(tmp_path / "y.jsonl") as out:
             out.write(b"half")
             raise RuntimeError("crash mid-write")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.jsonl"]

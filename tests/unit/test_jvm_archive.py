@@ -6,15 +6,18 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from firehose_bq import jvm_archive
 from firehose_bq.config import SparkConfig
 from firehose_bq.errors import FirehoseError
-from firehose_bq.spark import class_archive, driver_java_options
+from firehose_bq.spark import class_archive, driver_java_options, own_class_sharing
 
 
 @pytest.fixture
@@ -81,13 +84,14 @@ def test_only_a_whole_archive_with_its_manifest_is_used(installation: tuple[Path
     assert jvm_archive.find(where, java, home) is None  # built for the old jars
 
 
-def test_a_set_aside_archive_is_no_longer_used(installation: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_set_aside_archive_is_gone_with_its_manifest(installation: tuple[Path, Path], tmp_path: Path) -> None:
     java, home = installation
     where = str(tmp_path / "archives")
     archive = jvm_archive.archive_for(where, java, home)
     assert archive is not None
     place(archive, 10)
     archive.set_aside()
+    assert not archive.path.exists() and not archive.manifest.exists()
     assert jvm_archive.find(where, java, home) is None
 
 
@@ -101,60 +105,119 @@ def test_its_options_come_last_quoted_and_silence_the_jvm_s_refusal(tmp_path: Pa
     assert driver_java_options(SparkConfig(checkpoint_location="x"), False, {}) == "-XX:TieredStopAtLevel=1"
 
 
-@pytest.mark.parametrize("option", ["-Xshare:off", "-XX:SharedArchiveFile=/mine.jsa", "-XX:ArchiveClassesAtExit=/a.jsa"])
-def test_a_user_who_chooses_class_sharing_gets_no_archive_of_ours(option: str, monkeypatch: pytest.MonkeyPatch,
-                                                                   installation: tuple[Path, Path],
-                                                                   tmp_path: Path) -> None:
+def fake_java(tmp_path: Path, script: str) -> Path:
+    """A `java` that runs `script` (sh), in a JDK layout."""
+    java = tmp_path / "fake-jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True, exist_ok=True)
+    java.write_text(f"#!/bin/sh\n{script}\n")
+    java.chmod(0o755)
+    return java
+
+
+def test_the_check_says_why_a_jvm_does_not_start_and_leaves_no_crash_report(tmp_path: Path) -> None:
+    # What JDK 17 prints mapping a truncated archive (then it aborts).
+    crash = fake_java(tmp_path, 'echo "#"; echo "# A fatal error has been detected by the Java Runtime Environment:"; '
+                                'echo "#"; echo "#  SIGBUS (0x7) at pc=0x00007f9b, pid=5941, tid=5942"; '
+                                'touch hs_err_pid1.log; exit 134')
+    assert jvm_archive.check(crash, tmp_path / "a.jsa") == "exit 134: SIGBUS (0x7) at pc=0x00007f9b, pid=5941, tid=5942"
+    assert list(tmp_path.glob("hs_err*")) == []  # it ran in a scratch directory
+    seen = tmp_path / "arguments"
+    fine = fake_java(tmp_path, f'echo "$@" > {seen}; exit 0')
+    assert jvm_archive.check(fine, tmp_path / "a.jsa") is None
+    assert f"-XX:SharedArchiveFile={tmp_path / 'a.jsa'} -Xshare:auto -Xlog:disable" in seen.read_text()
+    assert jvm_archive.check(tmp_path / "no-java", tmp_path / "a.jsa").startswith("FileNotFoundError")
+
+
+@pytest.fixture
+def job_spark(monkeypatch: pytest.MonkeyPatch, installation: tuple[Path, Path], tmp_path: Path) -> Path:
+    """JAVA_HOME and SPARK_HOME at the fake installation, Spark's configuration in an empty directory; the
+    archives' directory."""
     java, home = installation
     monkeypatch.setenv("JAVA_HOME", str(java.parent.parent))
     monkeypatch.setenv("SPARK_HOME", str(home))
-    where = str(tmp_path / "archives")
-    archive = jvm_archive.archive_for(where, java, home)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "conf"))
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    return tmp_path / "archives"
+
+
+@pytest.mark.parametrize("option", ["-Xshare:off", "-XX:SharedArchiveFile=/mine.jsa", "-XX:ArchiveClassesAtExit=/a.jsa"])
+def test_a_user_who_chooses_class_sharing_gets_no_archive_of_ours(option: str, monkeypatch: pytest.MonkeyPatch,
+                                                                   installation: tuple[Path, Path],
+                                                                   job_spark: Path, tmp_path: Path) -> None:
+    java, home = installation
+    monkeypatch.setattr(jvm_archive, "check", lambda java, path: None)
+    archive = jvm_archive.archive_for(str(job_spark), java, home)
     assert archive is not None
     place(archive, 10)
-    assert class_archive(SparkConfig(checkpoint_location="x", class_archive_dir=where)) == archive
-    chosen = SparkConfig(checkpoint_location="x", class_archive_dir=where, driver_java_options=option)
-    assert class_archive(chosen) is None
+    cfg = SparkConfig(checkpoint_location="x", class_archive_dir=str(job_spark))
+    assert class_archive(cfg, os.environ) == archive and own_class_sharing(cfg, os.environ) is None
+    chosen = SparkConfig(checkpoint_location="x", class_archive_dir=str(job_spark), driver_java_options=option)
+    assert class_archive(chosen, os.environ) is None
+    assert own_class_sharing(chosen, os.environ) == f"the driver's JVM options choose class-data sharing themselves " \
+                                                    f"({option.split(':')[1].split('=')[0] if option.startswith('-XX') else '-Xshare'})"
+    # The same in Spark's own configuration, which goes on the JVM's command line beside the job's options.
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", f"--driver-java-options {option} pyspark-shell")
+    assert class_archive(cfg, os.environ) is None
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS")
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "spark-defaults.conf").write_text(f"spark.executor.extraJavaOptions {option}\n")
+    assert class_archive(cfg, os.environ) == archive  # the executors' JVMs: not the driver's
+    (tmp_path / "conf" / "spark-defaults.conf").write_text(f"spark.driver.extraJavaOptions {option}\n")
+    assert class_archive(cfg, os.environ) is None
+    (tmp_path / "conf" / "spark-defaults.conf").write_text("spark.driver.defaultJavaOptions -Xss4m\n")
+    assert "replaces the job's JVM options" in (own_class_sharing(cfg, os.environ) or "")
+    assert class_archive(cfg, os.environ) is None
 
 
-def spark_cfg(where: str, java_options: str = "-XX:TieredStopAtLevel=1") -> SparkConfig:
-    return SparkConfig(checkpoint_location="x", class_archive_dir=where, driver_java_options=java_options)
+def test_an_archive_a_jvm_does_not_start_with_is_removed_and_the_job_starts_without(
+        monkeypatch: pytest.MonkeyPatch, installation: tuple[Path, Path], job_spark: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    java, home = installation
+    archive = jvm_archive.archive_for(str(job_spark), java, home)
+    assert archive is not None
+    place(archive, 10)
+    monkeypatch.setattr(jvm_archive, "check", lambda java, path: "exit 134: SIGBUS")
+    cfg = SparkConfig(checkpoint_location="x", class_archive_dir=str(job_spark))
+    assert class_archive(cfg, os.environ) is None
+    assert not archive.path.exists() and not archive.manifest.exists()
+    assert f"a JVM does not start with the class archive {archive.path} (exit 134: SIGBUS)" in caplog.text
 
 
-def fake_training(monkeypatch: pytest.MonkeyPatch, write: bytes | None, check_ok: bool = True) -> list[dict[str, str]]:
-    """The training run writes `write` (None: nothing, and fails); the check passes or fails."""
-    runs: list[dict[str, str]] = []
+def fake_training(monkeypatch: pytest.MonkeyPatch, write: bytes | None, refused: str | None = None) -> list[str]:
+    """The training run writes `write` (None: nothing, and fails); the check refuses it or not. Returns the JVM
+    options each training run was given."""
+    runs: list[str] = []
 
     def train(partial: Path, java_options: str, environ: dict[str, str], timeout_s: float) -> None:
-        runs.append(dict(environ))
+        runs.append(java_options)
         if write is None:
             raise FirehoseError("the training run for the JVM class archive failed (exit 1)")
         partial.write_bytes(write)
 
-    def check(java: Path, partial: Path) -> None:
-        if not check_ok:
-            raise FirehoseError("a JVM does not start with the new class archive (exit 134)")
-
     monkeypatch.setattr(jvm_archive, "_train", train)
-    monkeypatch.setattr(jvm_archive, "_check", check)
+    monkeypatch.setattr(jvm_archive, "check", lambda java, path: refused)
     return runs
+
+
+def build(where: Path | str, java: Path, home: Path, force: bool = False) -> tuple[jvm_archive.Archive, bool]:
+    return jvm_archive.build(str(where), java, home, {}, "-XX:TieredStopAtLevel=1", force=force)
 
 
 def test_a_build_puts_the_archive_in_place_then_its_manifest_and_is_not_repeated(
         monkeypatch: pytest.MonkeyPatch, installation: tuple[Path, Path], tmp_path: Path) -> None:
     java, home = installation
-    where = str(tmp_path / "archives")
+    where = tmp_path / "archives"
     runs = fake_training(monkeypatch, b"classes")
-    archive, built = jvm_archive.build(spark_cfg(where), java, {"SPARK_HOME": str(home)})
-    assert built and archive.path.read_bytes() == b"classes"
+    archive, built = build(where, java, home)
+    assert built and archive.path.read_bytes() == b"classes" and runs == ["-XX:TieredStopAtLevel=1"]
     recorded = archive.recorded()
     assert recorded is not None and recorded["bytes"] == 7 and recorded["spark_home"] == str(home)
     assert oct(archive.manifest.stat().st_mode & 0o777) == "0o644"
-    assert jvm_archive.find(where, java, home) == archive
-    assert jvm_archive.build(spark_cfg(where), java, {"SPARK_HOME": str(home)}) == (archive, False)
+    assert jvm_archive.find(str(where), java, home) == archive
+    assert build(where, java, home) == (archive, False)
     assert len(runs) == 1
-    assert jvm_archive.build(spark_cfg(where), java, {"SPARK_HOME": str(home)}, force=True) == (archive, True)
-    assert sorted(p.name for p in archive.path.parent.iterdir()) == sorted([archive.manifest.name, archive.path.name])
+    assert build(where, java, home, force=True) == (archive, True)
+    assert sorted(p.name for p in where.iterdir()) == sorted([archive.manifest.name, archive.path.name])
 
 
 def test_a_failed_build_leaves_nothing_behind_and_says_why(monkeypatch: pytest.MonkeyPatch,
@@ -163,20 +226,18 @@ def test_a_failed_build_leaves_nothing_behind_and_says_why(monkeypatch: pytest.M
     where = tmp_path / "archives"
     fake_training(monkeypatch, None)
     with pytest.raises(FirehoseError, match="training run"):
-        jvm_archive.build(spark_cfg(str(where)), java, {"SPARK_HOME": str(home)})
+        build(where, java, home)
     assert list(where.iterdir()) == []
-    fake_training(monkeypatch, b"damaged", check_ok=False)
-    with pytest.raises(FirehoseError, match="does not start"):
-        jvm_archive.build(spark_cfg(str(where)), java, {"SPARK_HOME": str(home)})
+    fake_training(monkeypatch, b"damaged", refused="exit 134: SIGBUS")
+    with pytest.raises(FirehoseError, match=r"does not start with the new class archive \(exit 134: SIGBUS\)"):
+        build(where, java, home)
     assert list(where.iterdir()) == []
     assert jvm_archive.find(str(where), java, home) is None
     with pytest.raises(FirehoseError, match="SPARK_CLASS_ARCHIVE_DIR is empty"):
-        jvm_archive.build(spark_cfg(""), java, {"SPARK_HOME": str(home)})
-    with pytest.raises(FirehoseError, match="chooses class-data sharing itself"):
-        jvm_archive.build(spark_cfg(str(where), "-Xshare:off"), java, {"SPARK_HOME": str(home)})
+        build("", java, home)
 
 
-def test_a_new_build_drops_the_superseded_archives_of_its_spark_only(
+def test_a_build_drops_superseded_archives_of_its_spark_and_partials_of_killed_builds(
         monkeypatch: pytest.MonkeyPatch, installation: tuple[Path, Path], tmp_path: Path) -> None:
     java, home = installation
     where = tmp_path / "archives"
@@ -184,32 +245,71 @@ def test_a_new_build_drops_the_superseded_archives_of_its_spark_only(
     place(old_here, 5, home=home)
     other_spark = jvm_archive.Archive(where / "spark-0ther.jsa")
     place(other_spark, 5, home=tmp_path / "another-spark")
+    killed = where / ".spark-x.jsa.0123.tmp"
+    killed.write_bytes(b"half")
+    os.utime(killed, (1, 1))
+    running = where / ".spark-x.jsa.4567.tmp"  # another build's, being written
+    running.write_bytes(b"half")
     fake_training(monkeypatch, b"classes")
-    archive, _ = jvm_archive.build(spark_cfg(str(where)), java, {"SPARK_HOME": str(home)})
+    archive, _ = build(where, java, home)
     assert sorted(p.name for p in where.iterdir()) == sorted(
-        [archive.path.name, archive.manifest.name, other_spark.path.name, other_spark.manifest.name])
+        [archive.path.name, archive.manifest.name, other_spark.path.name, other_spark.manifest.name, running.name])
 
 
-def test_the_training_s_own_jvm_dumps_and_maps_nothing(monkeypatch: pytest.MonkeyPatch,
-                                                        installation: tuple[Path, Path], tmp_path: Path) -> None:
-    """Its JVM options: the user's, then the dump into the partial file; and no archive of ours to map."""
-    java, home = installation
-    seen: list[dict[str, str]] = []
+class FakeTraining:
+    """subprocess.Popen for `_train`: records its command and environment; `wait` ends as told."""
 
-    class Done:
-        returncode = 0
-        stdout = stderr = ""
+    def __init__(self, ends: list[object], partial: Path | None = None, output: str = "") -> None:
+        self.ends, self.partial, self.output = ends, partial, output
+        self.env: dict[str, str] = {}
+        self.returncode: int | None = None
+        self.pid = 4242
 
-    def run(command: list[str], env: dict[str, str], **kwargs: object) -> Done:
-        seen.append(env)
-        partial = shlex.split(env["SPARK_DRIVER_JAVA_OPTIONS"])[1].split("=", 1)[1]
-        Path(partial).write_bytes(b"x")
-        return Done()
+    def __call__(self, command: list[str], env: dict[str, str], stdout: Any, **kwargs: object) -> FakeTraining:
+        assert kwargs["start_new_session"] is True
+        self.env = env
+        stdout.write(self.output)
+        return self
 
-    monkeypatch.setattr(jvm_archive.subprocess, "run", run)
-    partial = tmp_path / "dir with space" / ".spark-x.jsa.tmp"
+    def wait(self, timeout: float | None = None) -> int:
+        end = self.ends.pop(0)
+        if isinstance(end, BaseException):
+            raise end
+        if self.partial is not None:
+            self.partial.write_bytes(b"dump")
+        self.returncode = int(end)  # type: ignore[call-overload]
+        return self.returncode
+
+
+def test_the_training_s_jvm_dumps_with_the_job_s_options_and_maps_nothing(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    partial = tmp_path / "dir with space" / ".spark-x.jsa.1.tmp"
     partial.parent.mkdir()
-    jvm_archive._train(partial, "-Xss4m", {"SPARK_DRIVER_JAVA_OPTIONS": "ignored", "PATH": os.environ["PATH"]}, 5)
-    words = shlex.split(seen[0]["SPARK_DRIVER_JAVA_OPTIONS"])
-    assert words[:2] == ["-Xss4m", f"-XX:ArchiveClassesAtExit={partial}"]
-    assert "-Xlog:cds=off" in words and seen[0]["SPARK_CLASS_ARCHIVE_DIR"] == ""
+    training = FakeTraining([0], partial)
+    monkeypatch.setattr(jvm_archive.subprocess, "Popen", training)
+    jvm_archive._train(partial, "-Xss4m", {"SPARK_DRIVER_JAVA_OPTIONS": "ignored", "SPARK_CLASS_ARCHIVE_DIR": "auto"}, 5)
+    words = shlex.split(training.env["SPARK_DRIVER_JAVA_OPTIONS"])
+    assert words == ["-Xss4m", f"-XX:ArchiveClassesAtExit={partial}", "-Xlog:cds=off", "-Xlog:cds+dynamic=off"]
+    assert training.env["SPARK_CLASS_ARCHIVE_DIR"] == ""
+
+
+@pytest.mark.parametrize("stop", [subprocess.TimeoutExpired("training", 5), KeyboardInterrupt()],
+                         ids=["timeout", "ctrl-c"])
+def test_a_training_stopped_early_is_killed_whole_so_its_jvm_dumps_nothing(
+        stop: BaseException, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    training = FakeTraining([stop, -9])
+    monkeypatch.setattr(jvm_archive.subprocess, "Popen", training)
+    killed: list[tuple[int, int]] = []
+    monkeypatch.setattr(jvm_archive.os, "killpg", lambda pid, sig: killed.append((pid, sig)))
+    expected = FirehoseError if isinstance(stop, subprocess.TimeoutExpired) else KeyboardInterrupt
+    with pytest.raises(expected):
+        jvm_archive._train(tmp_path / ".spark-x.jsa.1.tmp", "", {}, 5)
+    assert killed == [(4242, signal.SIGKILL)]
+
+
+def test_a_class_path_directory_that_stops_the_dump_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    output = "Error: non-empty directory '/opt/spark/conf'\nError occurred during initialization of VM\n" \
+             "Cannot have non-empty directory in paths\n"
+    monkeypatch.setattr(jvm_archive.subprocess, "Popen", FakeTraining([1], output=output))
+    with pytest.raises(FirehoseError, match="Spark's conf directory"):
+        jvm_archive._train(tmp_path / ".spark-x.jsa.1.tmp", "", {}, 5)
