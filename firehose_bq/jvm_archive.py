@@ -272,10 +272,10 @@ def train(environ: Mapping[str, str]) -> None:
                  .option("checkpointLocation", cfg.checkpoint_location).trigger(availableNow=True).start())
         query.awaitTermination()
         stop_session(spark)
-        _end_jvm(spark)
+        _end_jvm()
 
 
-def _end_jvm(spark: Any) -> None:
+def _end_jvm() -> None:
     """End the driver JVM now and wait for it: it dumps the archive as it exits, which it otherwise does after
     this process is gone (it exits when its standard input closes)."""
     from pyspark import SparkContext
@@ -289,7 +289,7 @@ def _end_jvm(spark: Any) -> None:
 
 
 def _training_batch(df: Any, batch_id: int) -> None:
-    from firehose_bq.pipeline import planned_partitions
+    from firehose_bq.spark import planned_partitions
 
     planned = planned_partitions(df) or []
     df.sparkSession.sparkContext.parallelize(range(max(len(planned), 2)), 2).mapPartitions(_count).collect()
