@@ -196,16 +196,21 @@ _JVM_THROWERS = {
 def query_error(exc: BaseException) -> str:
     """`worker_error` of a failed streaming query; where the query's error carries no message of its own (a
     JVM exception such as an EOFException, thrown when a Python process Spark talks to dies), the innermost
-    JVM cause and where Spark threw it: "terminated with exception:" followed by nothing tells nobody why."""
+    JVM cause and where Spark threw it: "terminated with exception:" followed by nothing tells nobody why.
+    Likewise where Spark met a Python process of known meaning going away with a message that names none
+    (a SocketException's "Connection reset", depending on the moment of its death)."""
     reason = worker_error(exc)
     try:
         message = (exc.getMessageParameters() or {}).get("message")  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - not a Spark error, or the JVM is gone: the reason as it is
         return reason
-    if message is None or message.strip():
+    if message is None:
         return reason
     cause = jvm_cause(_jvm_trace(exc))
-    return reason if cause is None else f"{reason} (cause: {cause})"
+    if cause is None or (message.strip() and not any(cause.endswith(meaning) for meaning in _JVM_THROWERS.values())):
+        return reason
+    # A message of its own ("Connection reset", where the process died mid-exchange) still names no process.
+    return f"{reason} (cause: {cause})"
 
 
 # How many causes deep a JVM exception is followed (Throwable.getCause ends a cycle only at itself).
@@ -243,15 +248,15 @@ def jvm_cause(stack_trace: str) -> str | None:
         return None
     header = lines[start].removeprefix(_CAUSED_BY).strip()
     name, _, message = header.partition(": ")
-    if message.strip():
-        return header
     frames = [m for m in map(_JVM_FRAME.match, lines[start + 1:]) if m]
     # The first frame outside the JDK: where Spark (or a library) met the failure.
     thrower = next((m for m in frames if not m.group(1).startswith(("java.", "javax.", "jdk.", "sun."))), None)
+    where = f"{thrower.group(1).rpartition('.')[2]}.{thrower.group(2)}" if thrower is not None else ""
+    meaning = _JVM_THROWERS.get(where.partition(".")[0])
+    if message.strip():
+        return f"{header} in {where}: {meaning}" if meaning else header
     if thrower is None:
         return name
-    where = f"{thrower.group(1).rpartition('.')[2]}.{thrower.group(2)}"
-    meaning = _JVM_THROWERS.get(where.partition(".")[0])
     return f"{name} in {where}" + (f": {meaning}" if meaning else "")
 
 

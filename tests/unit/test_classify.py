@@ -127,8 +127,18 @@ def test_a_query_error_without_a_message_names_its_jvm_cause_and_what_it_means()
     assert reason.endswith("(cause: java.io.EOFException in PythonStreamingSourceRunner.latestOffset: Spark's "
                            "Python process for the Kafka source (python_streaming_source_runner, a fork of the "
                            "job's fork server) ended unexpectedly)")
-    # A query error with a message of its own stays as it is.
-    assert query_error(_QueryFailed("boom", QUERY_TRACE)) == str(_QueryFailed("boom", QUERY_TRACE))
+    # A query error with a message of its own stays as it is, unless its cause is a Python process of known
+    # meaning going away: killed mid-exchange, the same runner's death reads "Connection reset".
+    plain = "Caused by: java.lang.IllegalStateException: boom\n\tat org.example.Thing.run(Thing.java:1)\n"
+    assert query_error(_QueryFailed("boom", plain)) == str(_QueryFailed("boom", plain))
+    reset = QUERY_TRACE.replace("Caused by: java.io.EOFException\n\tat java.base/java.io.DataInputStream.readInt("
+                                "DataInputStream.java:386)",
+                                "Caused by: java.net.SocketException: Connection reset\n\tat java.base/sun.nio.ch."
+                                "NioSocketImpl.implRead(NioSocketImpl.java:318)")
+    assert query_error(_QueryFailed("Connection reset", reset)).endswith(
+        "terminated with exception: Connection reset SQLSTATE: XXKST (cause: java.net.SocketException: Connection "
+        "reset in PythonStreamingSourceRunner.latestOffset: Spark's Python process for the Kafka source "
+        "(python_streaming_source_runner, a fork of the job's fork server) ended unexpectedly)")
     assert jvm_cause("java.io.IOException: No space left on device\n\tat a.B.c(B.java:1)") == (
         "java.io.IOException: No space left on device")
     assert jvm_cause("java.lang.IllegalStateException\n\tat org.example.Thing.run(Thing.java:1)") == (
