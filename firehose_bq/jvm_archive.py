@@ -113,7 +113,7 @@ class Archive:
         except OSError:
             return False
 
-    def set_aside(self) -> None:
+    def remove(self) -> None:
         """Remove the archive (a JVM does not start with it) and its manifest: `jvm-archive` builds anew."""
         for path in (self.manifest, self.path):
             try:
@@ -246,7 +246,7 @@ def _drop_superseded(archive: Archive, home: Path) -> None:
         stale = Archive(other)
         recorded = stale.recorded()
         if other != archive.path and recorded is not None and recorded.get("spark_home") == str(home):
-            stale.set_aside()
+            stale.remove()
 
 
 def train(environ: Mapping[str, str]) -> None:

@@ -274,7 +274,7 @@ def class_archive(cfg: SparkConfig, environ: Mapping[str, str]) -> jvm_archive.A
     if refused is not None:
         log.warning("a JVM does not start with the class archive %s (%s): the job starts without it, and "
                     "removes it; `firehose-bq jvm-archive` builds it again", archive.path, refused)
-        archive.set_aside()
+        archive.remove()
         return None
     return archive
 

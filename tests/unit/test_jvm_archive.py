@@ -84,13 +84,13 @@ def test_only_a_whole_archive_with_its_manifest_is_used(installation: tuple[Path
     assert jvm_archive.find(where, java, home) is None  # built for the old jars
 
 
-def test_a_set_aside_archive_is_gone_with_its_manifest(installation: tuple[Path, Path], tmp_path: Path) -> None:
+def test_a_removed_archive_is_gone_with_its_manifest(installation: tuple[Path, Path], tmp_path: Path) -> None:
     java, home = installation
     where = str(tmp_path / "archives")
     archive = jvm_archive.archive_for(where, java, home)
     assert archive is not None
     place(archive, 10)
-    archive.set_aside()
+    archive.remove()
     assert not archive.path.exists() and not archive.manifest.exists()
     assert jvm_archive.find(where, java, home) is None
 
