@@ -23,8 +23,7 @@ from types import FrameType, ModuleType
 
 from firehose_bq import config as config_module
 from firehose_bq import logs
-from firehose_bq.config import Config, SparkConfig, read_env_file
-from firehose_bq.settings import load_section
+from firehose_bq.config import Config, read_env_file, spark_settings
 from firehose_bq.errors import ConfigError, FirehoseError, worker_error
 
 log = logging.getLogger("firehose_bq")
@@ -479,7 +478,7 @@ def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from firehose_bq.spark import class_archive, java_version, own_class_sharing
 
     print(f"java {java_version()} and python {sys.version.split()[0]}: ready for Spark")
-    cfg = _spark_settings(environ)
+    cfg = spark_settings(environ)
     archive = class_archive(cfg, environ)
     if archive is not None:
         print(f"JVM class archive: {archive.path} ({archive.path.stat().st_size / 2**20:.0f} MiB)")
@@ -495,7 +494,7 @@ def _jvm_archive(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from firehose_bq import jvm_archive
     from firehose_bq.spark import java_path, own_class_sharing, spark_home
 
-    cfg = _spark_settings(environ)
+    cfg = spark_settings(environ)
     own = own_class_sharing(cfg, environ)
     if own is not None:
         raise FirehoseError(f"no JVM class archive is built: the job would map none, as {own}")
@@ -508,15 +507,6 @@ def _jvm_archive(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     else:
         print(f"the JVM class archive is built already: {archive.path} ({size:.0f} MiB); --force builds it again")
     return 0
-
-
-def _spark_settings(environ: Mapping[str, str]) -> SparkConfig:
-    """The Spark settings alone, for commands that start no job (no checkpoint needed)."""
-    problems: list[str] = []
-    cfg = load_section(SparkConfig, {"SPARK_CHECKPOINT_LOCATION": "unused", **environ}, problems)
-    if problems:
-        raise ConfigError(problems)
-    return cfg
 
 
 def _json_value(value: object) -> str:

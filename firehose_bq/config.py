@@ -490,6 +490,16 @@ class SparkConfig:
     )
 
 
+def spark_settings(environ: Mapping[str, str]) -> SparkConfig:
+    """The Spark settings alone, for what starts no job (`doctor`, `jvm-archive` and its training run): no
+    checkpoint is needed. ConfigError lists every problem."""
+    problems: list[str] = []
+    cfg = load_section(SparkConfig, {"SPARK_CHECKPOINT_LOCATION": "unused", **environ}, problems)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
 def _broker_set(brokers: str) -> frozenset[str]:
     """Bootstrap servers as a set, as written (`localhost` and `127.0.0.1` are not recognised as one)."""
     return frozenset(b.strip().lower() for b in brokers.split(",") if b.strip())

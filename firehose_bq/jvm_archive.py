@@ -143,12 +143,13 @@ def find(setting: str, java: Path, home: Path) -> Archive | None:
     return archive if archive is not None and archive.usable() else None
 
 
-def check(java: Path, path: Path) -> str | None:
-    """Why a JVM does not start with the archive at `path`, or None when it does. (One it would refuse, it
-    starts without; one it cannot map, it dies of.) Run in a scratch directory, where a crash report goes."""
+def check(java: Path, archive: Archive) -> str | None:
+    """Why a JVM does not start with `archive` (the options a job's JVM gets), or None when it does. (One it
+    would refuse, it starts without; one it cannot map, it dies of.) Run in a scratch directory, where a
+    crash report goes."""
     with tempfile.TemporaryDirectory(prefix="firehose-jvm-archive-check-") as scratch:
         try:
-            done = subprocess.run([str(java), f"-XX:SharedArchiveFile={path}", "-Xshare:auto", "-Xlog:disable",
+            done = subprocess.run([str(java), *shlex.split(archive.java_options()),
                                    f"-XX:ErrorFile={scratch}/hs_err_pid%p.log", "-version"], cwd=scratch,
                                   capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
@@ -180,7 +181,7 @@ def build(setting: str, java: Path, home: Path, environ: Mapping[str, str], java
         _train(partial, java_options, environ, timeout_s)
         with open(partial, "rb") as dumped:
             os.fsync(dumped.fileno())  # on disk before its rename and its manifest say it is whole
-        refused = check(java, partial)
+        refused = check(java, Archive(partial))
         if refused is not None:
             raise FirehoseError(f"a JVM does not start with the new class archive ({refused})")
         size = partial.stat().st_size
@@ -254,18 +255,16 @@ def train(environ: Mapping[str, str]) -> None:
     query (available-now) reads a Python data source, and each micro-batch runs its tasks as the pipeline
     does (an RDD over the planned ranges, and the scan's `mapInArrow` fallback). Local mode: a cluster's own
     classes load from the jars as before."""
+    import dataclasses
+
     from pyspark.sql import SparkSession
 
-    from firehose_bq.config import SparkConfig
-    from firehose_bq.settings import load_section
+    from firehose_bq.config import spark_settings
     from firehose_bq.spark import stop_session, spark_session
 
     with tempfile.TemporaryDirectory(prefix="firehose-jvm-archive-") as scratch:
-        problems: list[str] = []
-        cfg = load_section(SparkConfig, {**environ, "SPARK_CHECKPOINT_LOCATION": f"{scratch}/checkpoint",
-                                         "SPARK_MASTER": "local[2]"}, problems)
-        if problems:
-            raise FirehoseError("; ".join(problems))
+        cfg = dataclasses.replace(spark_settings(environ), checkpoint_location=f"{scratch}/checkpoint",
+                                  master="local[2]")
         spark: SparkSession = spark_session(cfg)
         spark.dataSource.register(_TrainingSource)
         query = (spark.readStream.format(_TrainingSource.name()).load().writeStream.foreachBatch(_training_batch)

@@ -270,7 +270,7 @@ def class_archive(cfg: SparkConfig, environ: Mapping[str, str]) -> jvm_archive.A
     archive = jvm_archive.find(cfg.class_archive_dir, java, spark_home(environ))
     if archive is None:
         return None
-    refused = jvm_archive.check(java, archive.path)
+    refused = jvm_archive.check(java, archive)
     if refused is not None:
         log.warning("a JVM does not start with the class archive %s (%s): the job starts without it, and "
                     "removes it; `firehose-bq jvm-archive` builds it again", archive.path, refused)

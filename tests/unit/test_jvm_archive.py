@@ -119,13 +119,16 @@ def test_the_check_says_why_a_jvm_does_not_start_and_leaves_no_crash_report(tmp_
     crash = fake_java(tmp_path, 'echo "#"; echo "# A fatal error has been detected by the Java Runtime Environment:"; '
                                 'echo "#"; echo "#  SIGBUS (0x7) at pc=0x00007f9b, pid=5941, tid=5942"; '
                                 'touch hs_err_pid1.log; exit 134')
-    assert jvm_archive.check(crash, tmp_path / "a.jsa") == "exit 134: SIGBUS (0x7) at pc=0x00007f9b, pid=5941, tid=5942"
+    archive = jvm_archive.Archive(tmp_path / "a.jsa")
+    assert jvm_archive.check(crash, archive) == "exit 134: SIGBUS (0x7) at pc=0x00007f9b, pid=5941, tid=5942"
     assert list(tmp_path.glob("hs_err*")) == []  # it ran in a scratch directory
     seen = tmp_path / "arguments"
     fine = fake_java(tmp_path, f'echo "$@" > {seen}; exit 0')
-    assert jvm_archive.check(fine, tmp_path / "a.jsa") is None
-    assert f"-XX:SharedArchiveFile={tmp_path / 'a.jsa'} -Xshare:auto -Xlog:disable" in seen.read_text()
-    assert jvm_archive.check(tmp_path / "no-java", tmp_path / "a.jsa").startswith("FileNotFoundError")
+    assert jvm_archive.check(fine, archive) is None
+    # The options a job's JVM gets.
+    assert seen.read_text().startswith(f"-XX:SharedArchiveFile={archive.path} -Xshare:auto -Xlog:cds=off "
+                                       "-Xlog:cds+dynamic=off -XX:ErrorFile=")
+    assert jvm_archive.check(tmp_path / "no-java", archive).startswith("FileNotFoundError")
 
 
 @pytest.fixture
@@ -145,7 +148,7 @@ def test_a_user_who_chooses_class_sharing_gets_no_archive_of_ours(option: str, m
                                                                    installation: tuple[Path, Path],
                                                                    job_spark: Path, tmp_path: Path) -> None:
     java, home = installation
-    monkeypatch.setattr(jvm_archive, "check", lambda java, path: None)
+    monkeypatch.setattr(jvm_archive, "check", lambda java, archive: None)
     archive = jvm_archive.archive_for(str(job_spark), java, home)
     assert archive is not None
     place(archive, 10)
@@ -176,7 +179,7 @@ def test_an_archive_a_jvm_does_not_start_with_is_removed_and_the_job_starts_with
     archive = jvm_archive.archive_for(str(job_spark), java, home)
     assert archive is not None
     place(archive, 10)
-    monkeypatch.setattr(jvm_archive, "check", lambda java, path: "exit 134: SIGBUS")
+    monkeypatch.setattr(jvm_archive, "check", lambda java, archive: "exit 134: SIGBUS")
     cfg = SparkConfig(checkpoint_location="x", class_archive_dir=str(job_spark))
     assert class_archive(cfg, os.environ) is None
     assert not archive.path.exists() and not archive.manifest.exists()
@@ -195,7 +198,7 @@ def fake_training(monkeypatch: pytest.MonkeyPatch, write: bytes | None, refused:
         partial.write_bytes(write)
 
     monkeypatch.setattr(jvm_archive, "_train", train)
-    monkeypatch.setattr(jvm_archive, "check", lambda java, path: refused)
+    monkeypatch.setattr(jvm_archive, "check", lambda java, archive: refused)
     return runs
 
 
