@@ -259,8 +259,11 @@ class BigQueryConfig:
     )
     table_schema_cache_ttl_ms: int = setting(
         "SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS",
-        "With INPUT_SCHEMA_DATA_TYPE=JSON: how long the destination table's schema is used before it is read "
-        "again (columns added to the table are then filled).",
+        "How long a table's schema, once read, is used before it is read again. With INPUT_SCHEMA_DATA_TYPE=JSON: "
+        "the destination table's, on the driver (columns added to the table are then filled). With routing (tables "
+        "named by the records): each table a Spark worker checked (created or evolved), for its later tasks with "
+        "the same descriptors; new descriptors, and a write request that failed as a whole, check again at once. "
+        "0: every task checks each of its tables.",
         60_000,
         minimum=0,
     )

@@ -7,9 +7,12 @@ evolves it; `SinkSchema` does both whenever the descriptors' content changes, an
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -134,6 +137,48 @@ class Ensured:
     json_columns: tuple[str, ...] | None = None
 
 
+class CheckedTables:
+    """The routed tables a Python worker has checked (`TableKeeper.ensure`), kept from one of its tasks to
+    the next for SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS.
+
+    Without them every task of every micro-batch checked each table its records named: a `tables.get` each
+    (tens of milliseconds on BigQuery, one after another), so a job routed to 200 tables spent seconds of
+    each task on checks, and its tasks together could pass BigQuery's 100 API requests a second per method.
+    A check is kept for the same job settings, destination and descriptors (new descriptors check again at
+    once); a task that saw a request fail as a whole drops them all (`clear`), as it drops its clients, so a
+    table deleted under a running job is created again by the rerun rather than failing until the TTL ends.
+    Each entry is a table's columns: a bound on their number keeps a template over a high-cardinality
+    attribute from growing a worker without end (the oldest go first)."""
+
+    LIMIT = 10_000
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._entries: dict[Hashable, tuple[float, Ensured]] = {}  # insertion order: oldest first
+
+    def get(self, key: Hashable, ttl_s: float) -> Ensured | None:
+        """The check kept under `key` if it is younger than `ttl_s`."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        if self._clock() - entry[0] >= ttl_s:
+            del self._entries[key]
+            return None
+        return entry[1]
+
+    def put(self, key: Hashable, ensured: Ensured) -> None:
+        self._entries.pop(key, None)
+        while len(self._entries) >= self.LIMIT:
+            del self._entries[next(iter(self._entries))]
+        self._entries[key] = (self._clock(), ensured)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 @dataclass(frozen=True)
 class TableKeeper:
     """Creates and evolves a routed job's tables from inside its tasks: only the records name them.
@@ -141,8 +186,28 @@ class TableKeeper:
 
     config: Config
 
+    @functools.cached_property
+    def _settings(self) -> str:
+        """The job's settings, as a key part of its checks (`CheckedTables`): a worker may run the tasks of
+        more than one job of a Spark application, and a table is planned from the settings too (metadata
+        columns, partitioning, labels). Computed in the worker, once per task (each unpickles its spec)."""
+        return hashlib.blake2b(repr(self.config).encode(), digest_size=16).hexdigest()
+
     def ensure(self, loaded: Descriptors | None, destination: Destination, clients: Clients,
-               dataset_ready: bool = False) -> Ensured:
+               dataset_ready: bool = False, kept: CheckedTables | None = None) -> Ensured:
+        """`destination`'s table as `check` leaves it, or as a check in `kept` (the worker's) left it less than
+        SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS ago for the same settings and descriptors."""
+        if kept is None:
+            return self.check(loaded, destination, clients, dataset_ready)
+        key = (self._settings, destination, None if loaded is None else loaded.fingerprint)
+        ensured = kept.get(key, self.config.bigquery.table_schema_cache_ttl_ms / 1000)
+        if ensured is None:
+            ensured = self.check(loaded, destination, clients, dataset_ready)
+            kept.put(key, ensured)
+        return ensured
+
+    def check(self, loaded: Descriptors | None, destination: Destination, clients: Clients,
+              dataset_ready: bool = False) -> Ensured:
         """Create or evolve `destination`'s table; return its live columns as this call left them (the task's
         writer for the table starts from them instead of reading them again) and, with JSON input (`loaded`
         None), its payload columns (json_tables.schema_json), which are what its records are coerced to. The

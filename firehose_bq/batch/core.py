@@ -45,7 +45,7 @@ from firehose_bq.policy import DLQ, FAILED, FALLBACK, RETRIED, ErrorHandling, Ha
 from firehose_bq.redact import Redactor
 from firehose_bq.registry.confluent import message_indexes
 from firehose_bq.routing import Destination
-from firehose_bq.sink_schema import SinkSpec
+from firehose_bq.sink_schema import CheckedTables, SinkSpec
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +156,9 @@ class _Task:
     """One task's state across its source batches: a row builder per message class, a writer per
     destination (each table ensured once), the dead letters and fallback records to store at the end."""
 
-    def __init__(self, spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, clients: Clients) -> None:
-        self.spec, self.plan, self.handling, self.clients = spec, plan, handling, clients
+    def __init__(self, spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, clients: Clients,
+                 kept: CheckedTables) -> None:
+        self.spec, self.plan, self.handling, self.clients, self.kept = spec, plan, handling, clients, kept
         self.result = TaskResult()
         self.request_failed = False  # a write request failed as a whole: the clients are not trusted after
         # Per message class (protobuf) or per destination (JSON: each table is its own schema).
@@ -237,7 +238,7 @@ class _Task:
             try:
                 # A dataset this task ensured for another of its tables is not checked again.
                 dataset_ready = any(d is not None and d.dataset == destination.dataset for d in self.checked)
-                ensured = spec.tables.ensure(spec.descriptors, destination, self.clients, dataset_ready)
+                ensured = spec.tables.ensure(spec.descriptors, destination, self.clients, dataset_ready, self.kept)
             except SinkError:
                 self.request_failed = True  # as a write's: the next task starts on new clients
                 raise
@@ -247,7 +248,7 @@ class _Task:
                 # on every restart, for one record's header.
                 self.unusable[destination] = str(exc)
                 return None
-            self.checked[destination] = ensured.schema
+            self.checked[destination] = list(ensured.schema)  # the writer's own: a kept check is shared
             if spec.json:
                 self.builders[destination] = row_builder(spec, changelog, json_columns=ensured.json_columns)
         if spec.json:
@@ -402,6 +403,7 @@ class _Task:
                     self.result.reports.append(report)
         if self.request_failed:
             self.clients.reset()
+            self.kept.clear()  # a table may be gone, or its dataset: the next task checks them again
 
 
 @dataclass
@@ -461,11 +463,14 @@ class _Timed:
 
 
 def process_batch(sources: Iterable[pa.RecordBatch], spec: SinkSpec, plan: TaskPlan,
-                  handling: ErrorHandling, clients: Clients | None = None) -> TaskResult:
+                  handling: ErrorHandling, clients: Clients | None = None,
+                  kept: CheckedTables | None = None) -> TaskResult:
     """Decode, route, write and settle every record of `sources` (one task's share of a batch). The
-    writers borrow `clients` (the caller's to keep and close), or clients made for this call alone."""
+    writers borrow `clients` (the caller's to keep and close), or clients made for this call alone; routed
+    tables are checked once per call, or once per TTL with the caller's `kept` checks."""
     own = clients is None
-    task = _Task(spec, plan, handling, clients if clients is not None else Clients())
+    task = _Task(spec, plan, handling, clients if clients is not None else Clients(),
+                 kept if kept is not None else CheckedTables())
     try:
         for source in sources:
             if not task.process(source):

@@ -19,7 +19,7 @@ from firehose_bq import logs
 from firehose_bq.batch.core import TaskPlan, TaskResult, process_batch
 from firehose_bq.bigquery.client import Clients
 from firehose_bq.policy import ErrorHandling
-from firehose_bq.sink_schema import SinkSpec
+from firehose_bq.sink_schema import CheckedTables, SinkSpec
 from firehose_bq.source.kafka_client import RANGE_COLUMNS, RangeReader
 
 # The schema of what each task yields: its TaskResult as JSON (batch/core.py).
@@ -30,6 +30,8 @@ Resume = dict[tuple[str, int], int]
 # task nothing that outlives it, so the BigQuery clients every micro-batch's writers borrow are kept at
 # the module the tasks run from (Clients says why; it starts empty in each forked worker).
 WORKER_CLIENTS = Clients()
+# Likewise the routed tables the worker checked (CheckedTables says why), not checked again for a while.
+WORKER_TABLES = CheckedTables()
 
 
 def run_task(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, worker_logging: logs.WorkerLogging | None,
@@ -58,7 +60,8 @@ def _run(spec: SinkSpec, plan: TaskPlan, handling: ErrorHandling, worker_logging
     masking, batch id)."""
     logs.apply_in_worker(worker_logging)
     with logs.log_context(**(worker_logging.fields if worker_logging is not None else {})):
-        result = process_batch(_records(reader, planned, resume), spec, plan, handling, WORKER_CLIENTS)
+        result = process_batch(_records(reader, planned, resume), spec, plan, handling, WORKER_CLIENTS,
+                               WORKER_TABLES)
     result.planned = planned
     if result.held:
         result.resume += _unreached(planned, resume, result.resume)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from firehose_bq.bigquery.client import Clients
 from firehose_bq.config import Config
 from firehose_bq.errors import ErrorType, SchemaError, SinkError
 from firehose_bq.routing import Destination
-from firehose_bq.sink_schema import TableKeeper
+from firehose_bq.sink_schema import CheckedTables, Ensured, TableKeeper
 
 BASE = {"SOURCE_KAFKA_BROKERS": "b", "SOURCE_KAFKA_TOPIC": "t", "SOURCE_KAFKA_CONSUMER_GROUP_ID": "g",
         "INPUT_SCHEMA_DATA_TYPE": "JSON", "SINK_BIGQUERY_GOOGLE_CLOUD_PROJECT_ID": "p",
@@ -50,12 +51,14 @@ class KeepingClient:
         self.tables: dict[str, bigquery.Table] = {}
         self.closed = False
         self.dataset_gets = 0
+        self.table_gets = 0
 
     def get_dataset(self, ref: bigquery.DatasetReference, **kwargs: Any) -> bigquery.Dataset:
         self.dataset_gets += 1
         return bigquery.Dataset(ref)
 
     def get_table(self, ref: str, **kwargs: Any) -> bigquery.Table:
+        self.table_gets += 1
         if ref not in self.tables:
             raise api_exceptions.NotFound(f"Not found: Table {ref}")
         return self.tables[ref]
@@ -109,6 +112,89 @@ def test_a_tasks_tables_are_ensured_with_the_workers_clients(tmp_path: Path, mon
     # A dataset the task ensured already, for another table: not asked for again.
     tables.ensure(None, Destination("ds", "ev_d"), clients, dataset_ready=True)
     assert client.dataset_gets == 6 and "p.ds.ev_d" in client.tables
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_workers_later_tasks_reuse_its_table_checks_until_the_ttl(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each of a worker's tasks, in every micro-batch, checked every table its records named: a tables.get
+    each (tens of ms on BigQuery, one after another). Kept, a check is made again only after
+    SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS (60 s), or for other settings."""
+    client = KeepingClient()
+    clients, _ = lending(monkeypatch, client)
+    clock = Clock()
+    kept = CheckedTables(clock)
+    cfg = schema_file(tmp_path)
+    first = TableKeeper(cfg).ensure(None, Destination("ds", "ev_a"), clients, kept=kept)
+    gets = client.table_gets
+    for _task in range(3):  # each task unpickles a keeper of its own, of the same settings
+        clock.now += 15
+        assert TableKeeper(cfg).ensure(None, Destination("ds", "ev_a"), clients, kept=kept) == first
+    assert client.table_gets == gets and client.dataset_gets == 1
+    clock.now += 15  # 60 s since the first check: past the TTL
+    TableKeeper(cfg).ensure(None, Destination("ds", "ev_a"), clients, kept=kept)
+    assert client.table_gets > gets and client.dataset_gets == 2
+    # Another table, or another job's settings for the same table (a table is planned from them too): a check.
+    TableKeeper(cfg).ensure(None, Destination("ds", "ev_b"), clients, kept=kept)
+    other = Config.from_env({**BASE, "SINK_BIGQUERY_TABLE_SCHEMA_FILE": cfg.bigquery.table_schema_file,
+                             "SOURCE_KAFKA_CONSUMER_GROUP_ID": "another-job"})
+    TableKeeper(other).ensure(None, Destination("ds", "ev_a"), clients, kept=kept)
+    assert client.dataset_gets == 4 and len(kept) == 3
+    # TTL 0: every task checks, as without kept checks.
+    zero = Config.from_env({**BASE, "SINK_BIGQUERY_TABLE_SCHEMA_FILE": cfg.bigquery.table_schema_file,
+                            "SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS": "0"})
+    for _task in range(2):
+        TableKeeper(zero).ensure(None, Destination("ds", "ev_a"), clients, kept=kept)
+    assert client.dataset_gets == 6
+
+
+def test_new_descriptors_check_a_kept_table_again_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check evolves the table to the descriptors the task decodes with: a newer version must be applied
+    before the first row of it is written, not a TTL later."""
+    checks: list[str] = []
+
+    def check(self: TableKeeper, loaded: Any, destination: Destination, clients: Clients,
+              dataset_ready: bool = False) -> Ensured:
+        checks.append(loaded.fingerprint)
+        return Ensured([])
+
+    monkeypatch.setattr(TableKeeper, "check", check)
+    kept, keeper = CheckedTables(), TableKeeper(schema_file(tmp_path))
+    for version in ("v1", "v1", "v2", "v2", "v1"):
+        keeper.ensure(SimpleNamespace(fingerprint=version), Destination("ds", "ev_a"), Clients(),  # type: ignore[arg-type]
+                      kept=kept)
+    assert checks == ["v1", "v2"]  # v1's check is still kept when a task of the older version comes last
+
+
+def test_a_check_that_fails_is_not_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table BigQuery refused, or could not be reached for: the next task asks again (a fixed name, a dataset
+    created meanwhile, an outage over)."""
+    kept = CheckedTables()
+    refusal = api_exceptions.BadRequest("Invalid table id", errors=[{"reason": "invalid", "message": "Invalid id"}])
+    for _task in range(2):
+        with pytest.raises(SchemaError):
+            TableKeeper(schema_file(tmp_path)).ensure(None, Destination("ds", "ev_a"), refusing(monkeypatch, refusal),
+                                                      kept=kept)
+    assert len(kept) == 0
+
+
+def test_kept_checks_are_bounded_oldest_first() -> None:
+    """A template over a high-cardinality attribute names tables without end: a worker keeps the newest."""
+    kept = CheckedTables()
+    kept.LIMIT = 3  # type: ignore[misc]
+    for name in "abcd":
+        kept.put(name, Ensured([]))
+    assert [k for k in "abcd" if kept.get(k, 60) is not None] == ["b", "c", "d"]
+    kept.put("b", Ensured([]))  # checked again: the newest now
+    kept.put("e", Ensured([]))
+    assert [k for k in "bcde" if kept.get(k, 60) is not None] == ["b", "d", "e"]
 
 
 def test_a_routed_table_bigquery_refuses_as_invalid_is_unusable_not_a_stop(

@@ -23,7 +23,7 @@ from firehose_bq.policy import ErrorHandling
 from firehose_bq.registry.confluent import encode_frame, message_indexes
 from firehose_bq.routing import Destination, router_of
 from firehose_bq.schema import MetadataColumns
-from firehose_bq.sink_schema import Ensured, SinkSpec
+from firehose_bq.sink_schema import CheckedTables, Ensured, SinkSpec
 from tests.unit.batch.sources import source_batch
 
 
@@ -390,12 +390,14 @@ class FakeTables:
     asked: list[str] = field(default_factory=list)  # every ensure call, failed or not
     lent: list[Clients] = field(default_factory=list)  # the clients each ensure call was given
     dataset_ready: list[bool] = field(default_factory=list)  # whether each call was told its dataset is ensured
+    kept: list[CheckedTables | None] = field(default_factory=list)  # the worker's checks each call was given
     outage: SinkError | None = None  # what every ensure call raises, if set
 
     def ensure(self, loaded: Descriptors, destination: Destination, clients: Clients,
-               dataset_ready: bool = False) -> Ensured:
+               dataset_ready: bool = False, kept: CheckedTables | None = None) -> Ensured:
         self.asked.append(destination.name)
         self.lent.append(clients)
+        self.kept.append(kept)
         self.dataset_ready.append(dataset_ready)
         if self.outage is not None:
             raise self.outage
@@ -536,18 +538,38 @@ def test_tables_are_ensured_with_the_clients_the_writers_borrow(test_descriptors
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     # Per task, micro-batch and table: a client of its own there cost new credentials, a token and a connection.
     batch = source_batch(values(test_descriptors, "a", "b"), headers=[[("type", b"inner")], [("type", b"legacy")]])
-    tables, clients = FakeTables(), Clients()
-    process_batch([batch], routed(test_descriptors, tables), RoutingPlan(), handling(), clients)
+    tables, clients, kept = FakeTables(), Clients(), CheckedTables()
+    process_batch([batch], routed(test_descriptors, tables), RoutingPlan(), handling(), clients, kept)
     assert tables.asked == ["ds.inner_v1", "ds.legacy_v1"] and all(c is clients for c in tables.lent)
+    assert all(k is kept for k in tables.kept)  # the worker's checks, kept between its tasks
     # One dataset check per task and dataset, not one per table (200 tables: 199 datasets.get calls fewer).
     assert tables.dataset_ready == [False, True]
     # A request that failed as a whole (an outage, after the client's retries): as after a write's, the
-    # clients are dropped, so that the next task does not wait out a broken channel's backoff.
+    # clients are dropped, so that the next task does not wait out a broken channel's backoff, and so are
+    # the worker's checks (the table, or its dataset, may be gone: the next task creates it again).
     resets: list[bool] = []
     monkeypatch.setattr(clients, "reset", lambda: resets.append(True))
+    kept.put("a check", Ensured([]))
     outage = FakeTables(outage=SinkError(ErrorType.SINK_5XX_ERROR, "creating or evolving table ds.inner_v1 failed"))
-    result = process_batch([batch], routed(test_descriptors, outage), RoutingPlan(), handling(), clients)
+    result = process_batch([batch], routed(test_descriptors, outage), RoutingPlan(), handling(), clients, kept)
     assert result.fatal is not None and "ds.inner_v1 failed" in result.fatal and resets == [True]
+    assert len(kept) == 0
+
+
+def test_a_write_that_fails_as_a_whole_drops_the_workers_table_checks(test_descriptors: Descriptors) -> None:
+    """A routed table deleted under a running job: its writes fail (NOT_FOUND) until a check creates it again."""
+    batch = source_batch(values(test_descriptors, "a"), headers=[[("type", b"inner")]])
+    kept = CheckedTables()
+    kept.put("a check", Ensured([]))
+    gone = SinkError(ErrorType.SINK_4XX_ERROR, "AppendRows into p.ds.inner_v1 failed: 404 Not found: Table")
+    plan = RoutingPlan(by_table={"ds.inner_v1": FakeWriter(error=gone)})
+    result = process_batch([batch], routed(test_descriptors, FakeTables()), plan, handling(), Clients(), kept)
+    assert result.fatal is not None and "404" in result.fatal
+    assert len(kept) == 0
+    # A task whose requests all went through keeps them.
+    kept.put("a check", Ensured([]))
+    process_batch([batch], routed(test_descriptors, FakeTables()), RoutingPlan(), handling(), Clients(), kept)
+    assert len(kept) == 1
 
 
 def _one_written_one_dead_one_unrouted(descriptors: Descriptors) -> TaskResult:
