@@ -296,6 +296,17 @@ class BigQueryConfig:
         100,
         minimum=1,
     )
+    concurrent_table_writes: int = setting(
+        "SINK_BIGQUERY_CONCURRENT_TABLE_WRITES",
+        "With routing (tables named by the records): how many of its destination tables a task writes at once "
+        "when it writes what waits (at its end, or when its waiting rows pass 50,000 or 64 MiB). A request "
+        "takes tens of milliseconds on BigQuery; one table after another, a task routed to 200 tables waits "
+        "seconds on them. Each table's rows still go in order. 1: one table after another; at most 10, the "
+        "BigQuery REST client's connections per host (insertAll, table reads).",
+        8,
+        minimum=1,
+        maximum=10,
+    )
     storage_api_enable: bool = setting(
         "SINK_BIGQUERY_STORAGE_API_ENABLE",
         "Firehose's switch for the Storage Write API: true = `SINK_BIGQUERY_WRITE_METHOD=storage_write`.",
@@ -754,7 +765,8 @@ class Config:
         streaming = (tuple(NameTemplate(t, table=True) for t in bq.mixed_streaming_tables)
                      if bq.write_method == "mixed" else None)
         return Router(NameTemplate(bq.dataset), NameTemplate(bq.table, table=True), default_class,
-                      ins.class_header or None, parse_class_routes(ins.class_routes), streaming, bq.max_destinations)
+                      ins.class_header or None, parse_class_routes(ins.class_routes), streaming, bq.max_destinations,
+                      bq.concurrent_table_writes)
 
     @property
     def confluent_subject(self) -> str:

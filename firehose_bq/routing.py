@@ -116,6 +116,7 @@ class Router:
     # `mixed` output: the tables to stream (templates rendered per record); None: not mixed.
     streaming: tuple[NameTemplate, ...] | None = None
     max_destinations: int = 100  # per task, Kafka partition and micro-batch (SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK)
+    concurrent_writes: int = 8  # destination tables a task writes at once (SINK_BIGQUERY_CONCURRENT_TABLE_WRITES)
 
     @property
     def is_static(self) -> bool:

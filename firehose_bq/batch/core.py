@@ -15,11 +15,13 @@ back as `TaskResult.fatal`, so the driver can stop with one clean reason; offset
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import logging
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -333,31 +335,69 @@ class _Task:
             self.flush()
 
     def flush(self) -> None:
-        """Write every destination's waiting rows."""
-        for destination in list(self.waiting):
-            self._flush(destination)
+        """Write every destination's waiting rows: up to the router's `concurrent_writes` destinations at once.
+
+        A request takes tens of milliseconds on BigQuery, and a routed task writes each of its tables at
+        its end: one after another, 200 tables kept it waiting seconds. Each destination's rows still go in
+        order, by one thread; what became of them is counted here, in order, once every write is over. A
+        destination whose write raised (BigQuery down after retries) raises here after the others are
+        counted: their rows are in their tables, whatever stops the task."""
+        destinations = [d for d in self.waiting if self.waiting[d]]
+        limit = self.spec.router.concurrent_writes if self.spec.router is not None else 1
+        if len(destinations) < 2 or limit < 2 or not self.spec.write:
+            for destination in list(self.waiting):
+                self._flush(destination)
+            return
+        batches = [(d, self._take(d)) for d in destinations]
+        for destination, _ in batches:
+            self._writer(destination)  # opened here: writers and the clients they borrow are made in one thread
+        with ThreadPoolExecutor(min(limit, len(batches)), thread_name_prefix="firehose-write") as pool:
+            # Each in a copy of this thread's context: the log lines keep the task's fields (logs.log_context).
+            futures = [pool.submit(contextvars.copy_context().run, self._send, d, w) for d, w in batches]
+            wait(futures)
+        failure: BaseException | None = None
+        for (destination, _), future in zip(batches, futures, strict=True):
+            if (error := future.exception()) is not None:
+                failure = failure or error
+                continue
+            self._account(destination, *future.result())
+        if failure is not None:
+            raise failure
 
     def _flush(self, destination: Destination | None) -> None:
-        waiting = self.waiting.pop(destination, [])
-        if waiting:
-            self.waiting_rows -= sum(d.part.num_rows for d in waiting)
-            self.waiting_bytes -= sum(d.part.nbytes for d in waiting)
+        if waiting := self._take(destination):
             self._settle(destination, waiting)
+
+    def _take(self, destination: Destination | None) -> list[_Decoded]:
+        waiting = self.waiting.pop(destination, [])
+        self.waiting_rows -= sum(d.part.num_rows for d in waiting)
+        self.waiting_bytes -= sum(d.part.nbytes for d in waiting)
+        return waiting
 
     def _settle(self, destination: Destination | None, waiting: list[_Decoded]) -> None:
         """Write `waiting` (one destination's) in one go, then count and dead-letter what became of each record."""
+        self._account(destination, *self._send(destination, waiting))
+
+    def _send(self, destination: Destination | None, waiting: list[_Decoded]) -> tuple[_Decoded, Handled]:
+        """Write `waiting` (one destination's) in one go, with the error policy's retries: what became of each
+        record. It touches nothing of the task's but its statistics' write timings (one list append each), so
+        that `flush` can run it for several destinations at once."""
         decoded = _Decoded.joined(waiting)
         part, pending = decoded.part, decoded.pending
-        stats, handling = self.result.stats, self.handling
-        table = destination.name if destination is not None else ""
         # A routed destination names its table (dataset.table); a job with one table has it on every line
         # already, as project.dataset.table (the driver's process fields, shipped with the task).
         routed = self.spec.router is not None and not self.spec.router.is_static
-        with log_context(**_kafka_fields(part), **({"table": table} if routed else {})):
-            writer = (lambda: _Timed(self._writer(destination), stats, self)) if self.spec.write else None
-            done = write_with_policy(handling, pending, decoded.failures, writer,
-                                     where=lambda i: _coordinates(part, i))
-        stats.unknown_fields += _written_unknown(decoded.unknown, pending, done)
+        table = {"table": destination.name} if routed and destination is not None else {}
+        with log_context(**_kafka_fields(part), **table):
+            writer = (lambda: _Timed(self._writer(destination), self.result.stats, self)) if self.spec.write else None
+            return decoded, write_with_policy(self.handling, pending, decoded.failures, writer,
+                                              where=lambda i: _coordinates(part, i))
+
+    def _account(self, destination: Destination | None, decoded: _Decoded, done: Handled) -> None:
+        """Count and dead-letter what became of each record of one destination's write."""
+        part, stats = decoded.part, self.result.stats
+        table = destination.name if destination is not None else ""
+        stats.unknown_fields += _written_unknown(decoded.unknown, decoded.pending, done)
         _count(stats, table, part.num_rows, done.written, done.retried, part, done.dead, done.failed)
         self.letters.extend(_letter(part, f, table, self.handling.redactor) for f in done.dead)
 

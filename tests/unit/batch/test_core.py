@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -9,6 +10,7 @@ import pyarrow as pa
 import pytest
 from google.cloud.bigquery import SchemaField
 
+from firehose_bq import logs
 from firehose_bq.batch import core
 from firehose_bq.batch.core import ATTEMPT_COLUMN, TaskResult, process_batch
 from firehose_bq.batch.rows import KEY_UNKNOWN, TOMBSTONE, Rows, Writable
@@ -769,3 +771,76 @@ def test_a_write_of_several_partitions_records_logs_where_its_first_failure_is(
     assert plan.writer.requests == [3]
     [line] = [r for r in caplog.records if "go to the DLQ" in r.getMessage()]
     assert "first t/1@8" in line.getMessage() and (line.topic, line.partition) == ("t", 1)  # type: ignore[attr-defined]
+
+
+@dataclass
+class MeetingWriter(FakeWriter):
+    """A writer whose write waits at `barrier` until as many writes are in flight as it has parties (a task
+    writing one table after another never gets there: BrokenBarrierError), counting how many were at once."""
+
+    barrier: threading.Barrier | None = None
+    flight: list[int] = field(default_factory=lambda: [0, 0])  # in flight now, most at once (shared)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    contexts: list[dict[str, Any]] = field(default_factory=list)
+
+    def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
+        with self.lock:
+            self.flight[0] += 1
+            self.flight[1] = max(self.flight)
+        self.contexts.append(dict(logs._context.get()))
+        try:
+            if self.barrier is not None:
+                self.barrier.wait(timeout=30)
+            return super().write(rows, insert_ids)
+        finally:
+            with self.lock:
+                self.flight[0] -= 1
+
+
+def many_tables(descriptors: Descriptors, tables: int) -> pa.RecordBatch:
+    """A record (label `aN`) for each of `tables` tables ds.t_N, by header `n`."""
+    return source_batch(values(descriptors, *(f"a{i}" for i in range(tables))),
+                        headers=[[("n", str(i).encode())] for i in range(tables)], offsets=list(range(tables)))
+
+
+def test_a_routed_task_writes_its_tables_at_once_up_to_the_limit(test_descriptors: Descriptors) -> None:
+    """A task routed to many tables wrote them one after another at its end: tens of ms a request on BigQuery,
+    seconds for 200 tables. Now SINK_BIGQUERY_CONCURRENT_TABLE_WRITES (here 3) of them go at once, never more,
+    each table's log lines still naming it and the task's batch."""
+    barrier, flight, lock = threading.Barrier(3), [0, 0], threading.Lock()
+    plan = RoutingPlan(by_table={f"ds.t_{i}": MeetingWriter(barrier=barrier, flight=flight, lock=lock)
+                                 for i in range(9)})
+    router = replace(router_of("ds", "t_${header.n}", "testdata.Inner", None, ""), concurrent_writes=3)
+    with logs.log_context(batch_id=7):
+        result = process_batch([many_tables(test_descriptors, 9)], spec(test_descriptors, router=router,
+                                                                          tables=FakeTables()), plan, handling())
+    assert result.fatal is None and result.stats.rows_written == 9 and not barrier.broken
+    assert flight[1] == 3  # the limit, reached and kept
+    assert {name: [r["label"] for r in w.written] for name, w in plan.by_table.items()} == {
+        f"ds.t_{i}": [f"a{i}"] for i in range(9)}
+    for name, writer in plan.by_table.items():
+        assert [(c["batch_id"], c["table"]) for c in writer.contexts] == [(7, name)]  # type: ignore[attr-defined]
+    # One at a time when so configured (a barrier of two would never be met).
+    one = replace(router, concurrent_writes=1)
+    plan = RoutingPlan(by_table={f"ds.t_{i}": MeetingWriter(flight=[0, 0]) for i in range(3)})
+    process_batch([many_tables(test_descriptors, 3)], spec(test_descriptors, router=one, tables=FakeTables()), plan,
+                  handling())
+    assert all(w.flight[1] == 1 for w in plan.by_table.values())  # type: ignore[attr-defined]
+
+
+def test_a_table_whose_write_fails_stops_the_task_and_the_others_are_counted(test_descriptors: Descriptors,
+                                                                            letters: list[DeadLetter]) -> None:
+    """Written at once, one table's write failing as a whole (the table is gone) cannot undo the others':
+    their rows are counted as written, and the task stops with the failure, naming it."""
+    gone = SinkError(ErrorType.SINK_4XX_ERROR, "AppendRows into p.ds.t_1 failed: 404 Not found: Table")
+    plan = RoutingPlan(by_table={"ds.t_1": FakeWriter(error=gone), "ds.t_3": FakeWriter(bad={"a3"})})
+    router = router_of("ds", "t_${header.n}", "testdata.Inner", None, "")
+    result = process_batch([many_tables(test_descriptors, 5)], spec(test_descriptors, router=router,
+                                                                      tables=FakeTables()), plan, handling())
+    assert result.fatal is not None and "p.ds.t_1 failed: 404" in result.fatal
+    assert sorted(name for name, w in plan.by_table.items() if w.written) == ["ds.t_0", "ds.t_2", "ds.t_4"]
+    s = result.stats
+    assert s.rows_written == 3
+    assert s.tables["ds.t_0"]["written"] == 1 and "ds.t_1" not in s.tables  # the failure is the task's fatal
+    # Its dead letter is never stored (the task stopped before its end): it counts as failed (`unstored`).
+    assert not letters and s.dead_lettered == 0 and s.tables["ds.t_3"]["failed"] == 1
