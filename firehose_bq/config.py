@@ -261,9 +261,10 @@ class BigQueryConfig:
         "SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS",
         "How long a table's schema, once read, is used before it is read again. With INPUT_SCHEMA_DATA_TYPE=JSON: "
         "the destination table's, on the driver (columns added to the table are then filled). With routing (tables "
-        "named by the records): each table a Spark worker checked (created or evolved), for its later tasks with "
-        "the same descriptors; new descriptors, and a write request that failed as a whole, check again at once. "
-        "0: every task checks each of its tables.",
+        "named by the records): each table a Spark worker checked (created or evolved) and streams to (not one "
+        "staged for a load job), for its later tasks with the same descriptors; new descriptors, and a write "
+        "request that failed as a whole, check again at once, and a write that finds the table gone checks it "
+        "again (creating it). 0: every task checks each of its tables.",
         60_000,
         minimum=0,
     )

@@ -67,6 +67,9 @@ class _DestinationTask:
     def report(self, destination: Destination | None, writer: RowWriter) -> str | None:
         return None
 
+    def writes_to_table(self, destination: Destination | None) -> bool:
+        return True
+
 
 def _streaming_writer(cfg: BigQueryConfig, method: str, clients: Clients,
                       schema: list[bigquery.SchemaField] | None) -> RowWriter:
@@ -106,6 +109,9 @@ class StagingTask(_DestinationTask):
         # Staged rows are fitted to the live table (rows it cannot take fail here): `schema`, else read.
         return file_loads.StagingWriter(clients.bigquery_client(table), table, self.staging.store(), prefix, schema)
 
+    def writes_to_table(self, destination: Destination | None) -> bool:
+        return False
+
     def report(self, destination: Destination | None, writer: RowWriter) -> str | None:
         staged = file_loads.staged_json(writer)  # None for a mixed task's streaming writers
         if staged is None:
@@ -122,6 +128,9 @@ class MixedTask(StagingTask):
         if destination is not None and destination.streaming:
             return _streaming_writer(destination_config(self.bigquery, destination), STORAGE_WRITE, clients, schema)
         return super().open_writer(destination, clients, schema)
+
+    def writes_to_table(self, destination: Destination | None) -> bool:
+        return destination is not None and destination.streaming
 
 
 class WriteMode:

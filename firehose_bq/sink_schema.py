@@ -7,6 +7,7 @@ evolves it; `SinkSchema` does both whenever the descriptors' content changes, an
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -135,6 +136,7 @@ class Ensured:
 
     schema: list[bigquery.SchemaField]
     json_columns: tuple[str, ...] | None = None
+    kept: bool = False  # taken from a worker's earlier check (CheckedTables), not made by this call
 
 
 class CheckedTables:
@@ -148,9 +150,9 @@ class CheckedTables:
     once); a task that saw a request fail as a whole drops them all (`clear`), as it drops its clients, so a
     table deleted under a running job is created again by the rerun rather than failing until the TTL ends.
     Each entry is a table's columns: a bound on their number keeps a template over a high-cardinality
-    attribute from growing a worker without end (the oldest go first)."""
+    attribute from growing a worker without end (past it, the expired go first, then the oldest)."""
 
-    LIMIT = 10_000
+    LIMIT = 2_000
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -166,11 +168,17 @@ class CheckedTables:
             return None
         return entry[1]
 
-    def put(self, key: Hashable, ensured: Ensured) -> None:
+    def put(self, key: Hashable, ensured: Ensured, ttl_s: float) -> None:
         self._entries.pop(key, None)
+        if len(self._entries) >= self.LIMIT:
+            now = self._clock()
+            self._entries = {k: e for k, e in self._entries.items() if now - e[0] < ttl_s}
         while len(self._entries) >= self.LIMIT:
             del self._entries[next(iter(self._entries))]
         self._entries[key] = (self._clock(), ensured)
+
+    def forget(self, key: Hashable) -> None:
+        self._entries.pop(key, None)
 
     def clear(self) -> None:
         self._entries.clear()
@@ -199,12 +207,19 @@ class TableKeeper:
         SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS ago for the same settings and descriptors."""
         if kept is None:
             return self.check(loaded, destination, clients, dataset_ready)
-        key = (self._settings, destination, None if loaded is None else loaded.fingerprint)
-        ensured = kept.get(key, self.config.bigquery.table_schema_cache_ttl_ms / 1000)
-        if ensured is None:
-            ensured = self.check(loaded, destination, clients, dataset_ready)
-            kept.put(key, ensured)
+        ttl = self.config.bigquery.table_schema_cache_ttl_ms / 1000
+        if (ensured := kept.get(self._key(loaded, destination), ttl)) is not None:
+            return dataclasses.replace(ensured, kept=True)
+        ensured = self.check(loaded, destination, clients, dataset_ready)
+        kept.put(self._key(loaded, destination), ensured, ttl)
         return ensured
+
+    def forget(self, loaded: Descriptors | None, destination: Destination, kept: CheckedTables) -> None:
+        """Drop `kept`'s check of `destination`: the table turned out to be gone."""
+        kept.forget(self._key(loaded, destination))
+
+    def _key(self, loaded: Descriptors | None, destination: Destination) -> Hashable:
+        return self._settings, destination, None if loaded is None else loaded.fingerprint
 
     def check(self, loaded: Descriptors | None, destination: Destination, clients: Clients,
               dataset_ready: bool = False) -> Ensured:

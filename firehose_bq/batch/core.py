@@ -15,13 +15,13 @@ back as `TaskResult.fatal`, so the driver can stop with one clean reason; offset
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
+import functools
 import json
 import logging
+import threading
 import time
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,6 +33,7 @@ from google.cloud.bigquery import SchemaField
 from firehose_bq.batch.enums import EnumNumbers
 from firehose_bq.batch.keys import SubMicrosecondKeys
 from firehose_bq.batch.rows import RowBuilder, Rows, SchemaIds, Writable, framed_schema_id, insert_ids
+from firehose_bq.bigquery.classify import table_missing
 from firehose_bq.bigquery.client import Clients
 from firehose_bq.bigquery.writers import RowWriter
 from firehose_bq.decode import make_value_decoder
@@ -48,6 +49,7 @@ from firehose_bq.redact import Redactor
 from firehose_bq.registry.confluent import message_indexes
 from firehose_bq.routing import Destination
 from firehose_bq.sink_schema import CheckedTables, SinkSpec
+from firehose_bq.threads import in_threads
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +88,10 @@ class TaskPlan(Protocol):
 
     def report(self, destination: Destination | None, writer: RowWriter) -> str | None:
         """What the driver needs from `destination`'s writer once it is closed (e.g. the file it staged)."""
+
+    def writes_to_table(self, destination: Destination | None) -> bool:
+        """Whether the task's writer puts `destination`'s rows in its table itself (a write then finds the table
+        gone, if it is), rather than staging them for the driver's load job."""
 
 
 @dataclass
@@ -167,6 +173,8 @@ class _Task:
         self.builders: dict[object, RowBuilder] = {}
         # Routed destinations whose table this task has ensured, with their live columns as ensured.
         self.checked: dict[Destination | None, list[SchemaField]] = {}
+        # Those of them whose check this task took from the worker's kept ones (`kept`), not made itself.
+        self.trusted: set[Destination] = set()
         self.writers: dict[Destination | None, RowWriter] = {}
         self.letters: list[DeadLetter] = []
         self.unrouted: list[DeadLetter] = []
@@ -238,9 +246,14 @@ class _Task:
                 return None
             self.met.setdefault(self.scope, []).append(destination)
             try:
-                # A dataset this task ensured for another of its tables is not checked again.
-                dataset_ready = any(d is not None and d.dataset == destination.dataset for d in self.checked)
-                ensured = spec.tables.ensure(spec.descriptors, destination, self.clients, dataset_ready, self.kept)
+                # A dataset this task ensured for another of its tables is not checked again (a worker's kept
+                # check of another table does not count: that dataset may have gone since).
+                dataset_ready = any(d is not None and d.dataset == destination.dataset and d not in self.trusted
+                                    for d in self.checked)
+                # A worker's kept check stands in for the task's own only where a write would find the table
+                # gone and check again (`_heals`): not for rows staged for the driver's load job.
+                kept = self.kept if self.plan.writes_to_table(destination) else None
+                ensured = spec.tables.ensure(spec.descriptors, destination, self.clients, dataset_ready, kept)
             except SinkError:
                 self.request_failed = True  # as a write's: the next task starts on new clients
                 raise
@@ -251,6 +264,8 @@ class _Task:
                 self.unusable[destination] = str(exc)
                 return None
             self.checked[destination] = list(ensured.schema)  # the writer's own: a kept check is shared
+            if ensured.kept:
+                self.trusted.add(destination)
             if spec.json:
                 self.builders[destination] = row_builder(spec, changelog, json_columns=ensured.json_columns)
         if spec.json:
@@ -339,9 +354,11 @@ class _Task:
 
         A request takes tens of milliseconds on BigQuery, and a routed task writes each of its tables at
         its end: one after another, 200 tables kept it waiting seconds. Each destination's rows still go in
-        order, by one thread; what became of them is counted here, in order, once every write is over. A
-        destination whose write raised (BigQuery down after retries) raises here after the others are
-        counted: their rows are in their tables, whatever stops the task."""
+        order, by one thread; what became of them is counted here, in order, once the writes are over.
+        The first write that fails for good (BigQuery down after its retries) stops the others: those not
+        started do not start, and those waiting to retry stop waiting, so a task stops within one write's
+        retry budget, as one table after another did. The writes that went through are counted; the task
+        then raises that failure."""
         destinations = [d for d in self.waiting if self.waiting[d]]
         limit = self.spec.router.concurrent_writes if self.spec.router is not None else 1
         if len(destinations) < 2 or limit < 2 or not self.spec.write:
@@ -351,18 +368,43 @@ class _Task:
         batches = [(d, self._take(d)) for d in destinations]
         for destination, _ in batches:
             self._writer(destination)  # opened here: writers and the clients they borrow are made in one thread
-        with ThreadPoolExecutor(min(limit, len(batches)), thread_name_prefix="firehose-write") as pool:
-            # Each in a copy of this thread's context: the log lines keep the task's fields (logs.log_context).
-            futures = [pool.submit(contextvars.copy_context().run, self._send, d, w) for d, w in batches]
-            wait(futures)
-        failure: BaseException | None = None
-        for (destination, _), future in zip(batches, futures, strict=True):
-            if (error := future.exception()) is not None:
-                failure = failure or error
-                continue
-            self._account(destination, *future.result())
-        if failure is not None:
-            raise failure
+        stop = threading.Event()
+
+        def sleep(seconds: float) -> None:
+            if stop.wait(seconds):
+                raise _Stopped()
+
+        def send(destination: Destination | None, waiting: list[_Decoded]) -> tuple[_Decoded, Handled]:
+            if stop.is_set():
+                raise _Stopped()
+            try:
+                return self._send(destination, waiting, sleep)
+            except BaseException as exc:
+                if not self._heals(destination, exc):
+                    stop.set()
+                raise
+
+        futures = in_threads([functools.partial(send, d, w) for d, w in batches], limit, "firehose-write")
+        failures: list[BaseException] = []
+        again: list[tuple[Destination | None, list[_Decoded], BaseException]] = []
+        for (destination, waiting), future in zip(batches, futures, strict=True):
+            if (error := future.exception()) is None:
+                self._account(destination, *future.result())
+            elif self._heals(destination, error):
+                again.append((destination, waiting, error))
+            elif not isinstance(error, _Stopped):
+                failures.append(error)
+        for destination, waiting, error in again if not failures else ():
+            if not self._recheck(destination):
+                failures.append(error)
+                break
+            self._account(destination, *self._send(destination, waiting))
+        if failures:
+            first = next((f for f in failures if not isinstance(f, SinkError)), failures[0])  # a bug comes first
+            for other in failures:
+                if other is not first:
+                    log.warning("another destination's write failed too: %s", other)
+            raise first
 
     def _flush(self, destination: Destination | None) -> None:
         if waiting := self._take(destination):
@@ -376,12 +418,43 @@ class _Task:
 
     def _settle(self, destination: Destination | None, waiting: list[_Decoded]) -> None:
         """Write `waiting` (one destination's) in one go, then count and dead-letter what became of each record."""
-        self._account(destination, *self._send(destination, waiting))
+        try:
+            sent = self._send(destination, waiting)
+        except SinkError as exc:
+            if not (self._heals(destination, exc) and self._recheck(destination)):
+                raise
+            sent = self._send(destination, waiting)
+        self._account(destination, *sent)
 
-    def _send(self, destination: Destination | None, waiting: list[_Decoded]) -> tuple[_Decoded, Handled]:
-        """Write `waiting` (one destination's) in one go, with the error policy's retries: what became of each
-        record. It touches nothing of the task's but its statistics' write timings (one list append each), so
-        that `flush` can run it for several destinations at once."""
+    def _heals(self, destination: Destination | None, error: BaseException) -> bool:
+        """Whether `error` may be a kept check gone stale: the write found no table (or dataset) where this task
+        trusted a worker's earlier check (`CheckedTables`) instead of checking. A check now creates it again."""
+        return destination in self.trusted and isinstance(error, SinkError) and table_missing(error)
+
+    def _recheck(self, destination: Destination | None) -> bool:
+        """Check `destination`'s table again, creating it (`_heals`); False when it cannot be used any more."""
+        assert destination is not None and self.spec.tables is not None
+        self.trusted.discard(destination)
+        log.warning("table %s was not found although this worker checked it within the last "
+                    "SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS: checking it again, then writing its rows again",
+                    destination.name)
+        self.spec.tables.forget(self.spec.descriptors, destination, self.kept)
+        try:
+            ensured = self.spec.tables.ensure(self.spec.descriptors, destination, self.clients, False, self.kept)
+        except SchemaError as exc:
+            log.warning("table %s cannot be created again: %s", destination.name, exc)
+            return False
+        except SinkError:
+            self.request_failed = True
+            raise
+        self.checked[destination] = list(ensured.schema)
+        return True
+
+    def _send(self, destination: Destination | None, waiting: list[_Decoded],
+              sleep: Callable[[float], None] = time.sleep) -> tuple[_Decoded, Handled]:
+        """Write `waiting` (one destination's) in one go, with the error policy's retries (waiting with `sleep`):
+        what became of each record. It touches nothing of the task's but its statistics' write timings (one list
+        append each), so that `flush` can run it for several destinations at once."""
         decoded = _Decoded.joined(waiting)
         part, pending = decoded.part, decoded.pending
         # A routed destination names its table (dataset.table); a job with one table has it on every line
@@ -390,7 +463,7 @@ class _Task:
         table = {"table": destination.name} if routed and destination is not None else {}
         with log_context(**_kafka_fields(part), **table):
             writer = (lambda: _Timed(self._writer(destination), self.result.stats, self)) if self.spec.write else None
-            return decoded, write_with_policy(self.handling, pending, decoded.failures, writer,
+            return decoded, write_with_policy(self.handling, pending, decoded.failures, writer, sleep=sleep,
                                               where=lambda i: _coordinates(part, i))
 
     def _account(self, destination: Destination | None, decoded: _Decoded, done: Handled) -> None:
@@ -444,6 +517,11 @@ class _Task:
         if self.request_failed:
             self.clients.reset()
             self.kept.clear()  # a table may be gone, or its dataset: the next task checks them again
+
+
+class _Stopped(Exception):
+    """A destination's write not started, or its retries cut short, because another destination's failed for good
+    (`_Task.flush`)."""
 
 
 @dataclass

@@ -107,6 +107,21 @@ def rejects_request(exc: BaseException) -> bool:
     return exc.code in INVALID_REQUEST_CODES
 
 
+def table_missing(exc: BaseException) -> bool:
+    """Whether `exc`, or an error it was raised from, is BigQuery saying NOT_FOUND (HTTP 404 or the gRPC code):
+    the table, its dataset or its default stream is gone."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, grpc.RpcError) and not isinstance(current, api_exceptions.GoogleAPICallError):
+            current = api_exceptions.from_grpc_error(current)
+        if isinstance(current, api_exceptions.NotFound):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 # Storage Write API: an AppendRows response that fails carries a google.rpc.Status whose `code` is a
 # google.rpc.Code, and, for bad rows, `row_errors` entries {index, code, message} whose code is
 # RowError.RowErrorCode (FIELDS_ERROR = 1: a value does not fit its column).

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextvars
+import functools
 import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, TypeVar
 
 from google.api_core.client_options import ClientOptions
@@ -19,6 +18,7 @@ from requests import exceptions as http_exceptions
 
 from firehose_bq.config import BigQueryConfig
 from firehose_bq.gcp_auth import service_account_credentials
+from firehose_bq.threads import in_threads
 
 log = logging.getLogger(__name__)
 
@@ -162,11 +162,9 @@ def shared_credentials(cfg: BigQueryConfig) -> Credentials:
 def concurrently(work: Callable[[R, T], None], items: Sequence[T], most: int, open_each: Callable[[], R],
                  close: Callable[[R], None]) -> None:
     """`work(resource, item)` for every item, on up to `most` threads at once, each thread with a resource of its
-    own (`open_each()`, e.g. its own clients: the libraries' HTTP sessions are not made to be shared between
-    threads; `close`d once all are done) and the caller's log context. Every item runs even when another
-    fails; once all are done, the first failure in item order is raised."""
-    if not items:
-        return
+    own (`open_each()`, e.g. its own client, so that each thread's calls have connections of their own; `close`d
+    once all are done) and the caller's log context. Every item runs even when another fails; once all are
+    done, the first failure in item order is raised."""
     local = threading.local()
     opened: list[R] = []
 
@@ -176,10 +174,8 @@ def concurrently(work: Callable[[R, T], None], items: Sequence[T], most: int, op
             opened.append(local.resource)
         work(local.resource, item)
 
-    context = contextvars.copy_context()
     try:
-        with ThreadPoolExecutor(max_workers=max(1, min(most, len(items))), thread_name_prefix="bigquery") as pool:
-            futures = [pool.submit(context.copy().run, run, item) for item in items]
+        futures = in_threads([functools.partial(run, item) for item in items], most, "bigquery")
         for future in futures:
             future.result()
     finally:

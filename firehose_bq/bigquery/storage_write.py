@@ -147,7 +147,7 @@ class StorageWriteWriter:
                 raise PartialWriteError(classify_exception(error), f"AppendRows into {self._table} failed ({len(failed)} "
                                         f"of {len(queue)} request(s)): {error}", tuple(unsent),
                                         tuple(sorted(failures, key=lambda f: f.index)),
-                                        first.invalid_request)
+                                        first.invalid_request) from error
             queue = again
 
     def _send(self, chunks: list[Chunk]) -> list[Outcome]:

@@ -72,6 +72,9 @@ class ChangelogTask:
     def report(self, destination: Destination | None, writer: object) -> str | None:
         return writer.report() if isinstance(writer, ChangelogWriter) else None
 
+    def writes_to_table(self, destination: Destination | None) -> bool:
+        return False  # the intermediate table, for the driver's MERGE (one destination: never routed)
+
 
 class ChangelogWriter(InsertAllWriter):
     """insertAll into the intermediate table, counting the rows it wrote (not those that failed: a batch

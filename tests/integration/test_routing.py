@@ -142,3 +142,25 @@ def test_table_names_with_dashes_are_streamed_and_loaded_as_named(spark, job_env
         assert got == per_table(60)
     finally:
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_a_routed_table_deleted_between_batches_is_created_again(spark, job_env: dict[str, str],
+                                                                 bq_client: bigquery.Client) -> None:
+    """The Python workers keep their tables' checks for SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS (sink_schema
+    CheckedTables) instead of checking in every task: a table deleted under the job meets a write that trusted
+    such a check, which checks again (creating the table) and writes its rows, as a check of its own would
+    have, instead of stopping the job."""
+    cfg = Config.from_env(routed_env(job_env))
+    produce_events(cfg)
+    try:
+        Pipeline(cfg, spark).run(available_now=True)
+        assert landed_events(bq_client, cfg) == per_table()
+        bq_client.delete_table(f"{cfg.bigquery.project_id}.{cfg.bigquery.dataset}.ride_completed")
+        produce_events(cfg)
+        summary = Pipeline(cfg, spark).run(available_now=True)
+        assert summary.failure is None and summary.totals.failed == 0
+        expected = {table: 2 * n for table, n in per_table().items()}
+        expected["ride_completed"] = per_table()["ride_completed"]  # the second run's, in the table made again
+        assert landed_events(bq_client, cfg) == expected
+    finally:
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)

@@ -7,6 +7,7 @@ import requests
 from google.api_core import exceptions
 
 from firehose_bq.bigquery.classify import (
+    table_missing,
     classify_exception,
     classify_grpc_code,
     classify_storage_row_error,
@@ -290,3 +291,24 @@ def test_storage_write_row_errors() -> None:
 )
 def test_rejected_requests(exc: BaseException, rejected: bool) -> None:
     assert rejects_request(exc) is rejected
+
+
+def _raised(error: BaseException, cause: BaseException | None) -> BaseException:
+    try:
+        raise error from cause
+    except BaseException as exc:  # noqa: BLE001 - the error as raised, with its cause attached
+        return exc
+
+
+def test_a_missing_table_is_told_from_the_error_a_write_raised_from_it() -> None:
+    """NOT_FOUND, however the writer wrapped it (the policy's SinkError, raised from the client's error), says
+    the table, its dataset or its default stream is gone; nothing else does."""
+    from firehose_bq.errors import SinkError
+
+    gone = exceptions.NotFound("Table p:d.t not found")
+    assert table_missing(gone)
+    assert table_missing(_raised(SinkError(ErrorType.SINK_4XX_ERROR, "AppendRows failed"), gone))
+    grpc_gone = exceptions.from_grpc_status(5, "Requested entity was not found.")  # gRPC NOT_FOUND
+    assert table_missing(_raised(SinkError(ErrorType.SINK_4XX_ERROR, "x"), grpc_gone))
+    assert not table_missing(_raised(SinkError(ErrorType.SINK_4XX_ERROR, "x"), exceptions.Forbidden("denied")))
+    assert not table_missing(SinkError(ErrorType.SINK_5XX_ERROR, "no cause"))

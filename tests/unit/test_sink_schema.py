@@ -136,7 +136,8 @@ def test_a_workers_later_tasks_reuse_its_table_checks_until_the_ttl(tmp_path: Pa
     gets = client.table_gets
     for _task in range(3):  # each task unpickles a keeper of its own, of the same settings
         clock.now += 15
-        assert TableKeeper(cfg).ensure(None, Destination("ds", "ev_a"), clients, kept=kept) == first
+        again = TableKeeper(cfg).ensure(None, Destination("ds", "ev_a"), clients, kept=kept)
+        assert again.kept and again.schema == first.schema and not first.kept
     assert client.table_gets == gets and client.dataset_gets == 1
     clock.now += 15  # 60 s since the first check: past the TTL
     TableKeeper(cfg).ensure(None, Destination("ds", "ev_a"), clients, kept=kept)
@@ -190,10 +191,10 @@ def test_kept_checks_are_bounded_oldest_first() -> None:
     kept = CheckedTables()
     kept.LIMIT = 3  # type: ignore[misc]
     for name in "abcd":
-        kept.put(name, Ensured([]))
+        kept.put(name, Ensured([]), 60)
     assert [k for k in "abcd" if kept.get(k, 60) is not None] == ["b", "c", "d"]
-    kept.put("b", Ensured([]))  # checked again: the newest now
-    kept.put("e", Ensured([]))
+    kept.put("b", Ensured([]), 60)  # checked again: the newest now
+    kept.put("e", Ensured([]), 60)
     assert [k for k in "bcde" if kept.get(k, 60) is not None] == ["b", "d", "e"]
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from google.api_core import exceptions as api_exceptions
 from google.cloud.bigquery import SchemaField
 
 from firehose_bq import logs
@@ -15,12 +17,13 @@ from firehose_bq.batch import core
 from firehose_bq.batch.core import ATTEMPT_COLUMN, TaskResult, process_batch
 from firehose_bq.batch.rows import KEY_UNKNOWN, TOMBSTONE, Rows, Writable
 from firehose_bq.bigquery.client import Clients
-from firehose_bq.config import Config
+from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.decode import native_unavailable
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.errors import DeadLetterError, ErrorType, RowError, SchemaEvolutionError, SinkError
-from firehose_bq.modes import table_rows
+from firehose_bq.bigquery import file_loads
+from firehose_bq.modes import MixedTask, StagingTask, StreamingTask, table_rows
 from firehose_bq.policy import ErrorHandling
 from firehose_bq.registry.confluent import encode_frame, message_indexes
 from firehose_bq.routing import Destination, router_of
@@ -75,6 +78,9 @@ class FakePlan:
 
     def shape(self, rows: Rows, source: pa.RecordBatch, ids: pa.Array) -> tuple[Writable, list[RowError]]:
         return table_rows(rows, ids), []
+
+    def writes_to_table(self, destination: Destination | None) -> bool:
+        return True
 
     def report(self, destination: Destination | None, writer: FakeWriter) -> str:
         return f"{len(writer.written)} rows"
@@ -394,12 +400,16 @@ class FakeTables:
     dataset_ready: list[bool] = field(default_factory=list)  # whether each call was told its dataset is ensured
     kept: list[CheckedTables | None] = field(default_factory=list)  # the worker's checks each call was given
     outage: SinkError | None = None  # what every ensure call raises, if set
+    trusting: set[str] = field(default_factory=set)  # tables whose check comes from the worker's kept ones
+    forgotten: list[str] = field(default_factory=list)
 
     def ensure(self, loaded: Descriptors, destination: Destination, clients: Clients,
                dataset_ready: bool = False, kept: CheckedTables | None = None) -> Ensured:
         self.asked.append(destination.name)
         self.lent.append(clients)
         self.kept.append(kept)
+        if destination.name in self.trusting:
+            return Ensured([SchemaField("label", "STRING")], kept=True)
         self.dataset_ready.append(dataset_ready)
         if self.outage is not None:
             raise self.outage
@@ -408,6 +418,10 @@ class FakeTables:
         self.ensured.append(destination)
         return Ensured([SchemaField("label", "STRING"), SchemaField("checked_as", "STRING",
                                                                     description=destination.name)])
+
+    def forget(self, loaded: Descriptors, destination: Destination, kept: CheckedTables) -> None:
+        self.forgotten.append(destination.name)
+        self.trusting.discard(destination.name)
 
 
 @dataclass
@@ -551,7 +565,7 @@ def test_tables_are_ensured_with_the_clients_the_writers_borrow(test_descriptors
     # the worker's checks (the table, or its dataset, may be gone: the next task creates it again).
     resets: list[bool] = []
     monkeypatch.setattr(clients, "reset", lambda: resets.append(True))
-    kept.put("a check", Ensured([]))
+    kept.put("a check", Ensured([]), 60)
     outage = FakeTables(outage=SinkError(ErrorType.SINK_5XX_ERROR, "creating or evolving table ds.inner_v1 failed"))
     result = process_batch([batch], routed(test_descriptors, outage), RoutingPlan(), handling(), clients, kept)
     assert result.fatal is not None and "ds.inner_v1 failed" in result.fatal and resets == [True]
@@ -562,14 +576,14 @@ def test_a_write_that_fails_as_a_whole_drops_the_workers_table_checks(test_descr
     """A routed table deleted under a running job: its writes fail (NOT_FOUND) until a check creates it again."""
     batch = source_batch(values(test_descriptors, "a"), headers=[[("type", b"inner")]])
     kept = CheckedTables()
-    kept.put("a check", Ensured([]))
+    kept.put("a check", Ensured([]), 60)
     gone = SinkError(ErrorType.SINK_4XX_ERROR, "AppendRows into p.ds.inner_v1 failed: 404 Not found: Table")
     plan = RoutingPlan(by_table={"ds.inner_v1": FakeWriter(error=gone)})
     result = process_batch([batch], routed(test_descriptors, FakeTables()), plan, handling(), Clients(), kept)
     assert result.fatal is not None and "404" in result.fatal
     assert len(kept) == 0
     # A task whose requests all went through keeps them.
-    kept.put("a check", Ensured([]))
+    kept.put("a check", Ensured([]), 60)
     process_batch([batch], routed(test_descriptors, FakeTables()), RoutingPlan(), handling(), Clients(), kept)
     assert len(kept) == 1
 
@@ -828,19 +842,120 @@ def test_a_routed_task_writes_its_tables_at_once_up_to_the_limit(test_descriptor
     assert all(w.flight[1] == 1 for w in plan.by_table.values())  # type: ignore[attr-defined]
 
 
-def test_a_table_whose_write_fails_stops_the_task_and_the_others_are_counted(test_descriptors: Descriptors,
-                                                                            letters: list[DeadLetter]) -> None:
-    """Written at once, one table's write failing as a whole (the table is gone) cannot undo the others':
-    their rows are counted as written, and the task stops with the failure, naming it."""
-    gone = SinkError(ErrorType.SINK_4XX_ERROR, "AppendRows into p.ds.t_1 failed: 404 Not found: Table")
-    plan = RoutingPlan(by_table={"ds.t_1": FakeWriter(error=gone), "ds.t_3": FakeWriter(bad={"a3"})})
-    router = router_of("ds", "t_${header.n}", "testdata.Inner", None, "")
-    result = process_batch([many_tables(test_descriptors, 5)], spec(test_descriptors, router=router,
+def not_found(table: str) -> SinkError:
+    """A write's failure as the writers raise it for a table that is gone (from BigQuery's NOT_FOUND)."""
+    try:
+        raise api_exceptions.NotFound(f"Table {table} not found")
+    except api_exceptions.NotFound as cause:
+        try:
+            raise SinkError(ErrorType.SINK_4XX_ERROR, f"AppendRows into {table} failed: 404") from cause
+        except SinkError as error:
+            return error
+
+
+@dataclass
+class GoneOnceWriter(FakeWriter):
+    """Its table is gone at the first write (NOT_FOUND), there again after."""
+
+    gone: int = 1
+
+    def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
+        if self.gone:
+            self.gone -= 1
+            self.requests.append(rows.num_rows)
+            raise not_found("p.ds.t_1")
+        return super().write(rows, insert_ids)
+
+
+@pytest.mark.parametrize("at_once", [1, 4])
+def test_a_table_gone_since_the_workers_kept_check_is_created_again_and_written(
+        test_descriptors: Descriptors, at_once: int, caplog: pytest.LogCaptureFixture) -> None:
+    """A kept check (CheckedTables) saves the task its tables.get, but the table may have been deleted since:
+    the write's NOT_FOUND then makes the task check it again (which creates it) and write its rows again,
+    as a check of its own would have. Without a kept check, NOT_FOUND is the task's failure, as before."""
+    router = replace(router_of("ds", "t_${header.n}", "testdata.Inner", None, ""), concurrent_writes=at_once)
+    tables = FakeTables(trusting={"ds.t_1"})
+    plan = RoutingPlan(by_table={"ds.t_1": GoneOnceWriter()})
+    result = process_batch([many_tables(test_descriptors, 3)], spec(test_descriptors, router=router, tables=tables),
+                           plan, handling())
+    assert result.fatal is None and result.stats.rows_written == 3
+    assert tables.forgotten == ["ds.t_1"] and tables.asked.count("ds.t_1") == 2
+    assert plan.by_table["ds.t_1"].requests == [1, 1] and [r["label"] for r in plan.by_table["ds.t_1"].written] == ["a1"]
+    assert "table ds.t_1 was not found although this worker checked it" in caplog.text
+    # The task's own check was the one it wrote after: the table is gone again, or never was, for a reason.
+    plan = RoutingPlan(by_table={"ds.t_1": GoneOnceWriter()})
+    result = process_batch([many_tables(test_descriptors, 3)], spec(test_descriptors, router=router,
                                                                       tables=FakeTables()), plan, handling())
     assert result.fatal is not None and "p.ds.t_1 failed: 404" in result.fatal
-    assert sorted(name for name, w in plan.by_table.items() if w.written) == ["ds.t_0", "ds.t_2", "ds.t_4"]
-    s = result.stats
-    assert s.rows_written == 3
-    assert s.tables["ds.t_0"]["written"] == 1 and "ds.t_1" not in s.tables  # the failure is the task's fatal
-    # Its dead letter is never stored (the task stopped before its end): it counts as failed (`unstored`).
-    assert not letters and s.dead_lettered == 0 and s.tables["ds.t_3"]["failed"] == 1
+
+
+def test_a_dataset_is_checked_again_when_only_a_kept_check_of_another_table_vouches_for_it(
+        test_descriptors: Descriptors) -> None:
+    tables = FakeTables(trusting={"ds.t_0"})
+    process_batch([many_tables(test_descriptors, 3)], spec(test_descriptors, tables=tables,
+                                                            router=router_of("ds", "t_${header.n}", "testdata.Inner",
+                                                                             None, "")), RoutingPlan(), handling())
+    assert tables.asked == ["ds.t_0", "ds.t_1", "ds.t_2"]
+    assert tables.dataset_ready == [False, True]  # t_1 checks the dataset (t_0's check was kept), t_2 need not
+
+
+@dataclass
+class SlowWriter(FakeWriter):
+    """A write that meets the others at `barrier`, then takes `pause` s (so that a failure elsewhere is seen first)."""
+
+    barrier: threading.Barrier | None = None
+    pause: float = 0.0
+
+    def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
+        if self.barrier is not None:
+            self.barrier.wait(timeout=30)
+        time.sleep(self.pause)
+        return super().write(rows, insert_ids)
+
+
+def test_a_write_that_fails_for_good_stops_the_tasks_other_writes(test_descriptors: Descriptors) -> None:
+    """BigQuery down: each table's write would retry for its whole budget (2 minutes), 8 at a time, so a task
+    routed to 200 tables would take most of an hour to stop. The first write that fails for good stops the
+    others: those not started never start, those waiting to retry stop waiting. What went in is counted."""
+    barrier = threading.Barrier(3)
+    down = SinkError(ErrorType.SINK_4XX_ERROR, "AppendRows into p.ds.t_0 failed: 403 denied")
+    flaky = SinkError(ErrorType.SINK_5XX_ERROR, "AppendRows into p.ds.t_2 failed: 503")
+    plan = RoutingPlan(by_table={"ds.t_0": SlowWriter(barrier=barrier, error=down),
+                                 "ds.t_1": SlowWriter(barrier=barrier, pause=1.0),
+                                 "ds.t_2": SlowWriter(barrier=barrier, error=flaky),
+                                 **{f"ds.t_{i}": SlowWriter() for i in range(3, 8)}})
+    router = replace(router_of("ds", "t_${header.n}", "testdata.Inner", None, ""), concurrent_writes=3)
+    result = process_batch([many_tables(test_descriptors, 8)], spec(test_descriptors, router=router,
+                                                                      tables=FakeTables()),
+                           plan, handling(RETRY_MAX_ATTEMPTS="1000", SINK_BIGQUERY_RETRY_DEADLINE_MS="600000"))
+    assert result.fatal is not None and "403 denied" in result.fatal
+    writers = plan.by_table
+    assert [r["label"] for r in writers["ds.t_1"].written] == ["a1"]  # under way when t_0 failed: it went in
+    assert result.stats.tables["ds.t_1"]["written"] == 1
+    assert all(not writers[f"ds.t_{i}"].requests for i in range(3, 8))  # never started
+    assert len(writers["ds.t_2"].requests) < 50  # its retries were cut short, not run for 10 minutes
+
+
+def test_rows_staged_for_the_drivers_load_never_trust_a_kept_check(test_descriptors: Descriptors) -> None:
+    """A staged file finds no missing table (the driver's load job would, and stop the job): such a
+    destination's task checks its table itself, every micro-batch, as without kept checks."""
+
+    @dataclass
+    class StagingPlan(RoutingPlan):
+        def writes_to_table(self, destination: Destination | None) -> bool:
+            return False
+
+    tables, kept = FakeTables(), CheckedTables()
+    process_batch([many_tables(test_descriptors, 2)], spec(test_descriptors, tables=tables,
+                                                            router=router_of("ds", "t_${header.n}", "testdata.Inner",
+                                                                             None, "")),
+                  StagingPlan(), handling(), Clients(), kept)
+    assert tables.kept == [None, None]
+    # The modes' own plans: streamed tables are written by the task, staged ones loaded by the driver.
+    bq = BigQueryConfig(project_id="p", dataset="d", table="t")
+    staging = file_loads.StagingArea("/tmp/staging")
+    assert StreamingTask(bq, "storage_write").writes_to_table(Destination("d", "a"))
+    assert not StagingTask(bq, staging, "b0/").writes_to_table(Destination("d", "a"))
+    mixed = MixedTask(bq, staging, "b0/")
+    assert mixed.writes_to_table(Destination("d", "a", streaming=True))
+    assert not mixed.writes_to_table(Destination("d", "a"))

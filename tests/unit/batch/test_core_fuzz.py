@@ -193,6 +193,9 @@ class FuzzPlan:
     def report(self, destination: Destination | None, writer: OffsetWriter) -> str | None:
         return self.real.report(destination, writer)
 
+    def writes_to_table(self, destination: Destination | None) -> bool:
+        return self.real.writes_to_table(destination)
+
 
 def real_plan(sc: Scenario) -> TaskPlan:
     bq = BigQueryConfig(project_id="p", dataset="d", table="t")
