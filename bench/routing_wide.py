@@ -3,7 +3,10 @@ one topic whose records carry headers s1, s10, s50, s200 (the record's index mod
 `bookings_${header.sN}`, for each table count and write method: where a cost per destination table shows.
 Each job has its own dataset, so the tables are created on the fly; the rows landed are counted after
 (each table must hold exactly its share). One run of each; the rates are the run summaries'.
-`python -m bench.routing_wide storage_write insertall:1,200 file_loads` (default: every count)."""
+`python -m bench.routing_wide storage_write insertall:1,200 file_loads` (default: every count). The job takes
+this process's environment under the bench's own settings: `SPARK_MAX_OFFSETS_PER_TRIGGER=10000` before the
+command gives 6 micro-batches, where the costs per table and micro-batch show (bench/slow_link.py adds
+BigQuery's latency to them)."""
 
 from __future__ import annotations
 
