@@ -147,8 +147,9 @@ class CheckedTables:
     (tens of milliseconds on BigQuery, one after another), so a job routed to 200 tables spent seconds of
     each task on checks, and its tasks together could pass BigQuery's 100 API requests a second per method.
     A check is kept for the same job settings, destination and descriptors (new descriptors check again at
-    once); a task that saw a request fail as a whole drops them all (`clear`), as it drops its clients, so a
-    table deleted under a running job is created again by the rerun rather than failing until the TTL ends.
+    once); a task that saw a request fail as a whole drops them all (`clear`), as it drops its clients; and a
+    write that finds no table where its task trusted a kept check checks it again, creating the table
+    (batch/core.py `_heals`). Only tables the tasks write themselves are kept (`TaskPlan.writes_to_table`).
     Each entry is a table's columns: a bound on their number keeps a template over a high-cardinality
     attribute from growing a worker without end (past it, the expired go first, then the oldest)."""
 
