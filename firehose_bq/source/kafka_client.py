@@ -74,11 +74,13 @@ class KafkaMetadataClient:
         self._brokers = brokers
         self._timeout_s = request_timeout_ms / 1000
         # librdkafka's codes for a broker that did not answer (down, unreachable, restarting, slow), as
-        # opposed to one that answered no (a missing topic, no authorization).
+        # opposed to one that answered no (a missing topic, no authorization). _DESTROY_BROKER: a request
+        # outstanding on a broker handle that librdkafka dropped, as it does when the broker goes away.
         errors = ck.KafkaError
         self._unavailable = frozenset((errors._TRANSPORT, errors._ALL_BROKERS_DOWN, errors._TIMED_OUT,
-                                       errors._RESOLVE, errors.REQUEST_TIMED_OUT, errors.LEADER_NOT_AVAILABLE,
-                                       errors.NOT_LEADER_FOR_PARTITION, errors.BROKER_NOT_AVAILABLE))
+                                       errors._RESOLVE, errors._DESTROY_BROKER, errors.REQUEST_TIMED_OUT,
+                                       errors.LEADER_NOT_AVAILABLE, errors.NOT_LEADER_FOR_PARTITION,
+                                       errors.BROKER_NOT_AVAILABLE))
         self._consumer = ck.Consumer({
             "bootstrap.servers": brokers,
             "group.id": group_id,
