@@ -208,11 +208,11 @@ class TableKeeper:
         SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS ago for the same settings and descriptors."""
         if kept is None:
             return self.check(loaded, destination, clients, dataset_ready)
-        ttl = self.config.bigquery.table_schema_cache_ttl_ms / 1000
-        if (ensured := kept.get(self._key(loaded, destination), ttl)) is not None:
+        key, ttl = self._key(loaded, destination), self.config.bigquery.table_schema_cache_ttl_ms / 1000
+        if (ensured := kept.get(key, ttl)) is not None:
             return dataclasses.replace(ensured, kept=True)
         ensured = self.check(loaded, destination, clients, dataset_ready)
-        kept.put(self._key(loaded, destination), ensured, ttl)
+        kept.put(key, ensured, ttl)
         return ensured
 
     def forget(self, loaded: Descriptors | None, destination: Destination, kept: CheckedTables) -> None:

@@ -395,10 +395,7 @@ class _Task:
             elif not isinstance(error, _Stopped):
                 failures.append(error)
         for destination, waiting, error in again if not failures else ():
-            if not self._recheck(destination):
-                failures.append(error)
-                break
-            self._account(destination, *self._send(destination, waiting))
+            self._account(destination, *self._send_again(destination, waiting, error))
         if failures:
             first = next((f for f in failures if not isinstance(f, SinkError)), failures[0])  # a bug comes first
             for other in failures:
@@ -421,9 +418,9 @@ class _Task:
         try:
             sent = self._send(destination, waiting)
         except SinkError as exc:
-            if not (self._heals(destination, exc) and self._recheck(destination)):
+            if not self._heals(destination, exc):
                 raise
-            sent = self._send(destination, waiting)
+            sent = self._send_again(destination, waiting, exc)
         self._account(destination, *sent)
 
     def _heals(self, destination: Destination | None, error: BaseException) -> bool:
@@ -431,8 +428,10 @@ class _Task:
         trusted a worker's earlier check (`CheckedTables`) instead of checking. A check now creates it again."""
         return destination in self.trusted and isinstance(error, SinkError) and table_missing(error)
 
-    def _recheck(self, destination: Destination | None) -> bool:
-        """Check `destination`'s table again, creating it (`_heals`); False when it cannot be used any more."""
+    def _send_again(self, destination: Destination | None, waiting: list[_Decoded],
+                     error: BaseException) -> tuple[_Decoded, Handled]:
+        """`_send` once more after `error` (`_heals`), `destination`'s table checked again first, which creates
+        it; `error` itself when the table cannot be used any more."""
         assert destination is not None and self.spec.tables is not None
         self.trusted.discard(destination)
         log.warning("table %s was not found although this worker checked it within the last "
@@ -443,12 +442,14 @@ class _Task:
             ensured = self.spec.tables.ensure(self.spec.descriptors, destination, self.clients, False, self.kept)
         except SchemaError as exc:
             log.warning("table %s cannot be created again: %s", destination.name, exc)
-            return False
+            ensured = None
         except SinkError:
             self.request_failed = True
             raise
+        if ensured is None:
+            raise error
         self.checked[destination] = list(ensured.schema)
-        return True
+        return self._send(destination, waiting)
 
     def _send(self, destination: Destination | None, waiting: list[_Decoded],
               sleep: Callable[[float], None] = time.sleep) -> tuple[_Decoded, Handled]:
