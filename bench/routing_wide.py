@@ -25,6 +25,12 @@ COUNTS = (1, 10, 50, 200)
 TOPIC = "wide"
 
 
+def shared_evenly(written: int, rows: dict[str, int], messages: int, tables: int) -> bool:
+    """Every message written once (`written`, the job's count; `rows`, each table's), each of `tables` its share."""
+    return (written == messages and sum(rows.values()) == messages and len(rows) == tables
+            and all(v == messages // tables for v in rows.values()))
+
+
 def run(plan: list[tuple[str, int]], messages: int = MESSAGES) -> None:
     with local_stack() as (stack_env, state):
         env = {**stack_env, "SOURCE_KAFKA_TOPIC": TOPIC}
@@ -44,8 +50,7 @@ def run(plan: list[tuple[str, int]], messages: int = MESSAGES) -> None:
                            "SPARK_CHECKPOINT_LOCATION": f"{state}/ck-{name}",
                            "SOURCE_KAFKA_CONSUMER_GROUP_ID": f"bench-{name}"}, name)
             rows = landed(client, cfg.bigquery.project_id, dataset)
-            ok = job.written == messages and sum(rows.values()) == messages and len(rows) == n \
-                and all(v == messages // n for v in rows.values())
+            ok = shared_evenly(job.written, rows, messages, n)
             print(f"{method:<14} {n:>4} tables  job {job.seconds:6.1f} s  {messages / job.seconds:>8,.0f} msg/s  "
                   f"wall {job.wall:6.1f} s  landed {sum(rows.values())} in {len(rows)}  ok={ok}  "
                   f"(+check {time.perf_counter() - started - job.wall:.1f} s)", flush=True)
