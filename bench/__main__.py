@@ -8,7 +8,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bench import conversion, job, json_input, memory, merge, pipeline, refresh, routing, sink
+from bench import capped_fetch, conversion, job, json_input, memory, merge, pipeline, refresh, routing, sink
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ FIGURES = [
     Figure("P2a … kafka-python reader, python decoder", "p2a_kafka-python_python", "x", "", None),
     Figure("P2a … confluent-kafka reader, python decoder", "p2a_confluent-kafka_python", "x", "", None),
     Figure("P2a … kafka-python reader, native decoder", "p2a_kafka-python_native", "x", "", None),
+    Figure("Task reader, broker capping fetches (Tansu)", "capped_fetch_msg_s", " msg/s", "", None),
+    Figure("… / with librdkafka's default fetch backoff", "capped_fetch_ratio", "x", "", None),
     Figure("P2b storage_write end to end / direct", "p2b_storage_write", "x", "≥ 0.7x", lambda v: v >= 0.7),
     Figure("P2b insertall end to end / direct", "p2b_insertall", "x", "≥ 0.7x", lambda v: v >= 0.7),
     Figure("P2b file_loads end to end / direct", "p2b_file_loads", "x", "≥ 0.7x", lambda v: v >= 0.7),
@@ -63,7 +65,7 @@ def summary(results: dict[str, float], minutes: float) -> None:
 if __name__ == "__main__":
     started = time.monotonic()
     results: dict[str, float] = {}
-    for bench in (conversion, json_input, pipeline, sink, job, routing, memory, merge, refresh):
+    for bench in (conversion, json_input, pipeline, capped_fetch, sink, job, routing, memory, merge, refresh):
         try:
             results.update(bench.run())
         except Exception:  # one broken benchmark must not cost the figures of the others

@@ -77,7 +77,7 @@ def _own_cpu() -> float:
 def plain_run(brokers: str, topic: str, client: str, parse: Callable[[bytes], object]) -> Run:
     """One process: read every partition in turn with the bare `client`, ParseFromString each value."""
     ends = KafkaMetadataClient(brokers, "bench-plain").end_offsets((topic,))[topic]
-    read = _plain_confluent if client == CONFLUENT_KAFKA else _plain_kafka_python
+    read = plain_confluent if client == CONFLUENT_KAFKA else _plain_kafka_python
     return timed(sum(ends.values()),
                  lambda: [read(brokers, topic, partition, end, parse) for partition, end in ends.items()])
 
@@ -111,7 +111,7 @@ def _plain_consumer(brokers: str) -> Any:
                         "fetch.wait.max.ms": 50})
 
 
-def _plain_confluent(brokers: str, topic: str, partition: int, end: int, parse: Callable[[bytes], object]) -> None:
+def plain_confluent(brokers: str, topic: str, partition: int, end: int, parse: Callable[[bytes], object]) -> None:
     import confluent_kafka as ck
 
     consumer = _plain_consumer(brokers)

@@ -50,7 +50,7 @@ def services(cfg: StackConfig) -> tuple[Service, ...]:
     """The stack's services, in start order."""
     return (
         Service("kafka", BROKER, cfg.kafka_port, f"{HOST}:{cfg.kafka_port}",
-                functools.partial(_kafka_command, cfg), functools.partial(_kafka_answers, cfg.kafka_port)),
+                functools.partial(_kafka_command, cfg), functools.partial(kafka_answers, cfg.kafka_port)),
         Service("bigquery", EMULATOR, cfg.bigquery_port, f"http://{HOST}:{cfg.bigquery_port}",
                 functools.partial(_bigquery_command, cfg), functools.partial(_bigquery_answers, cfg)),
         Service("gcs", GCS_EMULATOR, cfg.gcs_port, gcs_endpoint(cfg),
@@ -267,7 +267,7 @@ def isolated_env(state_dir: Path | str) -> dict[str, str]:
             "FIREHOSE_STACK_GCS_PORT": str(free_port())}
 
 
-def _kafka_answers(port: int) -> bool:
+def kafka_answers(port: int) -> bool:
     from kafka import KafkaAdminClient
     from kafka.errors import KafkaError
 
