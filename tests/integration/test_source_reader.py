@@ -1,17 +1,20 @@
 """The source's range reader against the real broker, over both clients: the same Arrow batch from
 each, exact [start, end) ranges, records the Arrow rules must keep (tombstones, NULL keys, headers
 with NULL values, timestamps), transaction markers, aborted and open transactions as the source plans and
-reads them, and a stall that ends in a clear error."""
+reads them, and a stall that ends in a clear error. And a range that comes in several fetches, from a
+broker that caps them as Kafka does (Tansu: the stack's broker answers with the whole partition)."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
 from kafka.admin import KafkaAdminClient, NewTopic
 
+from firehose_bq.devstack.tansu import tansu_broker
 from firehose_bq.errors import SourceError
 from firehose_bq.source.batches import ARROW_SCHEMA
 from firehose_bq.source.kafka_client import (
@@ -257,3 +260,34 @@ def test_the_driver_metadata_client_against_the_broker(brokers: str) -> None:
         assert monitor.committed(TopicPartition(topic, 0)) == 7
     finally:
         monitor.close()
+
+
+@pytest.fixture(scope="module")
+def capped_brokers() -> Iterator[str]:
+    with tansu_broker() as address:
+        yield address
+
+
+# About 18 MB in one partition: Tansu hands it out in fetches of a few MB, Kafka in fetches of at most
+# max.partition.fetch.bytes (8 MiB), the stack's broker in one.
+CAPPED_RECORDS = 9_000
+CAPPED_VALUE_BYTES = 2_000
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_range_that_comes_in_several_fetches_reads_each_record_once_in_order(capped_brokers: str,
+                                                                             client: str) -> None:
+    """The range starts and ends inside fetches; each fetch fills the reader's queue (CONFLUENT_KAFKA: past one
+    read batch, `queued.min.messages`), which is when librdkafka waits `fetch.queue.backoff.ms` to fetch again."""
+    from confluent_kafka import Producer
+
+    topic = new_topic(capped_brokers)
+    producer = Producer({"bootstrap.servers": capped_brokers, "acks": "all", "linger.ms": 20})
+    for i in range(CAPPED_RECORDS):
+        producer.produce(topic, value=b"%08d" % i + b"x" * (CAPPED_VALUE_BYTES - 8), partition=0)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    start, end = 1_234, CAPPED_RECORDS - 1_111
+    table = read(capped_brokers, topic, start, end, client, batch_rows=1_000)
+    assert table.column("offset").to_pylist() == list(range(start, end))
+    assert [v[:8] for v in table.column("value").to_pylist()] == [b"%08d" % i for i in range(start, end)]
