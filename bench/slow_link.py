@@ -5,7 +5,9 @@ gRPC ports reached through a TCP relay that delays every chunk by half the round
 own work on the same two cores; on BigQuery it is mostly waiting, which is what the routed task's
 concurrent writes (SINK_BIGQUERY_CONCURRENT_TABLE_WRITES) and its workers' kept table checks
 (SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS) are for. Each is measured on and off, side by side.
-`python -m bench.slow_link [round-trip ms]`."""
+`python -m bench.slow_link [round-trip ms] [routing|insertall]`: `insertall` runs the same records into one
+table by insertAll instead (one micro-batch), one request at a time against
+SINK_BIGQUERY_INSERT_ALL_CONCURRENT_REQUESTS' default."""
 
 from __future__ import annotations
 
@@ -33,6 +35,10 @@ VARIANTS = {  # name: settings
                                              "SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS": "0"},
     "one table at a time, kept checks": {"SINK_BIGQUERY_CONCURRENT_TABLE_WRITES": "1"},
     "8 tables at once, kept checks (the defaults)": {},
+}
+INSERT_ALL_VARIANTS = {  # one table, insertall
+    "one request at a time": {"SINK_BIGQUERY_INSERT_ALL_CONCURRENT_REQUESTS": "1"},
+    "4 requests at once (the default)": {},
 }
 
 
@@ -85,7 +91,9 @@ def slow_link(target_host: str, target_port: int, rtt_ms: float) -> Iterator[int
         thread.join(5)
 
 
-def run(rtt_ms: float = 50.0) -> None:
+def run(rtt_ms: float = 50.0, case: str = "routing") -> None:
+    """`case`: routing (VARIANTS) or insertall (INSERT_ALL_VARIANTS)."""
+    routed = case == "routing"
     with local_stack() as (stack_env, state):
         env = {**stack_env, "SOURCE_KAFKA_TOPIC": TOPIC}
         cfg = Config.from_env(env)
@@ -93,21 +101,27 @@ def run(rtt_ms: float = 50.0) -> None:
         rest = urlsplit(cfg.bigquery.api_endpoint)
         grpc_host, _, grpc_port = cfg.bigquery.storage_api_endpoint.rpartition(":")
         client = make_client(cfg.bigquery)
-        print(f"Routing over a {rtt_ms:.0f} ms link: {MESSAGES} example bookings, {PARTITIONS} partitions, "
-              f"6 micro-batches of 10k, into {TABLES} tables by a header, storage_write")
+        if routed:
+            print(f"Routing over a {rtt_ms:.0f} ms link: {MESSAGES} example bookings, {PARTITIONS} partitions, "
+                  f"6 micro-batches of 10k, into {TABLES} tables by a header, storage_write")
+            job_env = {"SINK_BIGQUERY_TABLE_NAME": "bookings_${header.s}", "SPARK_MAX_OFFSETS_PER_TRIGGER": "10000",
+                       "SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK": str(TABLES)}
+        else:
+            print(f"insertAll over a {rtt_ms:.0f} ms link: {MESSAGES} example bookings, {PARTITIONS} partitions, one "
+                  "micro-batch, into one table")
+            job_env = {"SINK_BIGQUERY_TABLE_NAME": "bookings", "SINK_BIGQUERY_WRITE_METHOD": "insertall"}
         with slow_link(rest.hostname or "127.0.0.1", rest.port or 80, rtt_ms) as rest_port, \
                 slow_link(grpc_host, int(grpc_port), rtt_ms) as grpc_port_slow:
-            for n, (variant, settings) in enumerate(VARIANTS.items()):
+            for n, (variant, settings) in enumerate((VARIANTS if routed else INSERT_ALL_VARIANTS).items()):
                 dataset = f"slow_{n}"
-                job = run_job({**env, **settings, "SINK_BIGQUERY_API_ENDPOINT": f"http://127.0.0.1:{rest_port}",
+                job = run_job({**env, **job_env, **settings,
+                               "SINK_BIGQUERY_API_ENDPOINT": f"http://127.0.0.1:{rest_port}",
                                "SINK_BIGQUERY_STORAGE_API_ENDPOINT": f"127.0.0.1:{grpc_port_slow}",
-                               "SINK_BIGQUERY_DATASET_NAME": dataset, "SINK_BIGQUERY_TABLE_NAME": "bookings_${header.s}",
-                               "SPARK_MAX_OFFSETS_PER_TRIGGER": "10000", "FIREHOSE_LOG_LEVEL": "INFO",
-                               "SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK": str(TABLES),
+                               "SINK_BIGQUERY_DATASET_NAME": dataset, "FIREHOSE_LOG_LEVEL": "INFO",
                                "SPARK_CHECKPOINT_LOCATION": f"{state}/ck-{n}",
                                "SOURCE_KAFKA_CONSUMER_GROUP_ID": f"bench-slow-{n}"}, f"slow-{n}")
                 rows = landed(client, cfg.bigquery.project_id, dataset)
-                ok = shared_evenly(job.written, rows, MESSAGES, TABLES)
+                ok = shared_evenly(job.written, rows, MESSAGES, TABLES if routed else 1)
                 print(f"  {variant:<46} job {job.seconds:6.1f} s  {MESSAGES / job.seconds:>7,.0f} msg/s  ok={ok}",
                       flush=True)
                 assert ok, (job, len(rows), sum(rows.values()))
@@ -115,4 +129,4 @@ def run(rtt_ms: float = 50.0) -> None:
 
 
 if __name__ == "__main__":
-    run(float(sys.argv[1]) if len(sys.argv) > 1 else 50.0)
+    run(float(sys.argv[1]) if len(sys.argv) > 1 else 50.0, sys.argv[2] if len(sys.argv) > 2 else "routing")

@@ -308,6 +308,18 @@ class BigQueryConfig:
         minimum=1,
         maximum=10,
     )
+    insert_all_concurrent_requests: int = setting(
+        "SINK_BIGQUERY_INSERT_ALL_CONCURRENT_REQUESTS",
+        "insertAll requests one writer has in flight at once. A task writing 50,000 rows into a table sends 100 "
+        "requests of 500 (SINK_BIGQUERY_INSERT_ALL_BATCH_SIZE); a request takes tens of milliseconds on "
+        "BigQuery, so one after another a task waits seconds. The requests are independent: BigQuery keeps no "
+        "order among rows. The first request that fails as a whole stops those not yet sent, and the error "
+        "policy retries the rows of those that did not go in. 1: one after another; the requests of all writers of a Python worker share the "
+        "REST client's 10 connections per host.",
+        4,
+        minimum=1,
+        maximum=10,
+    )
     storage_api_enable: bool = setting(
         "SINK_BIGQUERY_STORAGE_API_ENABLE",
         "Firehose's switch for the Storage Write API: true = `SINK_BIGQUERY_WRITE_METHOD=storage_write`.",

@@ -76,7 +76,7 @@ def _streaming_writer(cfg: BigQueryConfig, method: str, clients: Clients,
     if method == INSERT_ALL:  # no schema: insertAll's rows go as JSON, fitted by BigQuery itself
         from firehose_bq.bigquery.insert_all import InsertAllWriter
 
-        return InsertAllWriter(clients.bigquery_client(cfg), cfg)
+        return InsertAllWriter(clients.bigquery_client(cfg), cfg, clients.request_slots(cfg))
     from firehose_bq.bigquery.storage_write import StorageWriteWriter
 
     return StorageWriteWriter(clients.bigquery_client(cfg), clients.write_client(cfg), cfg, schema)

@@ -15,6 +15,7 @@ from google.auth import exceptions as auth_exceptions
 from google.auth.credentials import AnonymousCredentials, Credentials
 from google.cloud import bigquery
 from requests import exceptions as http_exceptions
+from requests.adapters import DEFAULT_POOLSIZE
 
 from firehose_bq.config import BigQueryConfig
 from firehose_bq.gcp_auth import service_account_credentials
@@ -100,6 +101,7 @@ class Clients:
         self._credentials: dict[_Endpoint, Credentials] = {}
         self._rest: dict[_Endpoint, bigquery.Client] = {}
         self._grpc: dict[_Endpoint, BigQueryWriteClient] = {}
+        self._slots: dict[_Endpoint, threading.BoundedSemaphore] = {}
 
     def bigquery_client(self, cfg: BigQueryConfig) -> bigquery.Client:
         key = self._key(cfg)
@@ -112,6 +114,16 @@ class Clients:
         if key not in self._grpc:
             self._grpc[key] = make_write_client(cfg, self._creds(key, cfg))
         return self._grpc[key]
+
+    def request_slots(self, cfg: BigQueryConfig) -> threading.BoundedSemaphore:
+        """What every writer of this process holds while a request of its own is in flight on the REST client
+        for cfg's endpoint: as many as the client's connections per host. Writers send several requests at
+        once, and a task writes several tables at once; past the pool's size, the HTTP library would open a
+        connection per extra request, and drop it afterwards with a warning."""
+        key = self._key(cfg)
+        if key not in self._slots:
+            self._slots[key] = threading.BoundedSemaphore(DEFAULT_POOLSIZE)
+        return self._slots[key]
 
     def reset(self) -> None:
         """Close every client; the next writer gets new ones (credentials and their token are kept)."""
@@ -136,7 +148,7 @@ class Clients:
     def _key(self, cfg: BigQueryConfig) -> _Endpoint:
         if os.getpid() != self._pid:  # inherited through a fork: the parent's channels are not ours
             self._pid = os.getpid()
-            self._credentials, self._rest, self._grpc = {}, {}, {}
+            self._credentials, self._rest, self._grpc, self._slots = {}, {}, {}, {}
         return cfg.project_id, cfg.api_endpoint, cfg.storage_api_endpoint, cfg.credential_path
 
     def _creds(self, key: _Endpoint, cfg: BigQueryConfig) -> Credentials:

@@ -12,14 +12,17 @@ no BigQuery column can hold (a TIMESTAMP past 9999) fail before sending, as they
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from google.cloud import bigquery
+from requests.adapters import DEFAULT_POOLSIZE
 
 from firehose_bq.bigquery.classify import (
     classify_exception,
@@ -33,6 +36,7 @@ from firehose_bq.bigquery.conform import fit
 from firehose_bq.bigquery.json_rows import json_string, row_texts
 from firehose_bq.config import BigQueryConfig
 from firehose_bq.errors import ErrorType, PartialWriteError, RowError, SinkError
+from firehose_bq.threads import in_threads
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +49,31 @@ BODY_BYTES = len('{"rows":[]}')
 STOPPED_RESEND_ROUNDS = 3
 
 
+class _NotSent(Exception):
+    """A request left unsent because another of the same write failed as a whole."""
+
+
+def _outcome(call: Callable[[], list[RowError]]) -> list[RowError] | Exception:
+    try:
+        return call()
+    except Exception as exc:  # noqa: BLE001 - sorted out by the caller: a failed request, or a bug it raises
+        return exc
+
+
 class InsertAllWriter:
-    def __init__(self, client: bigquery.Client, cfg: BigQueryConfig) -> None:
+    """RowWriter by tabledata.insertAll; the client is borrowed, and so are `slots` (client.Clients.request_slots:
+    what all writers of the process hold while a request is in flight; None: the writer's own)."""
+
+    def __init__(self, client: bigquery.Client, cfg: BigQueryConfig,
+                 slots: threading.BoundedSemaphore | None = None) -> None:
         self._client = client
         self._table = cfg.table_ref
         self._path = f"{bigquery.TableReference.from_string(cfg.table_ref).path}/insertAll"
         self._batch_size = cfg.insert_all_batch_size
         self._use_ids = cfg.row_insert_id_enable
         self._call = attempt_options(cfg)
+        self._concurrent = cfg.insert_all_concurrent_requests
+        self._slots = slots if slots is not None else threading.BoundedSemaphore(DEFAULT_POOLSIZE)
 
     def close(self) -> None:
         pass  # the client is borrowed: whoever made it closes it (`client.Clients`)
@@ -71,18 +92,46 @@ class InsertAllWriter:
                 failures.append(RowError(int(checked.positions[i]), ErrorType.PAYLOAD_TOO_LARGE,
                                            f"row is {sizes[i] - 1} bytes of JSON; an insertAll request takes at "
                                            f"most {MAX_REQUEST_BYTES}"))
-            chunks = list(self._chunks(sizes, too_large))
-            for n, chunk in enumerate(chunks):
-                try:
-                    failures.extend(self._send([int(checked.positions[i]) for i in chunk], [texts[i] for i in chunk]))
-                except SinkError as exc:
-                    # The requests before this one are in: a retry sends this one and the rest.
-                    unsent = tuple(int(checked.positions[i]) for later in chunks[n:] for i in later)
-                    raise PartialWriteError(exc.error_type, exc.message, unsent,
-                                            tuple(sorted(failures, key=lambda f: f.index)),
-                                            exc.invalid_request) from exc
+            self._send_all([([int(checked.positions[i]) for i in chunk], [texts[i] for i in chunk])
+                            for chunk in self._chunks(sizes, too_large)], failures)
         failures.sort(key=lambda f: f.index)
         return failures
+
+    def _send_all(self, requests: list[tuple[list[int], list[str]]], failures: list[RowError]) -> None:
+        """Send each request (positions, entries), up to SINK_BIGQUERY_INSERT_ALL_CONCURRENT_REQUESTS at once,
+        adding the rows BigQuery rejects to `failures`. The first request that fails as a whole stops those not
+        sent yet; PartialWriteError then names the rows of every request that did not go in, whether it failed
+        or was never sent (a retry sends those); the requests that went in stay in."""
+        stop = threading.Event()
+
+        def send(positions: list[int], texts: list[str]) -> list[RowError]:
+            if stop.is_set():
+                raise _NotSent
+            try:
+                return self._send(positions, texts)
+            except SinkError:
+                stop.set()
+                raise
+
+        calls = [functools.partial(send, positions, texts) for positions, texts in requests]
+        if self._concurrent == 1 or len(calls) == 1:
+            outcomes = [_outcome(call) for call in calls]  # one after another, on the caller's thread
+        else:
+            outcomes = [_outcome(future.result) for future in in_threads(calls, self._concurrent, "insert-all")]
+        first: SinkError | None = None
+        unsent: list[int] = []
+        for (positions, _), outcome in zip(requests, outcomes, strict=True):
+            if isinstance(outcome, list):
+                failures.extend(outcome)
+            elif isinstance(outcome, (SinkError, _NotSent)):
+                unsent.extend(positions)
+                if first is None and isinstance(outcome, SinkError):
+                    first = outcome
+            else:
+                raise outcome  # a bug, not a failed request
+        if first is not None:
+            raise PartialWriteError(first.error_type, first.message, tuple(sorted(unsent)),
+                                    tuple(sorted(failures, key=lambda f: f.index)), first.invalid_request) from first
 
     def _chunks(self, sizes: np.ndarray, skip: np.ndarray) -> Iterator[list[int]]:
         """Indexes into the checked rows, grouped into requests under the row and byte limits."""
@@ -129,11 +178,12 @@ class InsertAllWriter:
             # them again (to_pylist + json.dumps cost 3-5x what building the text does). _call_api is the
             # call insert_rows_json itself makes (here with no retry of its own); a str or bytes body is
             # sent as it is.
-            response = self._client._call_api(  # noqa: SLF001
-                self._call["retry"], span_name="BigQuery.insertRowsJson", span_attributes={"path": self._path},
-                method="POST", path=self._path, data=body, content_type="application/json",
-                timeout=self._call["timeout"],
-            )
+            with self._slots:
+                response = self._client._call_api(  # noqa: SLF001
+                    self._call["retry"], span_name="BigQuery.insertRowsJson", span_attributes={"path": self._path},
+                    method="POST", path=self._path, data=body, content_type="application/json",
+                    timeout=self._call["timeout"],
+                )
         except REQUEST_ERRORS as exc:
             raise SinkError(classify_exception(exc), f"insertAll into {self._table} failed: {exc}",
                             rejects_request(exc)) from exc

@@ -7,6 +7,8 @@ import datetime as dt
 import inspect
 import json
 import math
+import threading
+import time
 from decimal import Decimal
 from typing import Any
 
@@ -238,7 +240,9 @@ def test_a_failed_request_raises_a_classified_sink_error() -> None:
 def test_a_request_failing_part_way_names_the_rows_not_sent_and_the_client_does_not_retry_it() -> None:
     client = FakeClient(bad={"b"}, fail=exceptions.ServiceUnavailable("backend down"), fail_from=2)
     with pytest.raises(PartialWriteError) as raised:
-        writer(client, insert_all_batch_size=2).write(*rows_of(["a", "b", "c", "d", "e"]))
+        # One request at a time: which fails is then the third sent.
+        writer(client, insert_all_batch_size=2, insert_all_concurrent_requests=1).write(*rows_of(["a", "b", "c", "d",
+                                                                                                  "e"]))
     # Request 1 (a, b): b invalid, a re-sent alone (request 2); request 3 (c, d) failed, so e was never sent.
     assert raised.value.error_type is ErrorType.SINK_5XX_ERROR
     assert raised.value.unsent == (2, 3, 4)
@@ -273,7 +277,8 @@ class RefusingClient(FakeClient):
 def test_a_request_refused_as_invalid_is_a_partial_write_the_policy_can_isolate() -> None:
     client = RefusingClient("c")
     with pytest.raises(PartialWriteError) as raised:
-        writer(client, insert_all_batch_size=2).write(*rows_of(["a", "b", "c", "d", "e"]))
+        writer(client, insert_all_batch_size=2, insert_all_concurrent_requests=1).write(*rows_of(["a", "b", "c", "d",
+                                                                                                  "e"]))
     assert raised.value.invalid_request and raised.value.unsent == (2, 3, 4)
 
     gone = FakeClient(fail=exceptions.NotFound("table gone", errors=[{"reason": "notFound"}]))
@@ -296,3 +301,89 @@ def test_the_policy_isolates_the_row_of_a_refused_insert_all_request() -> None:
     assert sorted(r["id"] for r in client.stored) == sorted(set(rows["id"].to_pylist()) - {"k"})  # each once
     sent_ids = [r["insertId"] for body in client.requests for r in body["rows"]]
     assert set(sent_ids) == set(ids.to_pylist())  # each row went with its own insertId
+
+
+class SlowClient(FakeClient):
+    """Holds each request until `together` requests are in flight at once (a barrier: sent one after another,
+    they never are, and it breaks), and counts the most in flight at any time."""
+
+    def __init__(self, together: int) -> None:
+        super().__init__()
+        self.barrier = threading.Barrier(together, timeout=10)
+        self.lock = threading.Lock()
+        self.in_flight = self.most = 0
+
+    def _call_api(self, retry: Any, **kwargs: Any) -> dict[str, Any]:
+        with self.lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+        try:
+            self.barrier.wait()
+            return super()._call_api(retry, **kwargs)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+def test_a_writer_has_its_requests_in_flight_at_once_up_to_the_setting() -> None:
+    client = SlowClient(together=3)
+    ids = [f"r{i}" for i in range(9)]
+    assert writer(client, insert_all_batch_size=1, insert_all_concurrent_requests=3).write(*rows_of(ids)) == []
+    assert client.most == 3 and sorted(r["id"] for r in client.stored) == ids
+
+
+def test_the_writers_of_a_process_share_its_request_slots() -> None:
+    """Two writers of 3 requests at once, 2 slots: never more than 2 requests in flight (the REST client's
+    connections per host, client.Clients.request_slots)."""
+    client = SlowClient(together=2)
+    slots = threading.BoundedSemaphore(2)
+    cfg = BigQueryConfig(project_id="p", dataset="d", table="t", insert_all_batch_size=1,
+                         insert_all_concurrent_requests=3)
+    writers = [InsertAllWriter(client, cfg, slots) for _ in range(2)]  # type: ignore[arg-type]
+    batches = [rows_of([f"{w}{i}" for i in range(6)]) for w in "xy"]
+    threads = [threading.Thread(target=w.write, args=batch) for w, batch in zip(writers, batches, strict=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert client.most == 2 and len(client.stored) == 12
+
+
+class FailingOnClient(FakeClient):
+    """Fails the request holding row `fails` as a whole; the request holding row `waits` answers only once that
+    failure is 0.2 s old."""
+
+    def __init__(self, fails: str, waits: str) -> None:
+        super().__init__()
+        self.fails, self.waits = fails, waits
+        self.failed = threading.Event()
+
+    def _call_api(self, retry: Any, **kwargs: Any) -> dict[str, Any]:
+        ids = [r["json"]["id"] for r in json.loads(kwargs["data"])["rows"]]
+        if self.fails in ids:
+            self.requests.append({"rows": ids})
+            self.failed.set()
+            raise exceptions.ServiceUnavailable("backend down")
+        if self.waits in ids:
+            assert self.failed.wait(10)
+            time.sleep(0.2)
+        return super()._call_api(retry, **kwargs)
+
+
+def test_the_first_request_that_fails_stops_those_not_sent_and_those_in_stay_in() -> None:
+    client = FailingOnClient(fails="b", waits="a")
+    with pytest.raises(PartialWriteError) as raised:
+        writer(client, insert_all_batch_size=1, insert_all_concurrent_requests=2).write(*rows_of(list("abcdef")))
+    # a and b went out together; b failed; c to f were never sent. a went in, and only it.
+    assert [r["id"] for r in client.stored] == ["a"] and len(client.requests) == 2
+    assert raised.value.unsent == (1, 2, 3, 4, 5) and raised.value.error_type is ErrorType.SINK_5XX_ERROR
+    assert "backend down" in str(raised.value)
+
+
+def test_a_bug_in_a_request_thread_is_raised_as_it_is() -> None:
+    class Broken(FakeClient):
+        def _call_api(self, retry: Any, **kwargs: Any) -> dict[str, Any]:
+            raise KeyError("not a failed request")
+
+    with pytest.raises(KeyError):
+        writer(Broken(), insert_all_batch_size=1).write(*rows_of(["a", "b"]))
