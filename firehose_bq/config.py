@@ -314,8 +314,8 @@ class BigQueryConfig:
         "requests of 500 (SINK_BIGQUERY_INSERT_ALL_BATCH_SIZE); a request takes tens of milliseconds on "
         "BigQuery, so one after another a task waits seconds. The requests are independent: BigQuery keeps no "
         "order among rows. The first request that fails as a whole stops those not yet sent, and the error "
-        "policy retries the rows of those that did not go in. 1: one after another; the requests of all writers of a Python worker share the "
-        "REST client's 10 connections per host.",
+        "policy retries the rows of those that did not go in. 1: one after another. The requests of all "
+        "writers of a Python worker share the REST client's 10 connections per host.",
         4,
         minimum=1,
         maximum=10,
