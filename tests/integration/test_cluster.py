@@ -291,9 +291,11 @@ def kill_executor_mid_batch(job: subprocess.Popen[str], log_path: Path, cluster:
             executor = executors[0]
             executor_dir = Path(os.readlink(f"/proc/{executor.pid}/cwd"))
             # Read before the log, not between it and the kill: on busy cores reading each worker's /proc
-            # took long enough for the task seen running to finish before the kill (no task in flight).
+            # took long enough for the task seen running to finish before the kill (no task in flight). An
+            # executor launched after a missed kill may show its first task running before its Python worker
+            # has started: wait for one, whose start the test inspects.
             workers = worker_starts(executor.pid)
-            if task_attempts(executor_dir, "Running") - task_attempts(executor_dir, "Finished"):
+            if workers and task_attempts(executor_dir, "Running") - task_attempts(executor_dir, "Finished"):
                 victims = kill_tree(executor.pid)
                 assert wait_gone(victims, 10), "the executor survived SIGKILL"
                 # A task of 1,000 rows takes a few hundred ms: it may finish between the log read and the
