@@ -41,7 +41,7 @@ from firehose_bq.decode.unknown import UnknownFieldsJson
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.dlq.writers import dead_letter
 from firehose_bq.errors import (DeadLetterError, ErrorType, MessageError, RowError, SchemaError,
-                                 SinkError, cause_of)
+                                 SinkError, TableChangedError, cause_of)
 from firehose_bq.logs import log_context
 from firehose_bq.metrics import BatchStats
 from firehose_bq.policy import DLQ, FAILED, FALLBACK, RETRIED, ErrorHandling, Handled, write_with_policy
@@ -424,19 +424,22 @@ class _Task:
         self._account(destination, *sent)
 
     def _heals(self, destination: Destination | None, error: BaseException) -> bool:
-        """Whether `error` may be a kept check gone stale: the write found no table (or dataset) where this task
-        trusted a worker's earlier check (`CheckedTables`) instead of checking. A check now creates it again."""
-        return destination in self.trusted and isinstance(error, SinkError) and table_missing(error)
+        """Whether `error` may be a kept check gone stale: the write found no table (or dataset), or a table
+        without columns the check had (TableChangedError: dropped and created again with fewer), where this task
+        trusted a worker's earlier check (`CheckedTables`) instead of checking. A check now creates or evolves
+        it again."""
+        return destination in self.trusted and isinstance(error, SinkError) and (
+            table_missing(error) or isinstance(error, TableChangedError))
 
     def _send_again(self, destination: Destination | None, waiting: list[_Decoded],
                      error: BaseException) -> tuple[_Decoded, Handled]:
         """`_send` once more after `error` (`_heals`), `destination`'s table checked again first, which creates
-        it; `error` itself when the table cannot be used any more."""
+        or evolves it, by a new writer; `error` itself when the table cannot be used any more."""
         assert destination is not None and self.spec.tables is not None
         self.trusted.discard(destination)
-        log.warning("table %s was not found although this worker checked it within the last "
-                    "SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS: checking it again, then writing its rows again",
-                    destination.name)
+        log.warning("table %s was %s although this worker checked it within the last "
+                    "SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS: checking it again, then writing its rows again (%s)",
+                    destination.name, "changed" if isinstance(error, TableChangedError) else "not found", error)
         self.spec.tables.forget(self.spec.descriptors, destination, self.kept)
         try:
             ensured = self.spec.tables.ensure(self.spec.descriptors, destination, self.clients, False, self.kept)
@@ -449,7 +452,21 @@ class _Task:
         if ensured is None:
             raise error
         self.checked[destination] = list(ensured.schema)
+        # A new writer, from the columns just checked: the old one's are the stale check's (a table created
+        # again with fewer columns and evolved back may also hold them in another order).
+        self._retire(destination)
         return self._send(destination, waiting)
+
+    def _retire(self, destination: Destination | None) -> None:
+        """Close `destination`'s writer (its report kept), so that the next write opens one anew."""
+        writer = self.writers.pop(destination, None)
+        if writer is None:
+            return
+        try:
+            writer.close()
+        finally:
+            if (report := self.plan.report(destination, writer)) is not None:
+                self.result.reports.append(report)
 
     def _send(self, destination: Destination | None, waiting: list[_Decoded],
               sleep: Callable[[float], None] = time.sleep) -> tuple[_Decoded, Handled]:

@@ -21,7 +21,7 @@ from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.decode import native_unavailable
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.dlq.letters import DeadLetter
-from firehose_bq.errors import DeadLetterError, ErrorType, RowError, SchemaEvolutionError, SinkError
+from firehose_bq.errors import DeadLetterError, ErrorType, RowError, SchemaEvolutionError, SinkError, TableChangedError
 from firehose_bq.bigquery import file_loads
 from firehose_bq.modes import MixedTask, StagingTask, StreamingTask, table_rows
 from firehose_bq.policy import ErrorHandling
@@ -887,6 +887,51 @@ def test_a_table_gone_since_the_workers_kept_check_is_created_again_and_written(
     result = process_batch([many_tables(test_descriptors, 3)], spec(test_descriptors, router=router,
                                                                       tables=FakeTables()), plan, handling())
     assert result.fatal is not None and "p.ds.t_1 failed: 404" in result.fatal
+
+
+@dataclass
+class ShrunkOnceWriter(FakeWriter):
+    """Its table lost columns since the kept check its writer started from, at the first write."""
+
+    shrunk: int = 1
+    closes: int = 0
+
+    def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
+        if self.shrunk:
+            self.shrunk -= 1
+            self.requests.append(rows.num_rows)
+            raise TableChangedError(ErrorType.SINK_4XX_ERROR, "table p.ds.t_1 has no column(s) label any more",
+                                    tuple(range(rows.num_rows)))
+        return super().write(rows, insert_ids)
+
+    def close(self) -> None:
+        self.closes += 1
+
+
+@pytest.mark.parametrize("at_once", [1, 4])
+def test_a_table_that_lost_columns_since_the_workers_kept_check_is_evolved_and_written(
+        test_descriptors: Descriptors, at_once: int, caplog: pytest.LogCaptureFixture) -> None:
+    """A table dropped and created again by hand with fewer columns while a worker's kept check of it stands:
+    the write finds columns missing (TableChangedError); the task checks the table again (which adds them back)
+    and writes by a new writer, from the columns of that check, instead of stopping the job or dropping values."""
+    router = replace(router_of("ds", "t_${header.n}", "testdata.Inner", None, ""), concurrent_writes=at_once)
+    tables = FakeTables(trusting={"ds.t_1"})
+    writer = ShrunkOnceWriter()
+    plan = RoutingPlan(by_table={"ds.t_1": writer})
+    result = process_batch([many_tables(test_descriptors, 3)], spec(test_descriptors, router=router, tables=tables),
+                           plan, handling())
+    assert result.fatal is None and result.stats.rows_written == 3
+    assert tables.forgotten == ["ds.t_1"] and tables.asked.count("ds.t_1") == 2
+    assert writer.requests == [1, 1] and [r["label"] for r in writer.written] == ["a1"]
+    opened = [schema for d, schema in zip(plan.destinations, plan.schemas, strict=True) if d.name == "ds.t_1"]
+    assert [[f.name for f in s or []] for s in opened] == [["label"], ["label", "checked_as"]]  # the new check's
+    assert writer.closes == 2  # the stale one closed when replaced, the new one at the task's end
+    assert "table ds.t_1 was changed although this worker checked it" in caplog.text
+    # Without a kept check the writer's columns were the task's own check's: a change under it stops the task.
+    plan = RoutingPlan(by_table={"ds.t_1": ShrunkOnceWriter()})
+    result = process_batch([many_tables(test_descriptors, 3)], spec(test_descriptors, router=router,
+                                                                      tables=FakeTables()), plan, handling())
+    assert result.fatal is not None and "has no column(s) label any more" in result.fatal
 
 
 def test_a_dataset_is_checked_again_when_only_a_kept_check_of_another_table_vouches_for_it(
