@@ -1,46 +1,48 @@
 """A routed job's kept table checks (sink_schema.CheckedTables) against tables changed under the running job:
-dropped and re-created by hand with fewer columns or another type, a dataset deleted, new descriptors. Every
+dropped and created again by hand with fewer columns or another type, deleted, their dataset deleted, new
+descriptors; and two hundred tables, one of which refuses every row, stopped and restarted. Every
 record ends in its table or the DLQ, once; none is dropped and the job does not stop in a loop."""
 
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from google.api_core.exceptions import NotFound
 from google.cloud import bigquery
 from kafka import KafkaProducer
 
 from firehose_bq.config import Config
+from firehose_bq.dlq.letters import DeadLetter
+from firehose_bq.errors import ErrorType
 from firehose_bq.pipeline import Pipeline
 from firehose_bq.registry.cache import DescriptorCache
 from firehose_bq.sample import ensure_topic
+from firehose_bq.sink_schema import load_descriptors
 from tests.conftest import compile_protos
 from tests.integration.conftest import FakeRegistry
 from tests.integration.test_dead_letters import read_topic
+from tests.integration.test_schema_refresh import eventually
 
 pytestmark = pytest.mark.integration
 
 PROTOS = Path(__file__).parent / "protos"
 
 
-def eventually(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout_s, f"timed out waiting for {what}"
-        time.sleep(0.3)
-
-
 class Job:
+    """A routed job (`readings_${header.site}`, user proto shard.Reading) running in a thread of the test."""
+
     def __init__(self, cfg: Config, spark, cache: DescriptorCache, bq: bigquery.Client) -> None:
         self.cfg, self.cache, self.bq = cfg, cache, bq
         self.pipeline = Pipeline(cfg, spark, descriptor_source=cache.get)
         cache.add_listener(self.pipeline.schema.on_descriptors_changed)
         self.producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
         self.sent = 0
+        self.failures: list[BaseException] = []  # what stopped the running job, if anything did
 
     def send(self, site: str, count: int, **fields: object) -> list[str]:
         cls = self.cache.get().message_class("shard.Reading")
@@ -60,14 +62,11 @@ class Job:
     def rows(self, site: str) -> list[dict]:
         try:
             return [dict(r.items()) for r in self.bq.query(f"SELECT * FROM `{self.table(site)}`").result()]
-        except Exception:  # noqa: BLE001 - a table gone counts as no rows
+        except NotFound:  # the table is gone (deleted by the test, not created again yet)
             return []
 
-    def letters(self) -> list:
-        try:
-            return read_topic(self.cfg.source.brokers, self.cfg.dlq.kafka_topic)
-        except Exception:  # noqa: BLE001
-            return []
+    def letters(self) -> list[DeadLetter]:
+        return read_topic(self.cfg.source.brokers, self.cfg.dlq.kafka_topic)
 
 
 @contextmanager
@@ -88,15 +87,13 @@ def running(spark, job_env: dict[str, str], fake: FakeRegistry, bq: bigquery.Cli
     cache = DescriptorCache.for_stencil(cfg.input_schema.stencil_urls, cfg.registry).start()
     job = Job(cfg, spark, cache, bq)
     stop = threading.Event()
-    failures: list[BaseException] = []
 
     def run() -> None:
         try:
             job.pipeline.run(available_now=False, stop=stop)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            failures.append(exc)
+        except BaseException as exc:  # noqa: BLE001 - the test asserts there is none
+            job.failures.append(exc)
 
-    job.failures = failures  # type: ignore[attr-defined]
     runner = threading.Thread(target=run, daemon=True)
     runner.start()
     try:
@@ -114,7 +111,7 @@ def full(rows: list[dict]) -> bool:
     return all(r.get("value") is not None and r.get("note") and r.get("message_offset") is not None for r in rows)
 
 
-@pytest.mark.parametrize("method", ["storage_write", "insertall"])
+@pytest.mark.parametrize("method", ["storage_write", "insertall", "file_loads"])
 def test_tables_changed_under_a_running_routed_job(spark, job_env: dict[str, str], registry, bq_client: bigquery.Client,
                                                     tmp_path: Path, method: str) -> None:
     """Between micro-batches of one run, while the workers' kept checks stand: a table dropped and created again
@@ -122,7 +119,8 @@ def test_tables_changed_under_a_running_routed_job(spark, job_env: dict[str, str
     descriptors published. Every record lands once, or (insertAll into the shrunk table) is dead-lettered
     saying why; the job never stops."""
     fake, _ = registry
-    with running(spark, job_env, fake, bq_client, tmp_path, SINK_BIGQUERY_WRITE_METHOD=method) as job:
+    with running(spark, job_env, fake, bq_client, tmp_path, SINK_BIGQUERY_WRITE_METHOD=method,
+                 SINK_BIGQUERY_FILE_LOADS_TRIGGER_MS="0") as job:
         first = {s: job.send(s, 10) for s in "abc"}
         eventually(lambda: all(len(job.rows(s)) == 10 for s in "abc"), 120, "the first rows")
         bq_client.delete_table(job.table("a"))
@@ -139,7 +137,8 @@ def test_tables_changed_under_a_running_routed_job(spark, job_env: dict[str, str
         eventually(settled, 60, "the second rows")
         assert sorted(r["id"] for r in job.rows("b")) == sorted(second["b"]) and full(job.rows("b"))
         assert sorted(r["id"] for r in job.rows("c")) == sorted(first["c"] + second["c"]) and full(job.rows("c"))
-        if method == "storage_write":
+        if method != "insertall":
+            # Storage Write: the write found the columns gone, ... File loads: the task checks its tables itself.
             # The write found the columns gone, checked the table again (evolving it back) and wrote every value.
             assert sorted(r["id"] for r in job.rows("a")) == sorted(second["a"]) and full(job.rows("a"))
             assert not job.letters()
@@ -167,3 +166,71 @@ def test_tables_changed_under_a_running_routed_job(spark, job_env: dict[str, str
         for s in "ab":
             assert sorted(r["id"] for r in job.rows(s) if r.get("celsius") == 21.5) == sorted(fourth[s])
         assert not job.failures, job.failures
+
+
+def test_many_tables_one_refusing_every_row_stops_then_dead_letters_and_nothing_lands_twice(
+        spark, job_env: dict[str, str], registry, bq_client: bigquery.Client, tmp_path: Path) -> None:
+    """200 routed tables, a bad record each, and one table whose every write fails for good (created again by
+    hand with another type for a column). With the DLQ off the micro-batch stops the job, its
+    offsets not committed, after the other tables' rows went in; the restart with the DLQ on writes the batch
+    again: insertAll's insertIds keep every row once, and the refused rows and the bad records are dead letters."""
+    fake, _ = registry
+    blob = compile_protos(tmp_path / "shard.desc", PROTOS / "shard_v1").read_bytes()
+    fake.routes["/shard.desc"] = blob
+    dlq = f"dlq-{job_env['SOURCE_KAFKA_TOPIC']}"
+    env = {**job_env, "INPUT_SCHEMA_PROTO_CLASS": "shard.Reading", "SINK_BIGQUERY_TABLE_NAME": "readings_${header.site}",
+           "SCHEMA_REGISTRY_STENCIL_URLS": f"{fake.url}/shard.desc", "SINK_BIGQUERY_WRITE_METHOD": "insertall",
+           "SINK_BIGQUERY_MAX_DESTINATIONS_PER_TASK": "300", "DLQ_WRITER_TYPE": "KAFKA", "DLQ_KAFKA_TOPIC": dlq}
+    cfg = Config.from_env(env)
+    topic = cfg.source.topics[0]
+    ensure_topic(cfg.source.brokers, topic, 2)
+    ensure_topic(cfg.source.brokers, dlq, 1)
+    cls = load_descriptors(cfg).message_class("shard.Reading")
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+    sites = [f"s{i:03d}" for i in range(200)]
+
+    def send(first: int, per_site: int, bad: bool) -> None:
+        for n in range(first, first + per_site):
+            for site in sites:
+                producer.send(topic, cls(id=f"{site}-{n}", value=n, note={"text": site}).SerializeToString(),
+                              headers=[("site", site.encode())])
+        if bad:
+            for site in sites:
+                producer.send(topic, b"\xff\xff not a Reading", headers=[("site", site.encode())])
+        producer.flush()
+
+    project_dataset = f"{cfg.bigquery.project_id}.{cfg.bigquery.dataset}"
+    try:
+        send(0, 1, bad=False)
+        assert Pipeline(cfg, spark).run(available_now=True).totals.rows_written == 200
+        refusing = f"{project_dataset}.readings_s007"
+        schema = bq_client.get_table(refusing).schema
+        bq_client.delete_table(refusing)
+        bq_client.create_table(bigquery.Table(refusing, [bigquery.SchemaField(f.name, "DATE") if f.name == "value" else f
+                                                         for f in schema]))
+        send(1, 2, bad=True)
+        with pytest.raises(Exception) as stopped:
+            Pipeline(cfg, spark).run(available_now=True)
+        # The bad records and the refused table's rows; the other tables' rows went in (written again below).
+        assert "202 message(s) could not be written" in str(stopped.value)
+        restarted = Config.from_env({**env, "SOURCE_KAFKA_TOPIC": topic, "SINK_BIGQUERY_DATASET_NAME": cfg.bigquery.dataset,
+                                     "SOURCE_KAFKA_CONSUMER_GROUP_ID": cfg.source.consumer_group_id,
+                                     "SPARK_CHECKPOINT_LOCATION": cfg.spark.checkpoint_location, "DLQ_SINK_ENABLE": "true"})
+        summary = Pipeline(restarted, spark).run(available_now=True)
+        t = summary.totals
+        assert (t.messages, t.rows_written, t.dead_lettered, t.failed) == (600, 398, 202, 0)
+        counts = Counter()
+        for site in sites:
+            for r in bq_client.query(f"SELECT id FROM `{project_dataset}.readings_{site}`").result():
+                counts[r[0]] += 1
+        assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1][:10]
+        # Every row once, but s007's: its first went with the table dropped, this batch's two are dead letters.
+        assert len(counts) == 200 * 3 - 3 and not any(k.startswith("s007-") for k in counts)
+        letters = read_topic(cfg.source.brokers, dlq)
+        assert len(letters) == 202
+        refused = [x for x in letters if dict(x.headers)["site"] == b"s007" and x.value != b"\xff\xff not a Reading"]
+        assert len(refused) == 2 and all(x.error.error_type is ErrorType.ROUTING_ERROR and
+                                         "value: type DATE in the table" in x.error.message for x in refused)
+    finally:
+        producer.close()
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
