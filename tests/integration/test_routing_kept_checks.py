@@ -234,3 +234,55 @@ def test_many_tables_one_refusing_every_row_stops_then_dead_letters_and_nothing_
     finally:
         producer.close()
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+@pytest.mark.parametrize("method", ["insertall", "storage_write"])
+def test_a_routed_run_killed_mid_batch_and_restarted_loses_nothing(
+        job_env: dict[str, str], registry, bq_client: bigquery.Client, tmp_path: Path, method: str) -> None:
+    """`firehose-bq run` over 30 routed tables, SIGKILLed during its second micro-batch's concurrent writes, then
+    run again: every record is in its table; with insertAll once (its insertIds), with Storage Write at least once
+    (the default stream has no insertIds: README)."""
+    import os
+    import signal
+
+    from tests.integration.test_cli_processes import firehose
+    from tests.integration.test_upsert_kill import start_job, wait_for
+
+    fake, _ = registry
+    fake.routes["/shard.desc"] = compile_protos(tmp_path / "shard.desc", PROTOS / "shard_v1").read_bytes()
+    env = {**job_env, "INPUT_SCHEMA_PROTO_CLASS": "shard.Reading", "SINK_BIGQUERY_TABLE_NAME": "readings_${header.site}",
+           "SCHEMA_REGISTRY_STENCIL_URLS": f"{fake.url}/shard.desc", "SINK_BIGQUERY_WRITE_METHOD": method,
+           "SPARK_MAX_OFFSETS_PER_TRIGGER": "3000", "FIREHOSE_LOG_LEVEL": "INFO"}
+    cfg = Config.from_env(env)
+    topic = cfg.source.topics[0]
+    ensure_topic(cfg.source.brokers, topic, 2)
+    cls = load_descriptors(cfg).message_class("shard.Reading")
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers, linger_ms=50)
+    sites = [f"s{i:02d}" for i in range(30)]
+    for n in range(300):
+        for site in sites:
+            producer.send(topic, cls(id=f"{site}-{n}", value=n, note={"text": site}).SerializeToString(),
+                          headers=[("site", site.encode())])
+    producer.flush()
+    producer.close()
+    try:
+        log_path = tmp_path / "killed.log"
+        job = start_job(env, log_path)
+        try:
+            reached = wait_for(job, log_path, " rows written", 1)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+            job.wait(timeout=60)
+        assert reached, log_path.read_text()[-3000:]
+        final = firehose("run", "--available-now", env=env, timeout=600)
+        assert final.returncode == 0, final.stderr[-3000:]
+        counts: Counter[str] = Counter()
+        for site in sites:
+            table = f"{cfg.bigquery.project_id}.{cfg.bigquery.dataset}.readings_{site}"
+            counts.update(r[0] for r in bq_client.query(f"SELECT id FROM `{table}`").result())
+        assert set(counts) == {f"{site}-{n}" for site in sites for n in range(300)}
+        if method == "insertall":
+            assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1][:10]
+    finally:
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
