@@ -139,6 +139,18 @@ def absent(sent: pa.Schema | pa.StructType, table: Sequence[SchemaField], prefix
     return out
 
 
+def has_field(table: Sequence[SchemaField], path: str) -> bool:
+    """Whether `table` (columns) has the dotted `path` (a column, or a RECORD's field at any depth), as BigQuery
+    names them: case-insensitively."""
+    fields: Sequence[SchemaField] = table
+    for name in path.split("."):
+        found = next((f for f in fields if f.name.lower() == name.lower()), None)
+        if found is None:
+            return False
+        fields = found.fields
+    return True
+
+
 def fit(rows: pa.RecordBatch, table: Sequence[SchemaField] | None, table_ref: str = "") -> Fitted:
     """`rows` made to fit `table` (its live schema), or, with `table=None`, only checked for the values
     BigQuery cannot hold in any table. Never raises for bad data: such rows come back as failures."""
