@@ -434,7 +434,7 @@ class _Task:
     def _send_again(self, destination: Destination | None, waiting: list[_Decoded],
                      error: BaseException) -> tuple[_Decoded, Handled]:
         """`_send` once more after `error` (`_heals`), `destination`'s table checked again first, which creates
-        or evolves it, by a new writer; `error` itself when the table cannot be used any more."""
+        or evolves it, by a new writer; the rows as ROUTING_ERRORs when the table cannot be used any more."""
         assert destination is not None and self.spec.tables is not None
         self.trusted.discard(destination)
         log.warning("table %s was %s although this worker checked it within the last "
@@ -444,18 +444,29 @@ class _Task:
         try:
             ensured = self.spec.tables.ensure(self.spec.descriptors, destination, self.clients, False, self.kept)
         except SchemaError as exc:
-            log.warning("table %s cannot be created again: %s", destination.name, exc)
-            ensured = None
+            # As a check of its own would have found it (`_builder`): its records fail (ROUTING_ERROR, for the
+            # policy), here and in the task's later source batches; stopping would stop again on every restart.
+            log.warning("table %s cannot be created or evolved again: %s", destination.name, exc)
+            self.unusable[destination] = str(exc)
+            return self._unusable(destination, waiting)
         except SinkError:
             self.request_failed = True
             raise
-        if ensured is None:
-            raise error
         self.checked[destination] = list(ensured.schema)
         # A new writer, from the columns just checked: the old one's are the stale check's (a table created
         # again with fewer columns and evolved back may also hold them in another order).
         self._retire(destination)
         return self._send(destination, waiting)
+
+    def _unusable(self, destination: Destination, waiting: list[_Decoded]) -> tuple[_Decoded, Handled]:
+        """`waiting`'s rows, for a table found unusable after they were decoded, as ROUTING_ERRORs for the policy
+        (`_refuse`'s, but for rows); the records that became no row keep their own failures."""
+        decoded = _Decoded.joined(waiting)
+        why = f"destination table {destination.name} cannot be used: {self.unusable[destination]}"
+        failures = sorted(decoded.failures + [RowError(int(i), ErrorType.ROUTING_ERROR, why)
+                                              for i in decoded.pending.sources], key=lambda f: f.index)
+        return decoded, write_with_policy(self.handling, Writable.empty(), failures, None,
+                                          where=lambda i: _coordinates(decoded.part, i))
 
     def _retire(self, destination: Destination | None) -> None:
         """Close `destination`'s writer (its report kept), so that the next write opens one anew."""

@@ -934,6 +934,25 @@ def test_a_table_that_lost_columns_since_the_workers_kept_check_is_evolved_and_w
     assert result.fatal is not None and "has no column(s) label any more" in result.fatal
 
 
+@pytest.mark.parametrize("at_once", [1, 4])
+def test_a_table_that_cannot_be_evolved_when_checked_again_fails_its_records_not_the_task(
+        test_descriptors: Descriptors, letters: list[DeadLetter], at_once: int) -> None:
+    """The check made again after a kept one went stale finds the table unusable (created again by hand with
+    another type for a column): its records fail as ROUTING_ERRORs for the policy (the DLQ here), as a check of
+    the task's own would have had them, and the other tables' rows are written; stopping the job would only meet
+    the same table on the restart."""
+    router = replace(router_of("ds", "t_${header.n}", "testdata.Inner", None, ""), concurrent_writes=at_once)
+    tables = FakeTables(trusting={"ds.t_1"}, conflicting={"ds.t_1"})
+    plan = RoutingPlan(by_table={"ds.t_1": ShrunkOnceWriter()})
+    result = process_batch([many_tables(test_descriptors, 3)], spec(test_descriptors, router=router, tables=tables),
+                           plan, handling())
+    assert result.fatal is None
+    assert (result.stats.rows_written, result.stats.dead_lettered) == (2, 1)
+    [letter] = letters
+    assert (letter.error.error_type, letter.route) == (ErrorType.ROUTING_ERROR, "ds.t_1")
+    assert "destination table ds.t_1 cannot be used: column label of ds.t_1 is INTEGER" in letter.error.message
+
+
 def test_a_dataset_is_checked_again_when_only_a_kept_check_of_another_table_vouches_for_it(
         test_descriptors: Descriptors) -> None:
     tables = FakeTables(trusting={"ds.t_0"})
