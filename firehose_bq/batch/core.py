@@ -424,12 +424,13 @@ class _Task:
         self._account(destination, *sent)
 
     def _heals(self, destination: Destination | None, error: BaseException) -> bool:
-        """Whether `error` may be a kept check gone stale: the write found no table (or dataset), or a table
-        without columns the check had (TableChangedError: dropped and created again with fewer), where this task
-        trusted a worker's earlier check (`CheckedTables`) instead of checking. A check now creates or evolves
-        it again."""
+        """Whether `error` may be a kept check gone stale: the write found no table (or dataset), a table without
+        columns the check had (TableChangedError: dropped and created again with fewer), or a table that refuses
+        its rows as invalid, none of them alone (the policy's stop: another type for a column, say), where this
+        task trusted a worker's earlier check (`CheckedTables`) instead of checking. A check now creates or
+        evolves it again, or finds it unusable (`_send_again`)."""
         return destination in self.trusted and isinstance(error, SinkError) and (
-            table_missing(error) or isinstance(error, TableChangedError))
+            table_missing(error) or isinstance(error, TableChangedError) or error.invalid_request)
 
     def _send_again(self, destination: Destination | None, waiting: list[_Decoded],
                      error: BaseException) -> tuple[_Decoded, Handled]:
@@ -439,7 +440,7 @@ class _Task:
         self.trusted.discard(destination)
         log.warning("table %s was %s although this worker checked it within the last "
                     "SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS: checking it again, then writing its rows again (%s)",
-                    destination.name, "changed" if isinstance(error, TableChangedError) else "not found", error)
+                    destination.name, "not found" if table_missing(error) else "refusing its rows", error)
         self.spec.tables.forget(self.spec.descriptors, destination, self.kept)
         try:
             ensured = self.spec.tables.ensure(self.spec.descriptors, destination, self.clients, False, self.kept)

@@ -276,3 +276,49 @@ def test_a_routed_run_killed_mid_batch_and_restarted_loses_nothing(
             assert max(counts.values()) == 1, [k for k, v in counts.items() if v > 1][:10]
     finally:
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
+
+
+def test_a_table_created_again_with_another_type_under_a_kept_check_dead_letters_its_records(
+        spark, job_env: dict[str, str], registry, bq_client: bigquery.Client, tmp_path: Path) -> None:
+    """Storage Write into a routed table created again by hand with another type for a column, the workers'
+    checks of it kept from the run before: BigQuery refuses the appends, no row alone, which stopped the job (the
+    table at fault) until a restart checked the table. The task now checks it first: its records are dead letters
+    saying which column conflicts, the other table's rows land, the run goes on."""
+    fake, _ = registry
+    fake.routes["/shard.desc"] = compile_protos(tmp_path / "shard.desc", PROTOS / "shard_v1").read_bytes()
+    dlq = f"dlq-{job_env['SOURCE_KAFKA_TOPIC']}"
+    cfg = Config.from_env({**job_env, "INPUT_SCHEMA_PROTO_CLASS": "shard.Reading",
+                           "SINK_BIGQUERY_TABLE_NAME": "readings_${header.site}",
+                           "SCHEMA_REGISTRY_STENCIL_URLS": f"{fake.url}/shard.desc", "DLQ_SINK_ENABLE": "true",
+                           "DLQ_WRITER_TYPE": "KAFKA", "DLQ_KAFKA_TOPIC": dlq})
+    topic = cfg.source.topics[0]
+    ensure_topic(cfg.source.brokers, topic, 1)
+    ensure_topic(cfg.source.brokers, dlq, 1)
+    cls = load_descriptors(cfg).message_class("shard.Reading")
+    producer = KafkaProducer(bootstrap_servers=cfg.source.brokers)
+
+    def send(first: int) -> None:
+        for n in range(first, first + 5):
+            for site in ("x", "y"):
+                producer.send(topic, cls(id=f"{site}-{n}", value=n, note={"text": site}).SerializeToString(),
+                              headers=[("site", site.encode())])
+        producer.flush()
+
+    try:
+        send(0)
+        assert Pipeline(cfg, spark).run(available_now=True).totals.rows_written == 10
+        table = f"{cfg.bigquery.project_id}.{cfg.bigquery.dataset}.readings_x"
+        schema = bq_client.get_table(table).schema
+        bq_client.delete_table(table)
+        bq_client.create_table(bigquery.Table(table, [bigquery.SchemaField("id", "INT64") if f.name == "id" else f
+                                                      for f in schema]))
+        send(5)
+        summary = Pipeline(cfg, spark).run(available_now=True)
+        assert summary.failure is None
+        assert (summary.totals.rows_written, summary.totals.dead_lettered) == (5, 5)
+        letters = read_topic(cfg.source.brokers, dlq)
+        assert len(letters) == 5 and all(x.error.error_type is ErrorType.ROUTING_ERROR and
+                                         "field id: type INTEGER in the table" in x.error.message for x in letters)
+    finally:
+        producer.close()
+        bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)

@@ -926,7 +926,7 @@ def test_a_table_that_lost_columns_since_the_workers_kept_check_is_evolved_and_w
     opened = [schema for d, schema in zip(plan.destinations, plan.schemas, strict=True) if d.name == "ds.t_1"]
     assert [[f.name for f in s or []] for s in opened] == [["label"], ["label", "checked_as"]]  # the new check's
     assert writer.closes == 2  # the stale one closed when replaced, the new one at the task's end
-    assert "table ds.t_1 was changed although this worker checked it" in caplog.text
+    assert "table ds.t_1 was refusing its rows although this worker checked it" in caplog.text
     # Without a kept check the writer's columns were the task's own check's: a change under it stops the task.
     plan = RoutingPlan(by_table={"ds.t_1": ShrunkOnceWriter()})
     result = process_batch([many_tables(test_descriptors, 3)], spec(test_descriptors, router=router,
@@ -951,6 +951,39 @@ def test_a_table_that_cannot_be_evolved_when_checked_again_fails_its_records_not
     [letter] = letters
     assert (letter.error.error_type, letter.route) == (ErrorType.ROUTING_ERROR, "ds.t_1")
     assert "destination table ds.t_1 cannot be used: column label of ds.t_1 is INTEGER" in letter.error.message
+
+
+@dataclass
+class RefusingWriter(FakeWriter):
+    """Its table refuses every request as invalid, no row alone (the policy's stop when the table is at fault)."""
+
+    def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
+        self.requests.append(rows.num_rows)
+        raise SinkError(ErrorType.SINK_4XX_ERROR, "AppendRows into p.ds.t_1 failed: 400 invalid (the table, not a row, "
+                        "refuses it)", invalid_request=True)
+
+
+def test_a_table_refusing_every_row_since_the_workers_kept_check_is_checked_before_the_job_stops(
+        test_descriptors: Descriptors, letters: list[DeadLetter]) -> None:
+    """Created again by hand with another type for a column while a worker's kept check stood: BigQuery refuses
+    the requests as invalid, no row alone, and the policy would stop the job (the table is at fault), whose restart
+    would find the table unusable. The task checks it first: unusable, its records are ROUTING_ERRORs (the DLQ);
+    a table that checks fine and still refuses stops the task, as before."""
+    router = router_of("ds", "t_${header.n}", "testdata.Inner", None, "")
+    # Two rows for t_1: one row alone refused is that row's failure (policy.py), two are the table's.
+    batch = source_batch(values(test_descriptors, "a0", "a1", "b1"), headers=[[("n", b"0")], [("n", b"1")],
+                                                                            [("n", b"1")]], offsets=[0, 1, 2])
+    tables = FakeTables(trusting={"ds.t_1"}, conflicting={"ds.t_1"})
+    result = process_batch([batch], spec(test_descriptors, router=router, tables=tables),
+                           RoutingPlan(by_table={"ds.t_1": RefusingWriter()}), handling())
+    assert result.fatal is None and (result.stats.rows_written, result.stats.dead_lettered) == (1, 2)
+    assert [x.error.error_type for x in letters] == [ErrorType.ROUTING_ERROR] * 2
+    tables = FakeTables(trusting={"ds.t_1"})
+    writer = RefusingWriter()
+    result = process_batch([batch], spec(test_descriptors, router=router, tables=tables),
+                           RoutingPlan(by_table={"ds.t_1": writer}), handling())
+    assert result.fatal is not None and "the table, not a row, refuses it" in result.fatal
+    assert tables.asked.count("ds.t_1") == 2 and len(writer.requests) >= 2  # checked again, written again: refused
 
 
 def test_a_dataset_is_checked_again_when_only_a_kept_check_of_another_table_vouches_for_it(
