@@ -163,7 +163,7 @@ class StorageWriteWriter:
         if lost := self._live.lacks(sent):
             raise TableChangedError(ErrorType.SINK_4XX_ERROR, f"table {self._table} has no column(s) "
                                     f"{', '.join(lost)} any more, which the writer's schema had: it was changed "
-                                    f"under the job: {error}", tuple(unsent),
+                                    "under the job (AppendRows: SCHEMA_MISMATCH_EXTRA_FIELDS)", tuple(unsent),
                                     tuple(sorted(failures, key=lambda f: f.index))) from error
 
     def _send(self, chunks: list[Chunk]) -> list[Outcome]:
