@@ -141,6 +141,14 @@ class PartialWriteError(SinkError):
         self.failures = failures
 
 
+class TableChangedError(PartialWriteError):
+    """A write found its table without columns that the writer was told it has: the table was changed under
+    the job (dropped and created again with fewer columns) after the check the writer's columns came from. A
+    routed task that trusted a worker's kept check checks the table again (which evolves it) and writes again
+    (batch/core.py `_heals`); otherwise a stop, whose restart checks the table (not retried: the table does
+    not change back by waiting)."""
+
+
 class BatchFailedError(FirehoseError):
     """A micro-batch holds messages that could not be written; offsets are not committed."""
 

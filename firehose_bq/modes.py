@@ -73,10 +73,10 @@ class _DestinationTask:
 
 def _streaming_writer(cfg: BigQueryConfig, method: str, clients: Clients,
                       schema: list[bigquery.SchemaField] | None) -> RowWriter:
-    if method == INSERT_ALL:  # no schema: insertAll's rows go as JSON, fitted by BigQuery itself
-        from firehose_bq.bigquery.insert_all import InsertAllWriter
+    if method == INSERT_ALL:  # insertAll's rows go as JSON, fitted by BigQuery itself: the schema only tells
+        from firehose_bq.bigquery.insert_all import InsertAllWriter  # a table that lost columns since
 
-        return InsertAllWriter(clients.bigquery_client(cfg), cfg, clients.request_slots(cfg))
+        return InsertAllWriter(clients.bigquery_client(cfg), cfg, schema, clients.request_slots(cfg))
     from firehose_bq.bigquery.storage_write import StorageWriteWriter
 
     return StorageWriteWriter(clients.bigquery_client(cfg), clients.write_client(cfg), cfg, schema)

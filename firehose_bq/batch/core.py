@@ -41,7 +41,7 @@ from firehose_bq.decode.unknown import UnknownFieldsJson
 from firehose_bq.dlq.letters import DeadLetter
 from firehose_bq.dlq.writers import dead_letter
 from firehose_bq.errors import (DeadLetterError, ErrorType, MessageError, RowError, SchemaError,
-                                 SinkError, cause_of)
+                                 SinkError, TableChangedError, cause_of)
 from firehose_bq.logs import log_context
 from firehose_bq.metrics import BatchStats
 from firehose_bq.policy import DLQ, FAILED, FALLBACK, RETRIED, ErrorHandling, Handled, write_with_policy
@@ -424,32 +424,61 @@ class _Task:
         self._account(destination, *sent)
 
     def _heals(self, destination: Destination | None, error: BaseException) -> bool:
-        """Whether `error` may be a kept check gone stale: the write found no table (or dataset) where this task
-        trusted a worker's earlier check (`CheckedTables`) instead of checking. A check now creates it again."""
-        return destination in self.trusted and isinstance(error, SinkError) and table_missing(error)
+        """Whether `error` may be a kept check gone stale: the write found no table (or dataset), a table without
+        columns the check had (TableChangedError: dropped and created again with fewer), or a table that refuses
+        its rows as invalid, none of them alone (the policy's stop: another type for a column, say), where this
+        task trusted a worker's earlier check (`CheckedTables`) instead of checking. A check now creates or
+        evolves it again, or finds it unusable (`_send_again`)."""
+        return destination in self.trusted and isinstance(error, SinkError) and (
+            table_missing(error) or isinstance(error, TableChangedError) or error.invalid_request)
 
     def _send_again(self, destination: Destination | None, waiting: list[_Decoded],
                      error: BaseException) -> tuple[_Decoded, Handled]:
         """`_send` once more after `error` (`_heals`), `destination`'s table checked again first, which creates
-        it; `error` itself when the table cannot be used any more."""
+        or evolves it, by a new writer; the rows as ROUTING_ERRORs when the table cannot be used any more."""
         assert destination is not None and self.spec.tables is not None
         self.trusted.discard(destination)
-        log.warning("table %s was not found although this worker checked it within the last "
-                    "SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS: checking it again, then writing its rows again",
-                    destination.name)
+        log.warning("table %s was %s although this worker checked it within the last "
+                    "SINK_BIGQUERY_TABLE_SCHEMA_CACHE_TTL_MS: checking it again, then writing its rows again (%s)",
+                    destination.name, "not found" if table_missing(error) else "refusing its rows", error)
         self.spec.tables.forget(self.spec.descriptors, destination, self.kept)
         try:
             ensured = self.spec.tables.ensure(self.spec.descriptors, destination, self.clients, False, self.kept)
         except SchemaError as exc:
-            log.warning("table %s cannot be created again: %s", destination.name, exc)
-            ensured = None
+            # As a check of its own would have found it (`_builder`): its records fail (ROUTING_ERROR, for the
+            # policy), here and in the task's later source batches; stopping would stop again on every restart.
+            log.warning("table %s cannot be created or evolved again: %s", destination.name, exc)
+            self.unusable[destination] = str(exc)
+            return self._unusable(destination, waiting)
         except SinkError:
             self.request_failed = True
             raise
-        if ensured is None:
-            raise error
         self.checked[destination] = list(ensured.schema)
+        # A new writer, from the columns just checked: the old one's are the stale check's (a table created
+        # again with fewer columns and evolved back may also hold them in another order).
+        self._retire(destination)
         return self._send(destination, waiting)
+
+    def _unusable(self, destination: Destination, waiting: list[_Decoded]) -> tuple[_Decoded, Handled]:
+        """`waiting`'s rows, for a table found unusable after they were decoded, as ROUTING_ERRORs for the policy
+        (`_refuse`'s, but for rows); the records that became no row keep their own failures."""
+        decoded = _Decoded.joined(waiting)
+        why = f"destination table {destination.name} cannot be used: {self.unusable[destination]}"
+        failures = sorted(decoded.failures + [RowError(int(i), ErrorType.ROUTING_ERROR, why)
+                                              for i in decoded.pending.sources], key=lambda f: f.index)
+        return decoded, write_with_policy(self.handling, Writable.empty(), failures, None,
+                                          where=lambda i: _coordinates(decoded.part, i))
+
+    def _retire(self, destination: Destination | None) -> None:
+        """Close `destination`'s writer (its report kept), so that the next write opens one anew."""
+        writer = self.writers.pop(destination, None)
+        if writer is None:
+            return
+        try:
+            writer.close()
+        finally:
+            if (report := self.plan.report(destination, writer)) is not None:
+                self.result.reports.append(report)
 
     def _send(self, destination: Destination | None, waiting: list[_Decoded],
               sleep: Callable[[float], None] = time.sleep) -> tuple[_Decoded, Handled]:

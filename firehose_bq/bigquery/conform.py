@@ -112,6 +112,45 @@ class LiveTable:
         return fitted
 
 
+    def lacks(self, sent: pa.Schema) -> list[str]:
+        """The columns and RECORD fields of `sent` (rows this writer fitted and sent) that the live table, read
+        again now, does not have: those the table lost since the columns this writer started from were read
+        (dropped and created again by hand). The table as read becomes this writer's schema."""
+        self._schema = read_schema(self._client, self.table_ref, self._call)
+        return absent(sent, self._schema)
+
+
+def absent(sent: pa.Schema | pa.StructType, table: Sequence[SchemaField], prefix: str = "") -> list[str]:
+    """Dotted paths of the fields of `sent` (an Arrow schema or struct, in the table's spelling) that `table`
+    (columns, or a RECORD's fields) lacks, at any depth."""
+    columns = {c.name.lower(): c for c in table}
+    out: list[str] = []
+    for given in sent:
+        column = columns.get(given.name.lower())
+        path = f"{prefix}{given.name}"
+        if column is None:
+            out.append(path)
+            continue
+        kind = given.type
+        while pa.types.is_list(kind) or pa.types.is_large_list(kind):
+            kind = kind.value_type
+        if pa.types.is_struct(kind) and column.fields:
+            out.extend(absent(kind, column.fields, f"{path}."))
+    return out
+
+
+def has_field(table: Sequence[SchemaField], path: str) -> bool:
+    """Whether `table` (columns) has the dotted `path` (a column, or a RECORD's field at any depth), as BigQuery
+    names them: case-insensitively."""
+    fields: Sequence[SchemaField] = table
+    for name in path.split("."):
+        found = next((f for f in fields if f.name.lower() == name.lower()), None)
+        if found is None:
+            return False
+        fields = found.fields
+    return True
+
+
 def fit(rows: pa.RecordBatch, table: Sequence[SchemaField] | None, table_ref: str = "") -> Fitted:
     """`rows` made to fit `table` (its live schema), or, with `table=None`, only checked for the values
     BigQuery cannot hold in any table. Never raises for bad data: such rows come back as failures."""

@@ -32,10 +32,10 @@ from firehose_bq.bigquery.classify import (
     rejects_request,
 )
 from firehose_bq.bigquery.client import REQUEST_ERRORS, attempt_options
-from firehose_bq.bigquery.conform import fit
+from firehose_bq.bigquery.conform import fit, has_field
 from firehose_bq.bigquery.json_rows import json_string, row_texts
 from firehose_bq.config import BigQueryConfig
-from firehose_bq.errors import ErrorType, PartialWriteError, RowError, SinkError
+from firehose_bq.errors import ErrorType, PartialWriteError, RowError, SinkError, TableChangedError
 from firehose_bq.threads import in_threads
 
 log = logging.getLogger(__name__)
@@ -62,11 +62,15 @@ def _outcome(call: Callable[[], list[RowError]]) -> list[RowError] | Exception:
 
 class InsertAllWriter:
     """RowWriter by tabledata.insertAll; the client is borrowed, and so are `slots` (client.Clients.request_slots:
-    what all writers of the process hold while a request is in flight; None: the writer's own)."""
+    what all writers of the process hold while a request is in flight; None: the writer's own). `schema`: the
+    table's columns as the task's check of a routed table found them (perhaps a worker's kept check), else None;
+    only to tell a table that lost columns since (`_lost`)."""
 
     def __init__(self, client: bigquery.Client, cfg: BigQueryConfig,
+                 schema: list[bigquery.SchemaField] | None = None,
                  slots: threading.BoundedSemaphore | None = None) -> None:
         self._client = client
+        self._known = schema
         self._table = cfg.table_ref
         self._path = f"{bigquery.TableReference.from_string(cfg.table_ref).path}/insertAll"
         self._batch_size = cfg.insert_all_batch_size
@@ -130,8 +134,9 @@ class InsertAllWriter:
             else:
                 raise outcome  # a bug, not a failed request
         if first is not None:
-            raise PartialWriteError(first.error_type, first.message, tuple(sorted(unsent)),
-                                    tuple(sorted(failures, key=lambda f: f.index)), first.invalid_request) from first
+            kind = TableChangedError if isinstance(first, TableChangedError) else PartialWriteError
+            raise kind(first.error_type, first.message, tuple(sorted(unsent)),
+                       tuple(sorted(failures, key=lambda f: f.index)), first.invalid_request) from first
 
     def _chunks(self, sizes: np.ndarray, skip: np.ndarray) -> Iterator[list[int]]:
         """Indexes into the checked rows, grouped into requests under the row and byte limits."""
@@ -153,6 +158,11 @@ class InsertAllWriter:
         pending = list(range(len(positions)))
         for _ in range(STOPPED_RESEND_ROUNDS):
             row_errors = self._insert([texts[n] for n in pending])
+            if lost := self._lost(row_errors):
+                # Nothing of a request with an invalid row is inserted: it is all unsent.
+                raise TableChangedError(ErrorType.SINK_4XX_ERROR, f"table {self._table} has no column(s) "
+                                        f"{', '.join(lost)} any more, which its check found: it was changed under "
+                                        "the job", ())
             stopped = []
             for entry in row_errors:
                 n = pending[int(entry["index"])]
@@ -169,6 +179,16 @@ class InsertAllWriter:
                                    f"BigQuery kept stopping the row after {STOPPED_RESEND_ROUNDS} requests")
                         for n in pending)
         return failures
+
+    def _lost(self, row_errors: Sequence[Mapping[str, Any]]) -> list[str]:
+        """The fields that BigQuery says the table has no column for ("no such field") although the check this
+        writer's columns come from found them: the table was dropped and created again with fewer since (a
+        routed job's worker keeps its checks for a while: sink_schema.CheckedTables)."""
+        if self._known is None:
+            return []
+        lost = {str(e.get("location", "")) for entry in row_errors for e in entry["errors"]
+                if e.get("reason") == "invalid" and str(e.get("message", "")).startswith("no such field")}
+        return sorted(path for path in lost if path and has_field(self._known, path))
 
     def _insert(self, entries: list[str]) -> Sequence[Mapping[str, Any]]:
         """One tabledata.insertAll request of ready JSON entries; its insertErrors."""

@@ -39,7 +39,7 @@ from firehose_bq.bigquery.classify import classify_exception, rejects_request
 from firehose_bq.bigquery.client import attempt_options
 from firehose_bq.bigquery.conform import LiveTable
 from firehose_bq.config import BigQueryConfig
-from firehose_bq.errors import ErrorType, PartialWriteError, RowError
+from firehose_bq.errors import ErrorType, PartialWriteError, RowError, TableChangedError
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,8 @@ class Outcome:
     invalid_request: bool = False
     # False: the request got no answer (deadline, broken connection). BigQuery may have appended it.
     answered: bool = True
+    # BigQuery found columns in the writer schema that the table lacks (SCHEMA_MISMATCH_EXTRA_FIELDS).
+    extra_fields: bool = False
 
     @property
     def appended(self) -> bool:
@@ -144,11 +146,25 @@ class StorageWriteWriter:
                                 "appended them, and the retry sends them again, so they may be in the table "
                                 "twice", unknown, self._table, error)
                 unsent = sorted(int(p) for chunk in [c for c, _ in failed] + again for p in chunk.positions)
+                if any(o.extra_fields for _, o in failed):
+                    self._lost_columns(failed[0][0].rows.schema, unsent, failures, error)
                 raise PartialWriteError(classify_exception(error), f"AppendRows into {self._table} failed ({len(failed)} "
                                         f"of {len(queue)} request(s)): {error}", tuple(unsent),
                                         tuple(sorted(failures, key=lambda f: f.index)),
                                         first.invalid_request) from error
             queue = again
+
+    def _lost_columns(self, sent: pa.Schema, unsent: list[int], failures: list[RowError], error: Exception) -> None:
+        """After SCHEMA_MISMATCH_EXTRA_FIELDS: TableChangedError if the live table lacks columns `sent` has.
+        The writer's columns came from the live table, or from a check that a routed job's worker kept for a
+        while (sink_schema.CheckedTables): if the table was since dropped and created again with fewer
+        columns, waiting for them, as for columns just added, would wait in vain until the retries ran out
+        (and the local emulator would store the rows without those values)."""
+        if lost := self._live.lacks(sent):
+            raise TableChangedError(ErrorType.SINK_4XX_ERROR, f"table {self._table} has no column(s) "
+                                    f"{', '.join(lost)} any more, which the writer's schema had: it was changed "
+                                    "under the job (AppendRows: SCHEMA_MISMATCH_EXTRA_FIELDS)", tuple(unsent),
+                                    tuple(sorted(failures, key=lambda f: f.index))) from error
 
     def _send(self, chunks: list[Chunk]) -> list[Outcome]:
         """One AppendRows connection carrying `chunks`, one request each; an Outcome per chunk.
@@ -234,8 +250,10 @@ def _outcome(response: Any) -> Outcome:
     if _storage_error_code(response.error) == types.StorageError.StorageErrorCode.SCHEMA_MISMATCH_EXTRA_FIELDS:
         # The writer schema comes from the live table, so "extra fields" means columns added moments ago
         # that the Storage Write backend does not see yet (it catches up within minutes): worth waiting for.
+        # Unless the table lost them since (`StorageWriteWriter._append` reads it again to tell).
         return Outcome(failure=api_exceptions.ServiceUnavailable(
-            f"the table's newest columns are not yet visible to the Storage Write API: {response.error.message}"))
+            f"the table's newest columns are not yet visible to the Storage Write API: {response.error.message}"),
+            extra_fields=True)
     failure = api_exceptions.from_grpc_status(response.error.code, response.error.message, response=response)
     # A StorageError detail names the stream or table (not found, finalized, offsets, encryption): no row's fault.
     invalid = rejects_request(failure) and _storage_error_code(response.error) is None

@@ -23,7 +23,7 @@ from firehose_bq.bigquery import insert_all
 from firehose_bq.bigquery.insert_all import InsertAllWriter, request_entries
 from firehose_bq.bigquery.json_rows import row_texts
 from firehose_bq.config import BigQueryConfig
-from firehose_bq.errors import ErrorType, PartialWriteError, SinkError
+from firehose_bq.errors import ErrorType, PartialWriteError, SinkError, TableChangedError
 
 # --------------------------------------------------------------------------- JSON text
 
@@ -229,6 +229,37 @@ def test_values_no_column_can_hold_fail_before_sending_and_positions_stay_the_in
     assert ids_sent(client, 0) == ["t_1_100", "t_1_102"] and [r["id"] for r in client.stored] == ["a"]
 
 
+class ShrunkClient(FakeClient):
+    """Its table has only `id` left: BigQuery answers every other field of a row "no such field"."""
+
+    def _call_api(self, retry: Any, **kwargs: Any) -> dict[str, Any]:
+        rows = json.loads(kwargs["data"])["rows"]
+        self.requests.append(rows)
+        return {"insertErrors": [{"index": i, "errors": [{"reason": "invalid", "location": name,
+                                                          "message": f"no such field: {name}."}
+                                                         for name in r["json"] if name != "id"]}
+                                 for i, r in enumerate(rows)]}
+
+
+def test_a_table_that_lost_columns_its_check_found_is_a_table_change_not_bad_rows() -> None:
+    """A routed table dropped and created again with fewer columns while a worker's kept check of it stood
+    (sink_schema.CheckedTables): BigQuery answers every row "no such field" for a column the check found. That
+    is the table's change, not the rows' fault: TableChangedError (the task checks the table again, which evolves
+    it, and writes again: batch/core.py `_heals`) instead of a dead letter per row."""
+    client = ShrunkClient()
+    cfg = BigQueryConfig(project_id="p", dataset="d", table="t", insert_all_batch_size=2)
+    known = [bigquery.SchemaField("id", "STRING"), bigquery.SchemaField("P", "STRING")]
+    with pytest.raises(TableChangedError) as changed:
+        InsertAllWriter(client, cfg, known).write(*rows_of(["a", "b", "c"], payload="x"))  # type: ignore[arg-type]
+    assert changed.value.unsent == (0, 1, 2) and changed.value.error_type is ErrorType.SINK_4XX_ERROR
+    assert "has no column(s) p any more" in changed.value.message and len(client.requests) == 1
+    # A field the check did not find either is the rows' (unknown field): per-row failures, as before.
+    client = ShrunkClient()
+    failures = InsertAllWriter(client, cfg, known[:1]).write(*rows_of(["a"], payload="x"))  # type: ignore[arg-type]
+    assert [(f.index, f.error_type, f.message) for f in failures] == [
+        (0, ErrorType.SINK_4XX_ERROR, "invalid at p: no such field: p.")]
+
+
 def test_a_failed_request_raises_a_classified_sink_error() -> None:
     client = FakeClient(fail=exceptions.NotFound("table gone"))
     with pytest.raises(SinkError) as raised:
@@ -339,7 +370,7 @@ def test_the_writers_of_a_process_share_its_request_slots() -> None:
     slots = threading.BoundedSemaphore(2)
     cfg = BigQueryConfig(project_id="p", dataset="d", table="t", insert_all_batch_size=1,
                          insert_all_concurrent_requests=3)
-    writers = [InsertAllWriter(client, cfg, slots) for _ in range(2)]  # type: ignore[arg-type]
+    writers = [InsertAllWriter(client, cfg, slots=slots) for _ in range(2)]  # type: ignore[arg-type]
     batches = [rows_of([f"{w}{i}" for i in range(6)]) for w in "xy"]
     threads = [threading.Thread(target=w.write, args=batch) for w, batch in zip(writers, batches, strict=True)]
     for thread in threads:

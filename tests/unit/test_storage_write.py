@@ -24,7 +24,7 @@ from firehose_bq.bigquery.classify import classify_exception
 from firehose_bq.bigquery.storage_write import StorageWriteWriter
 from firehose_bq.config import BigQueryConfig
 from firehose_bq.batch.rows import Writable
-from firehose_bq.errors import ErrorType, PartialWriteError, SinkError
+from firehose_bq.errors import ErrorType, PartialWriteError, SinkError, TableChangedError
 from firehose_bq.policy import ErrorHandling, write_with_policy
 
 TABLE = [F("Id", "INTEGER", mode="REQUIRED"), F("name", "STRING"), F("at", "TIMESTAMP"),
@@ -263,6 +263,28 @@ def test_extra_fields_right_after_a_schema_change_are_waited_for() -> None:
 
     done, waits = write_with_retries(writer, rows_of(2))
     assert done.written == 2 and len(client.connections) == 3 and len(waits) == 2
+
+
+def test_extra_fields_of_a_table_that_lost_columns_are_its_change_not_waited_for() -> None:
+    """The writer's columns came from a check a routed job's worker kept (sink_schema.CheckedTables), and the
+    table was dropped and created again with fewer since: waiting for BigQuery to see columns that no longer
+    exist would wait the whole retry budget in vain. The write fails at once as TableChangedError (the task
+    then checks the table again, which evolves it: batch/core.py `_heals`), naming the lost columns."""
+    from google.protobuf import any_pb2
+
+    detail = any_pb2.Any()
+    detail.Pack(types.StorageError.pb()(code=types.StorageError.StorageErrorCode.SCHEMA_MISMATCH_EXTRA_FIELDS,
+                                        error_message="Input schema has more fields than BigQuery schema"))
+    extra = status_pb2.Status(code=3, message="Input schema has more fields than BigQuery schema", details=[detail])
+    bq = FakeBigQuery([F("Id", "INTEGER", mode="REQUIRED"), F("pickup", "RECORD", fields=[F("Lat", "FLOAT")])])
+    client = FakeWriteClient([lambda raw: [types.AppendRowsResponse(error=extra) for _ in raw]])
+    writer = StorageWriteWriter(bq, client, CFG, TABLE)  # type: ignore[arg-type]
+
+    with pytest.raises(TableChangedError) as changed:
+        write_with_retries(writer, rows_of(2))
+    assert changed.value.error_type is ErrorType.SINK_4XX_ERROR and changed.value.unsent == (0, 1)
+    assert "has no column(s) name, at, pickup.name, tags any more" in changed.value.message
+    assert len(client.connections) == 1 and bq.reads == 1  # not retried; the table read once, to tell
 
 
 def test_a_transient_failure_is_raised_at_once_classified_for_the_policy() -> None:

@@ -14,7 +14,7 @@ shows the gap; each exposes `apply(...) -> list[str]` (the dotted names it repla
 | 4 | `multipart_upload` | small (multipart) load jobs are accepted |
 | 5 | `storage_write_records` | Storage Write into RECORD columns |
 | 6 | `append_rows_stream` | an AppendRows connection keeps the stream its first request named |
-| - | `storage_write_row_errors` | Storage Write answers bad rows in `row_errors`, appends nothing |
+| - | `storage_write_row_errors` | Storage Write answers bad rows in `row_errors`, appends nothing; a writer schema with columns the table lacks is SCHEMA_MISMATCH_EXTRA_FIELDS |
 | - | `storage_write_time_text` | Storage Write Arrow rows take a top-level TIME column as its text |
 | - | `nested_field_names` | RECORD subfields named like SQL keywords |
 | - | `load_job_partitioning` | a load job that creates its table keeps partitioning and clustering |

@@ -16,6 +16,11 @@ errors into such a response. Appends also insert BY NAME (after gap 3's ADD COLU
 order can differ from the schema's), and, like the insertAll patch, skip the whole-table time-travel
 copy after every append unless ``snapshot_each_append`` is set.
 
+An Arrow writer schema holding a column or RECORD field the table lacks is INVALID_ARGUMENT with a
+StorageError SCHEMA_MISMATCH_EXTRA_FIELDS, appending nothing, as BigQuery answers it; bqemulator drops such
+columns and stores the rest without a word (a writer whose columns came from a table since dropped and
+created again with fewer would lose their values: tests/integration/test_routing_kept_checks.py).
+
 Shown by tests/integration/test_emulator_gaps.py::test_storage_write_bad_rows_come_back_as_row_errors_and_nothing_is_appended;
 the size refusal by tests/integration/test_poison_rows.py.
 (The sink's Storage Write writer checks rows before appending, so its own tests rarely meet row_errors.)
@@ -117,6 +122,25 @@ class _StorageRowErrors(ValueError):
         self.errors = errors
 
 
+def _absent(sent: Sequence[Any], table: Sequence[Any], prefix: str) -> list[str]:
+    """Dotted paths of the Arrow fields `sent` that the Arrow fields `table` lack, at any depth."""
+    import pyarrow as pa  # bqemulator dependency
+
+    columns = {f.name.lower(): f for f in table}
+    out: list[str] = []
+    for given in sent:
+        column = columns.get(given.name.lower())
+        if column is None:
+            out.append(f"{prefix}{given.name}")
+            continue
+        mine, theirs = given.type, column.type
+        while pa.types.is_list(mine) and pa.types.is_list(theirs):
+            mine, theirs = mine.value_type, theirs.value_type
+        if pa.types.is_struct(mine) and pa.types.is_struct(theirs):
+            out.extend(_absent(list(mine), list(theirs), f"{prefix}{given.name}."))
+    return out
+
+
 def apply(*, snapshot_each_append: bool) -> list[str]:
     """Check AppendRows rows one by one and answer bad ones as BigQuery's ``row_errors``."""
     import grpc  # bqemulator dependency
@@ -134,6 +158,7 @@ def apply(*, snapshot_each_append: bool) -> list[str]:
     require(write_servicer, "_oversize_error_response")  # replaced below: BigQuery's code and words
     error_response = require(write_servicer, "_error_response")
     has_offset = require(write_servicer, "_has_offset")
+    has_field = require(write_servicer, "_has_field")
     coerce = require(arrow_bridge, "_coerce_to_arrow_value")
     quoted_table_ref = require(sql_ids, "quoted_table_ref")
     register_name = require(sql_ids, "register_name")
@@ -194,6 +219,38 @@ def apply(*, snapshot_each_append: bool) -> list[str]:
         )
         return types.AppendRowsResponse.serialize(response)
 
+    def extra_fields(request: Any, sticky: bytes | None, target_schema: Any) -> tuple[bytes | None, list[str]]:
+        """An Arrow request's writer schema (its own, else the connection's) and the fields of it (dotted
+        paths) that the table lacks, compared as BigQuery does, case-insensitively."""
+        if not has_field(request, "arrow_rows"):
+            return sticky, []
+        arrow_data = request.arrow_rows
+        if has_field(arrow_data, "writer_schema"):
+            sticky = bytes(arrow_data.writer_schema.serialized_schema)
+        if sticky is None:
+            return sticky, []
+        try:
+            sent = pa.ipc.read_schema(pa.py_buffer(sticky))
+        except Exception:  # noqa: BLE001 - bqemulator's own conversion answers an unreadable schema
+            return sticky, []
+        return sticky, _absent(list(sent), list(target_schema), "")
+
+    def extra_fields_response(stream_name: str, extra: list[str]) -> bytes:
+        from google.cloud.bigquery_storage_v1 import types
+        from google.protobuf import any_pb2
+        from google.rpc import status_pb2
+
+        message = (f"Input schema has more fields than BigQuery schema, extra fields: "
+                   f"{', '.join(repr(x) for x in extra)} Entity: {stream_name}")
+        detail = any_pb2.Any()
+        detail.Pack(types.StorageError.pb()(code=types.StorageError.StorageErrorCode.SCHEMA_MISMATCH_EXTRA_FIELDS,
+                                            entity=stream_name, error_message=message))
+        response = types.AppendRowsResponse(
+            write_stream=stream_name,
+            error=status_pb2.Status(code=grpc.StatusCode.INVALID_ARGUMENT.value[0], message=message, details=[detail]),
+        )
+        return types.AppendRowsResponse.serialize(response)
+
     def _handle_append_rows(self: Any, request_iterator: Any, context: Any) -> Any:
         # bqemulator's loop, with row errors answered as such.
         from google.cloud.bigquery_storage_v1 import types
@@ -217,6 +274,10 @@ def apply(*, snapshot_each_append: bool) -> list[str]:
             if bound_ctx is None:
                 return
             bound_stream, target_schema = bound_ctx
+            arrow_schema_bytes, extra = extra_fields(request, arrow_schema_bytes, target_schema)
+            if extra:
+                yield extra_fields_response(bound_stream.name, extra)
+                continue
             try:
                 rows_table, proto_decoder, arrow_schema_bytes = rows_for_request(
                     request, proto_decoder, arrow_schema_bytes, target_schema

@@ -21,7 +21,7 @@ from firehose_bq.config import BigQueryConfig, Config
 from firehose_bq.decode import native_unavailable
 from firehose_bq.descriptors import Descriptors
 from firehose_bq.dlq.letters import DeadLetter
-from firehose_bq.errors import DeadLetterError, ErrorType, RowError, SchemaEvolutionError, SinkError
+from firehose_bq.errors import DeadLetterError, ErrorType, RowError, SchemaEvolutionError, SinkError, TableChangedError
 from firehose_bq.bigquery import file_loads
 from firehose_bq.modes import MixedTask, StagingTask, StreamingTask, table_rows
 from firehose_bq.policy import ErrorHandling
@@ -887,6 +887,103 @@ def test_a_table_gone_since_the_workers_kept_check_is_created_again_and_written(
     result = process_batch([many_tables(test_descriptors, 3)], spec(test_descriptors, router=router,
                                                                       tables=FakeTables()), plan, handling())
     assert result.fatal is not None and "p.ds.t_1 failed: 404" in result.fatal
+
+
+@dataclass
+class ShrunkOnceWriter(FakeWriter):
+    """Its table lost columns since the kept check its writer started from, at the first write."""
+
+    shrunk: int = 1
+    closes: int = 0
+
+    def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
+        if self.shrunk:
+            self.shrunk -= 1
+            self.requests.append(rows.num_rows)
+            raise TableChangedError(ErrorType.SINK_4XX_ERROR, "table p.ds.t_1 has no column(s) label any more",
+                                    tuple(range(rows.num_rows)))
+        return super().write(rows, insert_ids)
+
+    def close(self) -> None:
+        self.closes += 1
+
+
+@pytest.mark.parametrize("at_once", [1, 4])
+def test_a_table_that_lost_columns_since_the_workers_kept_check_is_evolved_and_written(
+        test_descriptors: Descriptors, at_once: int, caplog: pytest.LogCaptureFixture) -> None:
+    """A table dropped and created again by hand with fewer columns while a worker's kept check of it stands:
+    the write finds columns missing (TableChangedError); the task checks the table again (which adds them back)
+    and writes by a new writer, from the columns of that check, instead of stopping the job or dropping values."""
+    router = replace(router_of("ds", "t_${header.n}", "testdata.Inner", None, ""), concurrent_writes=at_once)
+    tables = FakeTables(trusting={"ds.t_1"})
+    writer = ShrunkOnceWriter()
+    plan = RoutingPlan(by_table={"ds.t_1": writer})
+    result = process_batch([many_tables(test_descriptors, 3)], spec(test_descriptors, router=router, tables=tables),
+                           plan, handling())
+    assert result.fatal is None and result.stats.rows_written == 3
+    assert tables.forgotten == ["ds.t_1"] and tables.asked.count("ds.t_1") == 2
+    assert writer.requests == [1, 1] and [r["label"] for r in writer.written] == ["a1"]
+    opened = [schema for d, schema in zip(plan.destinations, plan.schemas, strict=True) if d.name == "ds.t_1"]
+    assert [[f.name for f in s or []] for s in opened] == [["label"], ["label", "checked_as"]]  # the new check's
+    assert writer.closes == 2  # the stale one closed when replaced, the new one at the task's end
+    assert "table ds.t_1 was refusing its rows although this worker checked it" in caplog.text
+    # Without a kept check the writer's columns were the task's own check's: a change under it stops the task.
+    plan = RoutingPlan(by_table={"ds.t_1": ShrunkOnceWriter()})
+    result = process_batch([many_tables(test_descriptors, 3)], spec(test_descriptors, router=router,
+                                                                      tables=FakeTables()), plan, handling())
+    assert result.fatal is not None and "has no column(s) label any more" in result.fatal
+
+
+@pytest.mark.parametrize("at_once", [1, 4])
+def test_a_table_that_cannot_be_evolved_when_checked_again_fails_its_records_not_the_task(
+        test_descriptors: Descriptors, letters: list[DeadLetter], at_once: int) -> None:
+    """The check made again after a kept one went stale finds the table unusable (created again by hand with
+    another type for a column): its records fail as ROUTING_ERRORs for the policy (the DLQ here), as a check of
+    the task's own would have had them, and the other tables' rows are written; stopping the job would only meet
+    the same table on the restart."""
+    router = replace(router_of("ds", "t_${header.n}", "testdata.Inner", None, ""), concurrent_writes=at_once)
+    tables = FakeTables(trusting={"ds.t_1"}, conflicting={"ds.t_1"})
+    plan = RoutingPlan(by_table={"ds.t_1": ShrunkOnceWriter()})
+    result = process_batch([many_tables(test_descriptors, 3)], spec(test_descriptors, router=router, tables=tables),
+                           plan, handling())
+    assert result.fatal is None
+    assert (result.stats.rows_written, result.stats.dead_lettered) == (2, 1)
+    [letter] = letters
+    assert (letter.error.error_type, letter.route) == (ErrorType.ROUTING_ERROR, "ds.t_1")
+    assert "destination table ds.t_1 cannot be used: column label of ds.t_1 is INTEGER" in letter.error.message
+
+
+@dataclass
+class RefusingWriter(FakeWriter):
+    """Its table refuses every request as invalid, no row alone (the policy's stop when the table is at fault)."""
+
+    def write(self, rows: pa.RecordBatch, insert_ids: pa.Array | None) -> list[RowError]:
+        self.requests.append(rows.num_rows)
+        raise SinkError(ErrorType.SINK_4XX_ERROR, "AppendRows into p.ds.t_1 failed: 400 invalid (the table, not a row, "
+                        "refuses it)", invalid_request=True)
+
+
+def test_a_table_refusing_every_row_since_the_workers_kept_check_is_checked_before_the_job_stops(
+        test_descriptors: Descriptors, letters: list[DeadLetter]) -> None:
+    """Created again by hand with another type for a column while a worker's kept check stood: BigQuery refuses
+    the requests as invalid, no row alone, and the policy would stop the job (the table is at fault), whose restart
+    would find the table unusable. The task checks it first: unusable, its records are ROUTING_ERRORs (the DLQ);
+    a table that checks fine and still refuses stops the task, as before."""
+    router = router_of("ds", "t_${header.n}", "testdata.Inner", None, "")
+    # Two rows for t_1: one row alone refused is that row's failure (policy.py), two are the table's.
+    batch = source_batch(values(test_descriptors, "a0", "a1", "b1"), headers=[[("n", b"0")], [("n", b"1")],
+                                                                            [("n", b"1")]], offsets=[0, 1, 2])
+    tables = FakeTables(trusting={"ds.t_1"}, conflicting={"ds.t_1"})
+    result = process_batch([batch], spec(test_descriptors, router=router, tables=tables),
+                           RoutingPlan(by_table={"ds.t_1": RefusingWriter()}), handling())
+    assert result.fatal is None and (result.stats.rows_written, result.stats.dead_lettered) == (1, 2)
+    assert [x.error.error_type for x in letters] == [ErrorType.ROUTING_ERROR] * 2
+    tables = FakeTables(trusting={"ds.t_1"})
+    writer = RefusingWriter()
+    result = process_batch([batch], spec(test_descriptors, router=router, tables=tables),
+                           RoutingPlan(by_table={"ds.t_1": writer}), handling())
+    assert result.fatal is not None and "the table, not a row, refuses it" in result.fatal
+    assert tables.asked.count("ds.t_1") == 2 and len(writer.requests) >= 2  # checked again, written again: refused
 
 
 def test_a_dataset_is_checked_again_when_only_a_kept_check_of_another_table_vouches_for_it(
