@@ -111,7 +111,6 @@ class LiveTable:
             fitted = fit(rows, self._schema, self.table_ref)
         return fitted
 
-
     def lacks(self, sent: pa.Schema) -> list[str]:
         """The columns and RECORD fields of `sent` (rows this writer fitted and sent) that the live table, read
         again now, does not have: those the table lost since the columns this writer started from were read
