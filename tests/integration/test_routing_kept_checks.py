@@ -226,7 +226,9 @@ def test_many_tables_one_refusing_every_row_stops_then_dead_letters_and_nothing_
         bq_client.delete_dataset(cfg.bigquery.dataset, delete_contents=True, not_found_ok=True)
 
 
-@pytest.mark.parametrize("method", ["insertall", "storage_write"])
+# insertAll only, whose insertIds make the check exact: Storage Write's default stream is at least once (README),
+# and the kill drills of test_fault.py and test_upsert_kill.py cover its restarts; 28 s more of the suite.
+@pytest.mark.parametrize("method", ["insertall"])
 def test_a_routed_run_killed_mid_batch_and_restarted_loses_nothing(
         job_env: dict[str, str], registry, bq_client: bigquery.Client, tmp_path: Path, method: str) -> None:
     """`firehose-bq run` over 30 routed tables, SIGKILLed during its second micro-batch's concurrent writes, then
