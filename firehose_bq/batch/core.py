@@ -49,7 +49,7 @@ from firehose_bq.redact import Redactor
 from firehose_bq.registry.confluent import message_indexes
 from firehose_bq.routing import Destination
 from firehose_bq.sink_schema import CheckedTables, SinkSpec
-from firehose_bq.threads import in_threads
+from firehose_bq.threads import Stopped, until_failure
 
 log = logging.getLogger(__name__)
 
@@ -368,23 +368,17 @@ class _Task:
         batches = [(d, self._take(d)) for d in destinations]
         for destination, _ in batches:
             self._writer(destination)  # opened here: writers and the clients they borrow are made in one thread
-        stop = threading.Event()
 
-        def sleep(seconds: float) -> None:
-            if stop.wait(seconds):
-                raise _Stopped()
+        def send(destination: Destination | None, waiting: list[_Decoded],
+                 stop: threading.Event) -> tuple[_Decoded, Handled]:
+            def sleep(seconds: float) -> None:  # the policy's wait between retries, cut short by a failure
+                if stop.wait(seconds):
+                    raise Stopped()
 
-        def send(destination: Destination | None, waiting: list[_Decoded]) -> tuple[_Decoded, Handled]:
-            if stop.is_set():
-                raise _Stopped()
-            try:
-                return self._send(destination, waiting, sleep)
-            except BaseException as exc:
-                if not self._heals(destination, exc):
-                    stop.set()
-                raise
+            return self._send(destination, waiting, sleep)
 
-        futures = in_threads([functools.partial(send, d, w) for d, w in batches], limit, "firehose-write")
+        futures = until_failure([functools.partial(send, d, w) for d, w in batches], limit, "firehose-write",
+                                stops=lambda i, error: not self._heals(batches[i][0], error))
         failures: list[BaseException] = []
         again: list[tuple[Destination | None, list[_Decoded], BaseException]] = []
         for (destination, waiting), future in zip(batches, futures, strict=True):
@@ -392,7 +386,7 @@ class _Task:
                 self._account(destination, *future.result())
             elif self._heals(destination, error):
                 again.append((destination, waiting, error))
-            elif not isinstance(error, _Stopped):
+            elif not isinstance(error, Stopped):
                 failures.append(error)
         for destination, waiting, error in again if not failures else ():
             self._account(destination, *self._send_again(destination, waiting, error))
@@ -471,9 +465,11 @@ class _Task:
 
     def _retire(self, destination: Destination | None) -> None:
         """Close `destination`'s writer (its report kept), so that the next write opens one anew."""
-        writer = self.writers.pop(destination, None)
-        if writer is None:
-            return
+        if (writer := self.writers.pop(destination, None)) is not None:
+            self._close_writer(destination, writer)
+
+    def _close_writer(self, destination: Destination | None, writer: RowWriter) -> None:
+        """Close `writer`, keeping what the driver needs of it (`TaskPlan.report`) whatever the close raises."""
         try:
             writer.close()
         finally:
@@ -535,23 +531,14 @@ class _Task:
     def close(self) -> None:
         for destination, writer in self.writers.items():
             try:
-                writer.close()  # Spark reuses Python workers: an unclosed client per task would pile up
+                self._close_writer(destination, writer)  # Spark reuses Python workers: unclosed clients would pile up
             except SinkError as exc:
                 # Closing can be the write itself (file loads put their staged file into the staging area
                 # then): the batch cannot be loaded, and the driver hears why like any other stop.
                 self.result.fatal = self.result.fatal or str(exc)
-            finally:
-                report = self.plan.report(destination, writer)
-                if report is not None:
-                    self.result.reports.append(report)
         if self.request_failed:
             self.clients.reset()
             self.kept.clear()  # a table may be gone, or its dataset: the next task checks them again
-
-
-class _Stopped(Exception):
-    """A destination's write not started, or its retries cut short, because another destination's failed for good
-    (`_Task.flush`)."""
 
 
 @dataclass

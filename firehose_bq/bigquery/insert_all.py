@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,7 @@ from firehose_bq.bigquery.conform import fit, has_field
 from firehose_bq.bigquery.json_rows import json_string, row_texts
 from firehose_bq.config import BigQueryConfig
 from firehose_bq.errors import ErrorType, PartialWriteError, RowError, SinkError, TableChangedError
-from firehose_bq.threads import in_threads
+from firehose_bq.threads import Stopped, until_failure
 
 log = logging.getLogger(__name__)
 
@@ -47,17 +47,6 @@ BODY_BYTES = len('{"rows":[]}')
 # Re-sending stopped rows converges in one round (the bad rows are gone); more rounds only guard
 # against a backend that keeps stopping rows, which then surface as SINK_5XX_ERROR.
 STOPPED_RESEND_ROUNDS = 3
-
-
-class _NotSent(Exception):
-    """A request left unsent because another of the same write failed as a whole."""
-
-
-def _outcome(call: Callable[[], list[RowError]]) -> list[RowError] | Exception:
-    try:
-        return call()
-    except Exception as exc:  # noqa: BLE001 - sorted out by the caller: a failed request, or a bug it raises
-        return exc
 
 
 class InsertAllWriter:
@@ -106,33 +95,23 @@ class InsertAllWriter:
         adding the rows BigQuery rejects to `failures`. The first request that fails as a whole stops those not
         sent yet; PartialWriteError then names the rows of every request that did not go in, whether it failed
         or was never sent (a retry sends those); the requests that went in stay in."""
-        stop = threading.Event()
+        def send(positions: list[int], texts: list[str], _stop: threading.Event) -> list[RowError]:
+            return self._send(positions, texts)  # a request under way goes on: only those not sent yet stop
 
-        def send(positions: list[int], texts: list[str]) -> list[RowError]:
-            if stop.is_set():
-                raise _NotSent
-            try:
-                return self._send(positions, texts)
-            except SinkError:
-                stop.set()
-                raise
-
-        calls = [functools.partial(send, positions, texts) for positions, texts in requests]
-        if self._concurrent == 1 or len(calls) == 1:
-            outcomes = [_outcome(call) for call in calls]  # one after another, on the caller's thread
-        else:
-            outcomes = [_outcome(future.result) for future in in_threads(calls, self._concurrent, "insert-all")]
+        futures = until_failure([functools.partial(send, positions, texts) for positions, texts in requests],
+                                self._concurrent, "insert-all", stops=lambda _, error: isinstance(error, SinkError))
         first: SinkError | None = None
         unsent: list[int] = []
-        for (positions, _), outcome in zip(requests, outcomes, strict=True):
-            if isinstance(outcome, list):
-                failures.extend(outcome)
-            elif isinstance(outcome, (SinkError, _NotSent)):
+        for (positions, _), future in zip(requests, futures, strict=True):
+            error = future.exception()
+            if error is None:
+                failures.extend(future.result())
+            elif isinstance(error, (SinkError, Stopped)):
                 unsent.extend(positions)
-                if first is None and isinstance(outcome, SinkError):
-                    first = outcome
+                if first is None and isinstance(error, SinkError):
+                    first = error
             else:
-                raise outcome  # a bug, not a failed request
+                raise error  # a bug, not a failed request
         if first is not None:
             kind = TableChangedError if isinstance(first, TableChangedError) else PartialWriteError
             raise kind(first.error_type, first.message, tuple(sorted(unsent)),
